@@ -1,0 +1,34 @@
+// HF save_pretrained folders to GGUF with llama.cpp's names and keys (qwen4exp, qwen35moe, qwen3next), and random
+// models of named shapes (`strata synth`) written through the same naming.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "core/dtype.h"
+
+namespace strata {
+
+struct ConvertOptions {
+    std::string hf_dir;
+    std::string out_path;
+    DType out_type = DType::F16;     // matrices; norms, conv and routers stay F32 (llama.cpp convention)
+    bool vocab_placeholder = false;  // byte-level placeholder vocabulary when there is no tokenizer.json
+    bool include_mtp = true;         // mtp.* tensors as nextn blocks when present
+    uint64_t split_max_bytes = 0;    // 0: one file
+};
+
+// Throws Error with one line naming the problem (missing config, unknown architecture, missing tensor, shape ...).
+void convert_hf_to_gguf(const ConvertOptions& options);
+
+struct SynthOptions {
+    std::string preset = "tiny";
+    std::string arch;                       // empty: the preset's own
+    std::optional<DType> expert_type;       // --type
+    std::string out_path;
+    uint64_t seed = 1;
+};
+void synth_model(const SynthOptions& options);
+
+}  // namespace strata

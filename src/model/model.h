@@ -1,0 +1,66 @@
+// The model interface the commands use. Each architecture lives in its own file (qwen4exp.cpp, qwen35moe.cpp,
+// qwen3next.cpp) and is created from a GGUF by load_model().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace strata::gguf {
+class File;
+}
+
+namespace strata {
+
+struct ModelInfo {
+    std::string arch;          // general.architecture
+    std::string name;          // general.name, if any
+    int64_t n_vocab = 0;
+    int64_t n_embd = 0;
+    int64_t n_layer = 0;       // trunk blocks (MTP blocks excluded)
+    int64_t n_ctx_train = 0;
+    std::vector<int32_t> eog_tokens;  // end-of-generation ids from the vocabulary metadata
+};
+
+// Everything one sequence carries between calls: KV cache, GDN recurrent and conv state, indexer pooled keys and tail,
+// PLE token and conv history. Feeding a prompt at once, token by token or in chunks gives the same logits.
+class SequenceState {
+public:
+    virtual ~SequenceState() = default;
+    virtual int64_t n_past() const = 0;        // tokens consumed so far
+    virtual int64_t capacity() const = 0;      // tokens it can hold
+    virtual size_t memory_bytes() const = 0;   // what it allocated
+    virtual void reset() = 0;                  // back to empty, memory kept
+};
+
+struct LoadOptions {
+    int n_threads = 0;  // 0: all cores
+};
+
+class Model {
+public:
+    virtual ~Model() = default;
+    virtual const ModelInfo& info() const = 0;
+    // A new empty sequence that can hold max_tokens tokens. Throws Error if the memory cannot be planned.
+    virtual std::unique_ptr<SequenceState> new_sequence(int64_t max_tokens) const = 0;
+    // Feeds tokens after what the sequence holds. logits: either empty, or room for tokens.size() * n_vocab floats
+    // (the logits after each input token, row-major); with last_only, room for n_vocab floats (the last token's).
+    // Throws Error on a token id out of range or a sequence that would overflow.
+    virtual void forward(SequenceState& seq, std::span<const int32_t> tokens, std::span<float> logits,
+                         bool last_only = false) const = 0;
+};
+
+// Loads the model in a GGUF (weights stay mapped from the file). Throws Error for an unknown architecture, missing or
+// misshapen tensors, or unsupported tensor types, naming what is wrong.
+std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& options = {});
+
+// What loading the file for n_ctx tokens would take, part by part (for `strata info`).
+struct MemoryPlanItem {
+    std::string what;
+    uint64_t bytes = 0;
+};
+std::vector<MemoryPlanItem> plan_memory(const gguf::File& file, int64_t n_ctx);
+
+}  // namespace strata

@@ -82,6 +82,9 @@ struct TensorInfo {
 class File {
 public:
     static std::unique_ptr<File> open(const std::string& path);
+    // Parses one GGUF image in memory (no split files are followed; a split part is refused). `data` must outlive
+    // the File; `name` stands for the path in messages. For fuzzing and tests.
+    static std::unique_ptr<File> open_memory(const uint8_t* data, size_t size, const std::string& name);
 
     uint32_t version() const { return version_; }
     uint32_t alignment() const { return alignment_; }

@@ -1,0 +1,165 @@
+#include "backend/cpu/ops.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace strata::cpu {
+
+float dot(const float* a, const float* b, int64_t n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+    for (int j = 0; i < n; ++i, ++j) acc[j] += a[i] * b[i];
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+Tensor matrix_view(const Tensor& w, int64_t slice, int64_t row_begin, int64_t n_rows) {
+    STRATA_ASSERT(slice >= 0 && slice < w.ne[2] && w.ne[3] == 1);
+    STRATA_ASSERT(row_begin >= 0 && n_rows >= 0 && row_begin + n_rows <= w.ne[1]);
+    Tensor v = w;
+    v.n_dims = 2;
+    v.ne[1] = n_rows;
+    v.ne[2] = 1;
+    v.ne[3] = 1;
+    v.nb[2] = v.nb[1] * static_cast<size_t>(n_rows);
+    v.nb[3] = v.nb[2];
+    v.data = static_cast<const uint8_t*>(w.data) + w.nb[2] * static_cast<size_t>(slice) +
+             w.nb[1] * static_cast<size_t>(row_begin);
+    return v;
+}
+
+void matmul(const MatmulArgs& a) {
+    const int64_t in = a.w.ne[0];
+    const int64_t out = a.w.ne[1];
+    STRATA_ASSERT(a.w.ne[2] == 1 && a.w.ne[3] == 1);
+    auto rows = [&](int64_t begin, int64_t end) {
+        std::vector<float> wrow(static_cast<size_t>(in));
+        for (int64_t o = begin; o < end; ++o) {
+            dequantize_row(a.w.type, a.w.row(o), wrow.data(), in);
+            for (int64_t t = 0; t < a.n_tokens; ++t) a.y[t * out + o] = dot(wrow.data(), a.x + t * in, in);
+        }
+    };
+    if (a.pool && out * in * a.n_tokens >= 32768) {
+        a.pool->parallel_for(out, rows);
+    } else {
+        rows(0, out);
+    }
+}
+
+void get_row(const Tensor& t, int64_t row, float* out) {
+    STRATA_ASSERT(row >= 0 && row < t.n_rows());
+    dequantize_row(t.type, t.row(row), out, t.ne[0]);
+}
+
+std::vector<float> to_f32(const Tensor& t) {
+    std::vector<float> v(static_cast<size_t>(t.n_elements()));
+    for (int64_t r = 0; r < t.n_rows(); ++r) dequantize_row(t.type, t.row(r), v.data() + r * t.ne[0], t.ne[0]);
+    return v;
+}
+
+void rms_norm(const float* x, int64_t n, const float* gamma, float eps, float* out) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
+    const float scale = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(n) + eps));
+    for (int64_t i = 0; i < n; ++i) out[i] = gamma ? x[i] * scale * gamma[i] : x[i] * scale;
+}
+
+void rms_norm_grouped(const float* x, int64_t n_groups, int64_t group, const float* gamma, float eps, float* out) {
+    for (int64_t g = 0; g < n_groups; ++g)
+        rms_norm(x + g * group, group, gamma ? gamma + g * group : nullptr, eps, out + g * group);
+}
+
+void l2_norm(const float* x, int64_t n, float eps, float* out) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
+    const float scale = static_cast<float>(1.0 / std::sqrt(sum + eps));
+    for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale;
+}
+
+void rope_neox(float* x, int64_t n_rot, int64_t pos, float freq_base) {
+    STRATA_ASSERT(n_rot % 2 == 0);
+    const int64_t half = n_rot / 2;
+    for (int64_t i = 0; i < half; ++i) {
+        const double inv_freq = std::pow(static_cast<double>(freq_base), -2.0 * static_cast<double>(i) / n_rot);
+        const double angle = static_cast<double>(pos) * inv_freq;
+        const float c = static_cast<float>(std::cos(angle));
+        const float s = static_cast<float>(std::sin(angle));
+        const float x0 = x[i];
+        const float x1 = x[i + half];
+        x[i] = x0 * c - x1 * s;
+        x[i + half] = x0 * s + x1 * c;
+    }
+}
+
+void softmax(float* x, int64_t n) {
+    if (n <= 0) return;
+    float mx = x[0];
+    for (int64_t i = 1; i < n; ++i) mx = std::max(mx, x[i]);
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+        x[i] = std::exp(x[i] - mx);
+        sum += x[i];
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+std::vector<int32_t> top_k(const float* values, int64_t n, int64_t k) {
+    std::vector<int32_t> idx(static_cast<size_t>(n));
+    std::iota(idx.begin(), idx.end(), 0);
+    k = std::clamp<int64_t>(k, 0, n);
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                      [&](int32_t a, int32_t b) { return values[a] > values[b] || (values[a] == values[b] && a < b); });
+    idx.resize(static_cast<size_t>(k));
+    return idx;
+}
+
+void causal_conv_step(const ConvStepArgs& a) {
+    const int64_t hist_rows = (a.kernel - 1) * a.dilation;
+    for (int64_t c = 0; c < a.channels; ++c) {
+        const float* w = a.w + c * a.kernel;
+        float sum = w[a.kernel - 1] * a.x[c];
+        for (int64_t j = 0; j < a.kernel - 1; ++j) {
+            const int64_t back = (a.kernel - 1 - j) * a.dilation;  // rows before the current input
+            sum += w[j] * a.history[(hist_rows - back) * a.channels + c];
+        }
+        a.out[c] = sum;
+    }
+    if (hist_rows > 0) {
+        std::copy(a.history + a.channels, a.history + hist_rows * a.channels, a.history);
+        std::copy(a.x, a.x + a.channels, a.history + (hist_rows - 1) * a.channels);
+    }
+}
+
+void gated_delta_step(const DeltaStepArgs& a) {
+    const float decay = std::exp(a.g);
+    std::vector<float> delta(static_cast<size_t>(a.dv), 0.0f);
+    for (int64_t i = 0; i < a.dk; ++i)
+        for (int64_t j = 0; j < a.dv; ++j) a.state[i * a.dv + j] *= decay;
+    for (int64_t i = 0; i < a.dk; ++i)
+        for (int64_t j = 0; j < a.dv; ++j) delta[j] += a.state[i * a.dv + j] * a.k[i];
+    for (int64_t j = 0; j < a.dv; ++j) delta[j] = (a.v[j] - delta[j]) * a.beta;
+    for (int64_t i = 0; i < a.dk; ++i)
+        for (int64_t j = 0; j < a.dv; ++j) a.state[i * a.dv + j] += a.k[i] * delta[j];
+    for (int64_t j = 0; j < a.dv; ++j) a.out[j] = 0.0f;
+    for (int64_t i = 0; i < a.dk; ++i)
+        for (int64_t j = 0; j < a.dv; ++j) a.out[j] += a.state[i * a.dv + j] * a.q[i];
+}
+
+void attend(const AttendArgs& a) {
+    const int64_t n = static_cast<int64_t>(a.cells.size());
+    std::vector<float> scores(static_cast<size_t>(n));
+    for (int64_t c = 0; c < n; ++c)
+        scores[c] = a.scale * dot(a.q, a.keys + static_cast<int64_t>(a.cells[c]) * a.row_stride, a.head_dim);
+    softmax(scores.data(), n);
+    for (int64_t d = 0; d < a.head_dim; ++d) a.out[d] = 0.0f;
+    for (int64_t c = 0; c < n; ++c) {
+        const float* v = a.values + static_cast<int64_t>(a.cells[c]) * a.row_stride;
+        for (int64_t d = 0; d < a.head_dim; ++d) a.out[d] += scores[c] * v[d];
+    }
+}
+
+}  // namespace strata::cpu

@@ -1,0 +1,119 @@
+// Scalar reference ops: the oracle every other backend is checked against. Plain loops in a fixed order, f32 data,
+// weights of any type dequantized row by row (never a whole-model f32 copy). Each output element is produced by one
+// thread in one fixed summation order, so results do not depend on the thread count or on how tokens are batched.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+
+namespace strata::cpu {
+
+inline float silu(float x) {
+    return x / (1.0f + std::exp(-x));
+}
+inline float sigmoid(float x) {
+    return 1.0f / (1.0f + std::exp(-x));
+}
+// torch.nn.functional.softplus with beta 1 and threshold 20 (linear above it).
+inline float softplus(float x) {
+    return x > 20.0f ? x : std::log1p(std::exp(x));
+}
+
+// Dot product of n floats: eight interleaved partial sums combined in a fixed order.
+float dot(const float* a, const float* b, int64_t n);
+
+// ---- matrices -------------------------------------------------------------------------------------------------------
+
+// A 2-D view {in, rows} of a weight: rows [row_begin, row_begin + n_rows) of slice `slice` (ne2 index, the expert) of
+// a tensor of up to 3 dims. The view shares the tensor's data.
+Tensor matrix_view(const Tensor& w, int64_t slice, int64_t row_begin, int64_t n_rows);
+
+// y[t, o] = sum_i W[o, i] * x[t, i] for t < n_tokens, W {in, out} (ggml order, any dequantizable type). x rows are
+// `in` floats apart, y rows `out` floats apart. Parallel over output rows when a pool is given.
+struct MatmulArgs {
+    const Tensor& w;
+    const float* x;
+    float* y;
+    int64_t n_tokens = 1;
+    ThreadPool* pool = nullptr;
+};
+void matmul(const MatmulArgs& args);
+
+// Row `row` of a 2-D tensor {n, rows} as floats (token embeddings, PLE rows).
+void get_row(const Tensor& t, int64_t row, float* out);
+
+// A small tensor (norm gammas, conv taps, per-head scalars) as f32, all elements in storage order.
+std::vector<float> to_f32(const Tensor& t);
+
+// ---- normalisation --------------------------------------------------------------------------------------------------
+
+// out = x / sqrt(mean(x^2) + eps) * gamma (gamma may be null: no scale). out may alias x.
+void rms_norm(const float* x, int64_t n, const float* gamma, float eps, float* out);
+// RMS over each group of `group` values; gamma covers all n_groups * group values.
+void rms_norm_grouped(const float* x, int64_t n_groups, int64_t group, const float* gamma, float eps, float* out);
+// out = x / sqrt(sum(x^2) + eps) (the FLA l2norm). out may alias x.
+void l2_norm(const float* x, int64_t n, float eps, float* out);
+
+// ---- positions ------------------------------------------------------------------------------------------------------
+
+// NEOX rotary embedding in place over the first n_rot values of one head: pairs (i, i + n_rot/2) rotate by
+// pos * base^(-2i/n_rot). Values past n_rot are left alone.
+void rope_neox(float* x, int64_t n_rot, int64_t pos, float freq_base);
+
+// ---- small vector ops -----------------------------------------------------------------------------------------------
+
+void softmax(float* x, int64_t n);  // in place, max-subtracted
+// Indices of the k largest values, largest first; equal values keep the lower index first.
+std::vector<int32_t> top_k(const float* values, int64_t n, int64_t k);
+
+// ---- recurrent pieces -----------------------------------------------------------------------------------------------
+
+// One step of a causal depthwise conv with dilation: out[c] = sum_j w[c, j] * in(t - (K-1-j) * dilation), where
+// in(t) = x and older inputs come from `history` ((K-1)*dilation rows of C values, oldest first). The history is then
+// shifted by one row and x appended. w is {K, C} (K taps per channel, contiguous).
+struct ConvStepArgs {
+    const float* x;
+    const float* w;
+    float* history;
+    float* out;
+    int64_t channels = 0;
+    int64_t kernel = 0;
+    int64_t dilation = 1;
+};
+void causal_conv_step(const ConvStepArgs& args);
+
+// One token of the gated delta rule for one head. state is [dk][dv] (key index major). q is already L2-normalised
+// and scaled; k L2-normalised. S = S * exp(g); S += k (beta * (v - S^T k))^T; out = S^T q.
+struct DeltaStepArgs {
+    float* state;
+    const float* q;
+    const float* k;
+    const float* v;
+    float g = 0.0f;
+    float beta = 0.0f;
+    int64_t dk = 0;
+    int64_t dv = 0;
+    float* out;
+};
+void gated_delta_step(const DeltaStepArgs& args);
+
+// Softmax attention of one query head over the given cells: keys and values are rows `row_stride` floats apart,
+// head data at key_head/value_head offset already applied. out (head_dim) = sum_c softmax(scale * q.k_c) v_c.
+struct AttendArgs {
+    const float* q;
+    const float* keys;
+    const float* values;
+    int64_t row_stride = 0;
+    int64_t head_dim = 0;
+    std::span<const int32_t> cells;
+    float scale = 1.0f;
+    float* out;
+};
+void attend(const AttendArgs& args);
+
+}  // namespace strata::cpu

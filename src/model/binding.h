@@ -1,0 +1,63 @@
+// Reading a model out of a GGUF: typed hyperparameters by key and tensors by name with shape checks. Every failure is
+// an Error that names the key or tensor, what was expected and what the file has.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "format/gguf.h"
+
+namespace strata {
+
+// Metadata keys of one architecture: "{arch}.{suffix}" lookups.
+class HparamReader {
+  public:
+    HparamReader(const gguf::File& file, std::string arch) : file_(file), arch_(std::move(arch)) {}
+    const std::string& arch() const { return arch_; }
+    std::string key(const std::string& suffix) const { return arch_ + "." + suffix; }
+
+    int64_t u32(const std::string& suffix) const;                       // required
+    int64_t u32_or(const std::string& suffix, int64_t fallback) const;  // optional
+    int64_t positive(const std::string& suffix) const;                  // required and > 0
+    float f32(const std::string& suffix) const;
+    float f32_or(const std::string& suffix, float fallback) const;
+    bool has(const std::string& suffix) const;
+    // A key that may be a scalar (applies to every block) or an array of n values; a missing key gives `fallback`.
+    std::vector<int64_t> per_block(const std::string& suffix, int64_t n, int64_t fallback) const;
+    std::vector<uint64_t> u64_array(const std::string& suffix) const;
+
+  private:
+    const gguf::File& file_;
+    std::string arch_;
+};
+
+// Tensor lookup with exact shape checks (dims in ggml order, ne0 first).
+class TensorBinder {
+  public:
+    explicit TensorBinder(const gguf::File& file) : file_(file) {}
+
+    Tensor require(const std::string& name, std::initializer_list<int64_t> shape) const;
+    std::optional<Tensor> optional(const std::string& name, std::initializer_list<int64_t> shape) const;
+    // A 2-D tensor whose row width must be ne0 and whose row count is free (tables padded past what is used).
+    Tensor require_width(const std::string& name, int64_t ne0) const;
+    bool has(const std::string& name) const { return file_.find_tensor(name) != nullptr; }
+    // A small tensor (norms, conv taps, per-head scalars) copied out as f32.
+    std::vector<float> require_f32(const std::string& name, std::initializer_list<int64_t> shape) const;
+
+  private:
+    Tensor check(const gguf::TensorInfo& info, std::initializer_list<int64_t> shape) const;
+    const gguf::File& file_;
+};
+
+// "blk.3.attn_q.weight"
+std::string block_tensor(int64_t block, const std::string& name);
+
+// Which trunk blocks are recurrent (GDN): `attention.recurrent_layers` if present, else every block i with
+// (i + 1) % full_attention_interval != 0.
+std::vector<bool> recurrent_layer_map(const HparamReader& hp, int64_t n_block_all, int64_t n_trunk);
+
+}  // namespace strata

@@ -1,0 +1,185 @@
+#include "model/hybrid.h"
+
+#include <new>
+#include <stdexcept>
+#include <string>
+
+#include "backend/cpu/ops.h"
+#include "core/error.h"
+
+namespace strata {
+
+size_t HybridSequence::memory_bytes() const {
+    size_t total = 0;
+    for (const LayerState& l : layers) total += l.bytes();
+    return total;
+}
+
+void HybridSequence::reset() {
+    init_(layers, capacity_);
+    n_past_ = 0;
+}
+
+HybridModel::HybridModel(std::unique_ptr<gguf::File> file, const LoadOptions& options)
+    : file_(std::move(file)), pool_(options.n_threads > 0 ? options.n_threads : default_thread_count()) {
+    const gguf::File& f = *file_;
+    info_.arch = f.get_str("general.architecture");
+    if (const gguf::Value* name = f.find("general.name"); name && name->type == gguf::ValueType::STRING)
+        info_.name = name->str;
+    HparamReader hp(f, info_.arch);
+    info_.n_embd = hp.positive("embedding_length");
+    n_block_all_ = hp.positive("block_count");
+    const int64_t n_nextn = hp.u32_or("nextn_predict_layers", 0);
+    if (n_nextn >= n_block_all_)
+        throw Error(f.path() + ": key " + hp.key("nextn_predict_layers") + " (" + std::to_string(n_nextn) +
+                    ") must be smaller than block_count (" + std::to_string(n_block_all_) + ")");
+    info_.n_layer = n_block_all_ - n_nextn;
+    info_.n_ctx_train = hp.u32_or("context_length", 0);
+}
+
+void HybridModel::bind_embeddings(const TensorBinder& binder) {
+    const gguf::TensorInfo* te = file_->find_tensor("token_embd.weight");
+    if (!te) throw Error(file_->path() + ": tensor token_embd.weight is missing");
+    info_.n_vocab = te->ne[1];
+    token_embd_ = binder.require("token_embd.weight", {info_.n_embd, info_.n_vocab});
+    output_ = binder.optional("output.weight", {info_.n_embd, info_.n_vocab}).value_or(token_embd_);
+    HparamReader hp(*file_, info_.arch);
+    if (hp.has("vocab_size") && hp.u32("vocab_size") != info_.n_vocab)
+        throw Error(file_->path() + ": key " + hp.key("vocab_size") + " says " + std::to_string(hp.u32("vocab_size")) +
+                    " tokens but token_embd.weight has " + std::to_string(info_.n_vocab));
+    for (const char* key :
+         {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) {
+        const auto id = file_->get_u32_opt(key);
+        if (id && *id < info_.n_vocab) {
+            bool seen = false;
+            for (int32_t e : info_.eog_tokens) seen = seen || e == static_cast<int32_t>(*id);
+            if (!seen) info_.eog_tokens.push_back(static_cast<int32_t>(*id));
+        }
+    }
+}
+
+std::unique_ptr<SequenceState> HybridModel::new_sequence(int64_t max_tokens) const {
+    if (max_tokens <= 0)
+        throw Error("a sequence needs room for at least one token, asked for " + std::to_string(max_tokens));
+    try {
+        return std::make_unique<HybridSequence>(
+            this, max_tokens,
+            [this](std::vector<LayerState>& layers, int64_t capacity) { init_layers(layers, capacity); });
+    } catch (const std::bad_alloc&) {
+        throw Error("not enough memory for a sequence of " + std::to_string(max_tokens) +
+                    " tokens; ask for a smaller context");
+    } catch (const std::length_error&) {
+        throw Error("a sequence of " + std::to_string(max_tokens) + " tokens is too large to allocate");
+    }
+}
+
+void HybridModel::embed(std::span<const int32_t> tokens, float* out) const {
+    for (size_t t = 0; t < tokens.size(); ++t) cpu::get_row(token_embd_, tokens[t], out + t * info_.n_embd);
+}
+
+void HybridModel::forward(SequenceState& state, std::span<const int32_t> tokens, std::span<float> logits,
+                          bool last_only) const {
+    auto* seq = dynamic_cast<HybridSequence*>(&state);
+    if (!seq || seq->owner() != this) throw Error("forward: the sequence was not created by this model");
+    const int64_t T = static_cast<int64_t>(tokens.size());
+    const int64_t V = info_.n_vocab;
+    for (int32_t id : tokens)
+        if (id < 0 || id >= V)
+            throw Error("token id " + std::to_string(id) + " is out of range (vocabulary of " + std::to_string(V) +
+                        ")");
+    if (seq->n_past() + T > seq->capacity())
+        throw Error("the sequence holds " + std::to_string(seq->n_past()) + " tokens and can take " +
+                    std::to_string(seq->capacity()) + "; " + std::to_string(T) + " more do not fit");
+    if (!logits.empty()) {
+        const int64_t need = last_only ? V : T * V;
+        if (static_cast<int64_t>(logits.size()) < need)
+            throw Error("forward: the logits buffer holds " + std::to_string(logits.size()) + " floats, needs " +
+                        std::to_string(need));
+    }
+    if (T == 0) return;
+    std::lock_guard lock(mutex_);
+    std::vector<float> hidden(static_cast<size_t>(T * info_.n_embd));
+    trunk(*seq, tokens, hidden.data());
+    seq->n_past_ += T;
+    if (logits.empty()) return;
+    const int64_t first = last_only ? T - 1 : 0;
+    cpu::matmul({.w = output_,
+                 .x = hidden.data() + first * info_.n_embd,
+                 .y = logits.data(),
+                 .n_tokens = T - first,
+                 .pool = &pool_});
+}
+
+namespace {
+
+// A per-block key that must agree on every block where it is used; 0 entries are ignored.
+int64_t common_value(const std::vector<int64_t>& values, const std::vector<bool>& use, const std::string& what) {
+    int64_t v = 0;
+    for (size_t i = 0; i < use.size(); ++i) {
+        if (!use[i] || values[i] == 0) continue;
+        if (v != 0 && values[i] != v) throw Error("key " + what + " differs between blocks; not supported");
+        v = values[i];
+    }
+    return v;
+}
+
+}  // namespace
+
+AttentionShape read_attention_shape(const HparamReader& hp, int64_t H, const std::vector<bool>& recurrent,
+                                    int64_t n_block_all, float eps) {
+    std::vector<bool> is_attention(recurrent.size());
+    bool any_attention = false;
+    for (size_t i = 0; i < recurrent.size(); ++i) any_attention = any_attention || (is_attention[i] = !recurrent[i]);
+    const int64_t n_head = common_value(hp.per_block("attention.head_count", n_block_all, 0), is_attention,
+                                        hp.key("attention.head_count"));
+    if (!any_attention) return {.n_embd = H};
+    if (n_head <= 0) throw Error("key " + hp.key("attention.head_count") + " is missing");
+    const int64_t n_head_kv = common_value(hp.per_block("attention.head_count_kv", n_block_all, n_head), is_attention,
+                                           hp.key("attention.head_count_kv"));
+    const int64_t head_dim = hp.u32_or("attention.key_length", H / n_head);
+    if (hp.u32_or("attention.value_length", head_dim) != head_dim)
+        throw Error("keys " + hp.key("attention.key_length") +
+                    " and value_length differ; this architecture needs them equal");
+    AttentionShape s{.n_embd = H,
+                     .n_head = n_head,
+                     .n_head_kv = n_head_kv > 0 ? n_head_kv : n_head,
+                     .head_dim = head_dim,
+                     .n_rot = hp.u32_or("rope.dimension_count", head_dim),
+                     .freq_base = hp.f32_or("rope.freq_base", 10000.0f),
+                     .eps = eps};
+    if (s.n_rot > head_dim || s.n_rot % 2 != 0)
+        throw Error("key " + hp.key("rope.dimension_count") + " (" + std::to_string(s.n_rot) +
+                    ") must be even and at most the head dim " + std::to_string(head_dim));
+    if (s.n_head % s.n_head_kv != 0) throw Error("attention.head_count must be a multiple of head_count_kv");
+    return s;
+}
+
+GdnShape read_gdn_shape(const HparamReader& hp, int64_t H, float eps) {
+    const int64_t nv = hp.positive("ssm.time_step_rank");
+    const int64_t nk = hp.positive("ssm.group_count");
+    const int64_t inner = hp.positive("ssm.inner_size");
+    if (inner % nv != 0 || nv % nk != 0)
+        throw Error("key " + hp.key("ssm.inner_size") +
+                    " must be a multiple of ssm.time_step_rank, and that of "
+                    "ssm.group_count");
+    return {.n_embd = H,
+            .n_k_heads = nk,
+            .n_v_heads = nv,
+            .k_head_dim = hp.positive("ssm.state_size"),
+            .v_head_dim = inner / nv,
+            .conv_kernel = hp.positive("ssm.conv_kernel"),
+            .eps = eps};
+}
+
+MoeShape read_moe_shape(const HparamReader& hp, int64_t H, int64_t n_block_all) {
+    const int64_t n_ff = hp.per_block("feed_forward_length", n_block_all, 0)[0];
+    MoeShape s{.n_embd = H, .n_expert = hp.positive("expert_count"), .n_expert_used = hp.positive("expert_used_count")};
+    if (s.n_expert_used > s.n_expert) throw Error("key " + hp.key("expert_used_count") + " exceeds expert_count");
+    s.n_ff = hp.per_block("expert_feed_forward_length", n_block_all, 0)[0];
+    if (s.n_ff == 0 && n_ff > 0) s.n_ff = n_ff / s.n_expert_used;
+    if (s.n_ff <= 0) throw Error("key " + hp.key("expert_feed_forward_length") + " is missing");
+    s.n_ff_shared = hp.u32_or("expert_shared_feed_forward_length", n_ff);
+    return s;
+}
+
+}  // namespace strata

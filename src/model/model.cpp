@@ -1,0 +1,94 @@
+// load_model(): dispatch on general.architecture. plan_memory(): what a file and a context of n_ctx tokens take.
+#include "model/model.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/error.h"
+#include "format/gguf.h"
+#include "model/hybrid.h"
+
+namespace strata {
+
+std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& options) {
+    std::unique_ptr<gguf::File> file = gguf::File::open(path);
+    const std::string arch = file->get_str("general.architecture");
+    if (arch == "qwen4exp") return load_qwen4exp(std::move(file), options);
+    if (arch == "qwen35moe") return load_qwen35moe(std::move(file), options);
+    if (arch == "qwen3next") return load_qwen3next(std::move(file), options);
+    throw Error(path + ": architecture '" + arch + "' is not supported (supported: qwen4exp, qwen35moe, qwen3next)");
+}
+
+namespace {
+
+std::string weight_kind(const std::string& name) {
+    if (name == "token_embd.weight") return "weights: token embeddings";
+    if (name == "output.weight") return "weights: output head";
+    if (name == "per_layer_token_embd.weight") return "weights: PLE table";
+    if (name.find("_exps") != std::string::npos) return "weights: routed experts";
+    if (name.find("nextn") != std::string::npos) return "weights: MTP";
+    return "weights: dense (attention, GDN, shared experts, norms, routers)";
+}
+
+}  // namespace
+
+std::vector<MemoryPlanItem> plan_memory(const gguf::File& file, int64_t n_ctx) {
+    std::vector<MemoryPlanItem> items;
+    auto add = [&](const std::string& what, uint64_t bytes) {
+        for (auto& it : items)
+            if (it.what == what) {
+                it.bytes += bytes;
+                return;
+            }
+        items.push_back({what, bytes});
+    };
+    for (const gguf::TensorInfo& t : file.tensors()) add(weight_kind(t.name), t.n_bytes);
+
+    const std::string arch = file.get_str("general.architecture");
+    if (arch != "qwen4exp" && arch != "qwen35moe" && arch != "qwen3next") return items;
+    HparamReader hp(file, arch);
+    const int64_t H = hp.positive("embedding_length");
+    const int64_t n_all = hp.positive("block_count");
+    const int64_t n_layer = n_all - hp.u32_or("nextn_predict_layers", 0);
+    const std::vector<bool> recurrent = recurrent_layer_map(hp, n_all, std::max<int64_t>(n_layer, 0));
+    const int64_t n_recurrent = std::count(recurrent.begin(), recurrent.end(), true);
+    const int64_t n_attention = static_cast<int64_t>(recurrent.size()) - n_recurrent;
+    const uint64_t f = sizeof(float);
+    const uint64_t ctx = static_cast<uint64_t>(n_ctx);
+
+    const AttentionShape attn = read_attention_shape(hp, H, recurrent, n_all, 1e-6f);
+    add("sequence: KV cache (f32)", ctx * static_cast<uint64_t>(2 * n_attention * attn.n_head_kv * attn.head_dim) * f);
+    if (n_recurrent > 0) {
+        const GdnShape g = read_gdn_shape(hp, H, 1e-6f);
+        add("sequence: GDN state and conv history",
+            static_cast<uint64_t>(n_recurrent *
+                                  (g.n_v_heads * g.k_head_dim * g.v_head_dim + (g.conv_kernel - 1) * g.conv_dim())) *
+                f);
+    }
+    int64_t hc = 1;
+    if (arch == "qwen4exp") {
+        hc = hp.u32("hyper_connection.count");
+        const int64_t di = hp.u32_or("attention.indexer.key_length", 0);
+        const std::vector<int64_t> ratios = hp.per_block("attention.compress_ratios", n_all, 0);
+        uint64_t idx = 0;
+        for (int64_t i = 0; i < n_layer; ++i)
+            if (!recurrent[static_cast<size_t>(i)] && ratios[static_cast<size_t>(i)] > 0)
+                idx += ctx * static_cast<uint64_t>(di) * f +
+                       ctx / static_cast<uint64_t>(ratios[static_cast<size_t>(i)]) * static_cast<uint64_t>(di) * f;
+        add("sequence: QSA indexer keys (raw and pooled)", idx);
+        if (hp.has("ple.layers") && !file.get_int_array(hp.key("ple.layers")).empty()) {
+            const int64_t N = hp.u32("ple.ngram_size");
+            const int64_t Kp = hp.u32("ple.conv_kernel");
+            add("sequence: PLE token and conv history",
+                static_cast<uint64_t>((Kp - 1) * N * hc * H) * f + static_cast<uint64_t>(N - 1) * sizeof(int32_t));
+        }
+    }
+    // Scratch for one forward of a 512-token batch: a handful of residual-wide rows per token plus the logits.
+    const gguf::TensorInfo* te = file.find_tensor("token_embd.weight");
+    const uint64_t vocab = te ? static_cast<uint64_t>(te->ne[1]) : 0;
+    const uint64_t batch = static_cast<uint64_t>(std::min<int64_t>(512, std::max<int64_t>(n_ctx, 1)));
+    add("scratch (512-token batch)", batch * (vocab + 16 * static_cast<uint64_t>(hc * H)) * f);
+    return items;
+}
+
+}  // namespace strata

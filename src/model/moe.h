@@ -1,0 +1,44 @@
+// Mixture of experts: softmax router over all experts, top-k, optional renormalisation, SwiGLU experts, plus a shared
+// SwiGLU expert scaled by sigmoid(ffn_gate_inp_shexp . x). Math: Qwen4ExpTextSparseMoeBlock (same in qwen3.5/next).
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "model/binding.h"
+
+namespace strata {
+
+struct MoeShape {
+    int64_t n_embd = 0;
+    int64_t n_expert = 0;
+    int64_t n_expert_used = 0;
+    int64_t n_ff = 0;         // routed expert width F
+    int64_t n_ff_shared = 0;  // shared expert width Fs (0: none)
+    bool normalize_weights = true;
+};
+
+struct MoeWeights {
+    Tensor router;                                                   // {H, E}
+    std::optional<Tensor> gate_up;                                   // {H, 2F, E} fused: gate rows first
+    std::optional<Tensor> gate, up;                                  // {H, F, E}
+    Tensor down;                                                     // {F, H, E}
+    std::vector<float> shared_gate;                                  // {H}
+    std::optional<Tensor> shared_gate_proj, shared_up, shared_down;  // {H, Fs}, {H, Fs}, {Fs, H}
+};
+
+MoeWeights bind_moe(const TensorBinder& binder, int64_t block, const MoeShape& shape);
+
+struct MoeForwardArgs {
+    const MoeShape& shape;
+    const MoeWeights& weights;
+    const float* x;  // [n_tokens x H]
+    float* out;      // [n_tokens x H]
+    int64_t n_tokens = 1;
+    ThreadPool* pool = nullptr;
+};
+void moe_forward(const MoeForwardArgs& args);
+
+}  // namespace strata

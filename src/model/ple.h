@@ -1,0 +1,63 @@
+// Per-layer embeddings (qwen4exp): hashed n-gram rows of the current token and its predecessors, projected to a value
+// and one key per residual stream; the normalised streams gate the value, and a dilated causal conv adds local
+// context. Math: Qwen4ExpTextNGramEmbedding + Qwen4ExpTextPLELayer; GGUF: ple_*, per_layer_token_embd, ple.* keys.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "model/binding.h"
+
+namespace strata {
+
+struct PleShape {
+    int64_t n_embd = 0;                 // H
+    int64_t n_streams = 0;              // hc
+    int64_t ngram = 0;                  // N: orders 2..N
+    int64_t heads_per_ngram = 0;        // heads per order; n_heads = (N - 1) * this
+    int64_t row_width = 0;              // P
+    int64_t conv_kernel = 0;            // Kp, dilation N
+    int32_t eos = 0;                    // cuts n-gram windows
+    std::vector<uint64_t> multipliers;  // >= N
+    std::vector<uint64_t> offsets;      // >= n_heads
+    std::vector<uint64_t> sizes;        // >= n_heads
+    float eps = 1e-6f;
+
+    int64_t n_heads() const { return (ngram - 1) * heads_per_ngram; }
+    int64_t history_rows() const { return (conv_kernel - 1) * ngram; }
+};
+
+struct PleWeights {
+    Tensor table;                                        // {P, R}
+    Tensor key;                                          // {n_heads P, HC}
+    Tensor value;                                        // {n_heads P, H}
+    std::vector<float> norm_key, norm_query, norm_conv;  // {HC}
+    std::vector<float> conv;                             // {Kp, HC}
+};
+
+PleWeights bind_ple(const TensorBinder& binder, int64_t block, const PleShape& shape);
+
+struct PleState {
+    std::vector<int32_t> tokens;      // the last N - 1 tokens, oldest first (EOS before the sequence starts)
+    std::vector<float> conv_history;  // (Kp - 1) N rows of HC
+    void init(const PleShape& shape);
+    size_t bytes() const { return tokens.size() * sizeof(int32_t) + conv_history.size() * sizeof(float); }
+};
+
+// Table rows (one per head) of a token given its predecessors. history: the N - 1 previous tokens, oldest first.
+std::vector<int64_t> ple_rows(const PleShape& shape, const int32_t* history, int32_t token);
+
+struct PleForwardArgs {
+    const PleShape& shape;
+    const PleWeights& weights;
+    PleState& state;
+    const int32_t* tokens;
+    float* residual;  // [n_tokens x HC], gets the PLE output added
+    int64_t n_tokens = 1;
+    ThreadPool* pool = nullptr;
+};
+void ple_forward(const PleForwardArgs& args);
+
+}  // namespace strata

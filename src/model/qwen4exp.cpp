@@ -1,0 +1,229 @@
+// qwen4exp (Qwen3.8-Flash-Next): hyper-connection residual of hc streams; each block reads through a gated mix,
+// runs Gated DeltaNet or QSA attention, writes back, reads again, runs the MoE, writes back. One GDN block may first
+// add per-layer n-gram embeddings (PLE). A final mixer (no norm) feeds the head.
+// Math: transformers Qwen4ExpTextModel; GGUF names, keys and conventions: gguf-qwen4exp.md sections 1.4, 2.1-2.2, 7.
+#include <algorithm>
+#include <string>
+
+#include "core/error.h"
+#include "model/hybrid.h"
+#include "model/hyper_connection.h"
+#include "model/moe.h"
+
+namespace strata {
+
+namespace {
+
+struct Qwen4ExpHparams {
+    float eps = 1e-6f;
+    std::vector<bool> recurrent;          // per trunk block
+    std::vector<int64_t> compress_ratio;  // per trunk block; 0: dense attention
+    HyperConnectionShape hc;
+    AttentionShape attention;
+    IndexerShape indexer;  // ratio filled in per block
+    GdnShape gdn;
+    MoeShape moe;
+    int64_t ple_block = -1;
+    PleShape ple;
+};
+
+struct Qwen4ExpBlock {
+    bool recurrent = true;
+    HyperConnectionWeights hc_attn, hc_ffn;
+    GdnWeights gdn;
+    AttentionWeights attention;
+    IndexerShape indexer;
+    MoeWeights moe;
+    bool has_ple = false;
+    PleWeights ple;
+};
+
+Qwen4ExpHparams read_hparams(const gguf::File& file, const ModelInfo& info, int64_t n_block_all) {
+    HparamReader hp(file, "qwen4exp");
+    Qwen4ExpHparams h;
+    const int64_t H = info.n_embd;
+    const int64_t n_layer = info.n_layer;
+    h.eps = hp.f32("attention.layer_norm_rms_epsilon");
+    h.recurrent = recurrent_layer_map(hp, n_block_all, n_layer);
+    h.hc = {.n_streams = hp.u32("hyper_connection.count"),
+            .n_embd = H,
+            .low_rank = hp.positive("hyper_connection.low_rank"),
+            .eps = h.eps};
+    if (h.hc.n_streams <= 1)
+        throw Error(file.path() + ": key " + hp.key("hyper_connection.count") + " must be greater than one");
+
+    h.attention = read_attention_shape(hp, H, h.recurrent, n_block_all, h.eps);
+
+    h.compress_ratio = hp.per_block("attention.compress_ratios", n_block_all, 0);
+    h.compress_ratio.resize(static_cast<size_t>(n_layer));
+    h.indexer = {.n_head = hp.positive("attention.indexer.head_count"),
+                 .head_dim = hp.positive("attention.indexer.key_length"),
+                 .budget = hp.positive("attention.indexer.top_k")};
+    if (h.attention.n_rot > h.indexer.head_dim)
+        throw Error(file.path() + ": rope.dimension_count exceeds attention.indexer.key_length");
+
+    h.gdn = read_gdn_shape(hp, H, h.eps);
+    h.gdn.tiled_value_heads = true;               // llama.cpp's converter reorders value heads for qwen4exp
+    h.gdn.output_gate = GateActivation::Sigmoid;  // qwen4exp's GDN output gate
+    h.moe = read_moe_shape(hp, H, n_block_all);
+
+    const std::vector<int64_t> ple_layers =
+        hp.has("ple.layers") ? file.get_int_array(hp.key("ple.layers")) : std::vector<int64_t>{};
+    if (ple_layers.size() > 1)
+        throw Error(file.path() + ": key " + hp.key("ple.layers") + " lists " + std::to_string(ple_layers.size()) +
+                    " PLE blocks; the GGUF format carries one PLE table, so only one is supported");
+    if (!ple_layers.empty()) {
+        h.ple_block = ple_layers[0];
+        if (h.ple_block < 0 || h.ple_block >= n_layer || !h.recurrent[static_cast<size_t>(h.ple_block)])
+            throw Error(file.path() + ": PLE layer " + std::to_string(h.ple_block) +
+                        " is not a linear attention layer");
+        PleShape& p = h.ple;
+        p.n_embd = H;
+        p.n_streams = h.hc.n_streams;
+        p.ngram = hp.u32("ple.ngram_size");
+        p.heads_per_ngram = hp.positive("ple.heads_per_ngram");
+        p.row_width = hp.positive("embedding_length_per_layer_input");
+        p.conv_kernel = hp.positive("ple.conv_kernel");
+        p.eos = static_cast<int32_t>(hp.u32("ple.eos_token_id"));
+        p.multipliers = hp.u64_array("ple.layer_multipliers");
+        p.offsets = hp.u64_array("ple.head_offsets");
+        p.sizes = hp.u64_array("ple.head_vocab_sizes");
+        p.eps = h.eps;
+        if (p.ngram < 2 || p.ngram > 8) throw Error(file.path() + ": ple.ngram_size must be in 2..8");
+        if (static_cast<int64_t>(p.multipliers.size()) < p.ngram ||
+            static_cast<int64_t>(p.offsets.size()) < p.n_heads() || static_cast<int64_t>(p.sizes.size()) < p.n_heads())
+            throw Error(file.path() + ": the PLE hash arrays are shorter than ngram_size / the number of PLE heads");
+    }
+    return h;
+}
+
+class Qwen4ExpModel final : public HybridModel {
+  public:
+    Qwen4ExpModel(std::unique_ptr<gguf::File> file, const LoadOptions& options)
+        : HybridModel(std::move(file), options) {
+        h_ = read_hparams(*file_, info_, n_block_all_);
+        TensorBinder binder(*file_);
+        bind_embeddings(binder);
+        output_hc_ = bind_hyper_connection(binder, "output_hc", h_.hc, false);
+        for (int64_t il = 0; il < info_.n_layer; ++il) {
+            Qwen4ExpBlock b;
+            b.recurrent = h_.recurrent[static_cast<size_t>(il)];
+            b.hc_attn = bind_hyper_connection(binder, block_tensor(il, "hc_attn"), h_.hc, true);
+            b.hc_ffn = bind_hyper_connection(binder, block_tensor(il, "hc_ffn"), h_.hc, true);
+            if (b.recurrent) {
+                b.gdn = bind_gdn(binder, il, h_.gdn);
+            } else {
+                b.indexer = h_.indexer;
+                b.indexer.ratio = h_.compress_ratio[static_cast<size_t>(il)];
+                b.attention = bind_attention(binder, il, h_.attention, &b.indexer);
+            }
+            b.moe = bind_moe(binder, il, h_.moe);
+            if (il == h_.ple_block) {
+                b.has_ple = true;
+                b.ple = bind_ple(binder, il, h_.ple);
+            }
+            blocks_.push_back(std::move(b));
+        }
+    }
+
+  private:
+    void init_layers(std::vector<LayerState>& layers, int64_t capacity) const override {
+        layers.resize(blocks_.size());
+        for (size_t il = 0; il < blocks_.size(); ++il) {
+            const Qwen4ExpBlock& b = blocks_[il];
+            if (b.recurrent)
+                layers[il].gdn.init(h_.gdn);
+            else
+                layers[il].attention.init(h_.attention, &b.indexer, capacity);
+            if (b.has_ple) layers[il].ple.init(h_.ple);
+        }
+    }
+
+    void trunk(HybridSequence& seq, std::span<const int32_t> tokens, float* hidden) const override {
+        const int64_t T = static_cast<int64_t>(tokens.size());
+        const int64_t H = info_.n_embd, hc = h_.hc.n_streams, HC = hc * H;
+
+        // The residual starts as hc copies of the token embedding.
+        std::vector<float> emb(static_cast<size_t>(T * H)), residual(static_cast<size_t>(T * HC));
+        embed(tokens, emb.data());
+        for (int64_t t = 0; t < T; ++t)
+            for (int64_t s = 0; s < hc; ++s) std::copy_n(emb.data() + t * H, H, residual.data() + (t * hc + s) * H);
+
+        std::vector<float> mixed(static_cast<size_t>(T * H)), out(static_cast<size_t>(T * H));
+        std::vector<float> inject(static_cast<size_t>(T * hc));
+        for (size_t il = 0; il < blocks_.size(); ++il) {
+            const Qwen4ExpBlock& b = blocks_[il];
+            LayerState& state = seq.layers[il];
+            if (b.has_ple)
+                ple_forward({.shape = h_.ple,
+                             .weights = b.ple,
+                             .state = state.ple,
+                             .tokens = tokens.data(),
+                             .residual = residual.data(),
+                             .n_tokens = T,
+                             .pool = pool()});
+
+            hyper_connection_read({.shape = h_.hc,
+                                   .weights = b.hc_attn,
+                                   .residual = residual.data(),
+                                   .mixed = mixed.data(),
+                                   .inject = inject.data(),
+                                   .n_tokens = T,
+                                   .pool = pool()});
+            if (b.recurrent) {
+                gdn_forward({.shape = h_.gdn,
+                             .weights = b.gdn,
+                             .state = state.gdn,
+                             .x = mixed.data(),
+                             .out = out.data(),
+                             .n_tokens = T,
+                             .pool = pool()});
+            } else {
+                attention_forward({.shape = h_.attention,
+                                   .indexer = &b.indexer,
+                                   .weights = b.attention,
+                                   .cache = state.attention,
+                                   .x = mixed.data(),
+                                   .out = out.data(),
+                                   .n_tokens = T,
+                                   .pos0 = seq.n_past(),
+                                   .pool = pool()});
+            }
+            hyper_connection_write(h_.hc, residual.data(), out.data(), inject.data(), T);
+
+            hyper_connection_read({.shape = h_.hc,
+                                   .weights = b.hc_ffn,
+                                   .residual = residual.data(),
+                                   .mixed = mixed.data(),
+                                   .inject = inject.data(),
+                                   .n_tokens = T,
+                                   .pool = pool()});
+            moe_forward({.shape = h_.moe,
+                         .weights = b.moe,
+                         .x = mixed.data(),
+                         .out = out.data(),
+                         .n_tokens = T,
+                         .pool = pool()});
+            hyper_connection_write(h_.hc, residual.data(), out.data(), inject.data(), T);
+        }
+        hyper_connection_read({.shape = h_.hc,
+                               .weights = output_hc_,
+                               .residual = residual.data(),
+                               .mixed = hidden,
+                               .inject = nullptr,
+                               .n_tokens = T,
+                               .pool = pool()});
+    }
+
+    Qwen4ExpHparams h_;
+    HyperConnectionWeights output_hc_;
+    std::vector<Qwen4ExpBlock> blocks_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> load_qwen4exp(std::unique_ptr<gguf::File> file, const LoadOptions& options) {
+    return std::make_unique<Qwen4ExpModel>(std::move(file), options);
+}
+
+}  // namespace strata

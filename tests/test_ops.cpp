@@ -1,0 +1,354 @@
+// The scalar reference ops against straightforward double-precision formulas on random inputs (the formulas are
+// transcribed from the transformers modules they stand for), plus properties the other backends rely on:
+// thread-count independence and quantized weights read exactly as their dequantized values.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "core/dtype.h"
+#include "model/attention.h"
+#include "model/ple.h"
+
+using namespace strata;
+
+namespace {
+
+std::vector<float> random_vec(std::mt19937& rng, size_t n, float scale = 1.0f) {
+    std::normal_distribution<float> d(0.0f, scale);
+    std::vector<float> v(n);
+    for (float& x : v) x = d(rng);
+    return v;
+}
+
+// Relative error of a against a double reference: max |a - b| / max(max |b|, tiny).
+double rel_err(const std::vector<float>& a, const std::vector<double>& b) {
+    double num = 0, den = 1e-30;
+    for (size_t i = 0; i < a.size(); ++i) {
+        num = std::max(num, std::fabs(a[i] - b[i]));
+        den = std::max(den, std::fabs(b[i]));
+    }
+    return num / den;
+}
+
+struct QuantWeight {
+    std::vector<uint8_t> bytes;
+    Tensor tensor;
+};
+
+QuantWeight make_weight(DType type, const std::vector<float>& values, int64_t in, int64_t out) {
+    QuantWeight w;
+    w.bytes.resize(row_bytes(type, in) * static_cast<size_t>(out));
+    for (int64_t r = 0; r < out; ++r)
+        quantize_row(type, values.data() + r * in, w.bytes.data() + row_bytes(type, in) * r, in);
+    const int64_t ne[2] = {in, out};
+    w.tensor = make_tensor("w", type, 2, ne, w.bytes.data());
+    return w;
+}
+
+}  // namespace
+
+TEST(Ops, MatmulMatchesDoubleAndIsThreadIndependent) {
+    std::mt19937 rng(1);
+    const int64_t in = 96, out = 77, T = 5;
+    const auto wv = random_vec(rng, in * out), x = random_vec(rng, in * T);
+    QuantWeight w = make_weight(DType::F32, wv, in, out);
+    std::vector<double> ref(out * T);
+    for (int64_t t = 0; t < T; ++t)
+        for (int64_t o = 0; o < out; ++o) {
+            double s = 0;
+            for (int64_t i = 0; i < in; ++i) s += static_cast<double>(wv[o * in + i]) * x[t * in + i];
+            ref[t * out + o] = s;
+        }
+    std::vector<float> y1(out * T), y3(out * T);
+    cpu::matmul({.w = w.tensor, .x = x.data(), .y = y1.data(), .n_tokens = T});
+    EXPECT_LT(rel_err(y1, ref), 1e-6);
+    ThreadPool pool(3);
+    // Large enough to go parallel.
+    const int64_t big_out = 1024;
+    const auto bw = random_vec(rng, in * big_out);
+    QuantWeight big = make_weight(DType::F32, bw, in, big_out);
+    std::vector<float> a(big_out * T), b(big_out * T);
+    cpu::matmul({.w = big.tensor, .x = x.data(), .y = a.data(), .n_tokens = T});
+    cpu::matmul({.w = big.tensor, .x = x.data(), .y = b.data(), .n_tokens = T, .pool = &pool});
+    EXPECT_EQ(a, b);
+    // One token at a time gives the same bits as the batch (prefill == incremental relies on it).
+    for (int64_t t = 0; t < T; ++t) {
+        std::vector<float> one(big_out);
+        cpu::matmul({.w = big.tensor, .x = x.data() + t * in, .y = one.data(), .n_tokens = 1, .pool = &pool});
+        EXPECT_TRUE(std::equal(one.begin(), one.end(), a.begin() + t * big_out));
+    }
+}
+
+TEST(Ops, QuantizedWeightsReadAsTheirDequantizedValues) {
+    std::mt19937 rng(2);
+    const int64_t in = 128, out = 40, T = 3;
+    const auto wv = random_vec(rng, in * out, 0.05f), x = random_vec(rng, in * T);
+    for (DType type : {DType::Q8_0, DType::F16, DType::BF16}) {
+        QuantWeight q = make_weight(type, wv, in, out);
+        std::vector<float> deq(in * out);
+        for (int64_t r = 0; r < out; ++r) dequantize_row(type, q.tensor.row(r), deq.data() + r * in, in);
+        QuantWeight f = make_weight(DType::F32, deq, in, out);
+        std::vector<float> yq(out * T), yf(out * T);
+        cpu::matmul({.w = q.tensor, .x = x.data(), .y = yq.data(), .n_tokens = T});
+        cpu::matmul({.w = f.tensor, .x = x.data(), .y = yf.data(), .n_tokens = T});
+        EXPECT_EQ(yq, yf) << dtype_name(type);
+        // And close to the unquantized product (Q8_0 keeps ~2-3 significant digits per weight).
+        std::vector<double> ref(out * T);
+        for (int64_t t = 0; t < T; ++t)
+            for (int64_t o = 0; o < out; ++o) {
+                double s = 0;
+                for (int64_t i = 0; i < in; ++i) s += static_cast<double>(wv[o * in + i]) * x[t * in + i];
+                ref[t * out + o] = s;
+            }
+        EXPECT_LT(rel_err(yq, ref), type == DType::F16 ? 2e-3 : 2e-2) << dtype_name(type);
+    }
+}
+
+TEST(Ops, MatrixViewSelectsExpertAndRows) {
+    std::mt19937 rng(3);
+    const int64_t in = 32, rows = 6, E = 3;
+    const auto v = random_vec(rng, in * rows * E);
+    const int64_t ne[3] = {in, rows, E};
+    Tensor t = make_tensor("e", DType::F32, 3, ne, v.data());
+    Tensor view = cpu::matrix_view(t, 2, 3, 2);
+    std::vector<float> row(in);
+    cpu::get_row(view, 1, row.data());
+    EXPECT_TRUE(std::equal(row.begin(), row.end(), v.begin() + (2 * rows + 4) * in));
+}
+
+TEST(Ops, RmsNormPlainAndGrouped) {
+    std::mt19937 rng(4);
+    const int64_t group = 24, groups = 3;
+    const auto x = random_vec(rng, group * groups, 3.0f), g = random_vec(rng, group * groups);
+    const float eps = 1e-6f;
+    std::vector<float> out(x.size());
+    cpu::rms_norm_grouped(x.data(), groups, group, g.data(), eps, out.data());
+    std::vector<double> ref(x.size());
+    for (int64_t k = 0; k < groups; ++k) {
+        double ms = 0;
+        for (int64_t i = 0; i < group; ++i) ms += static_cast<double>(x[k * group + i]) * x[k * group + i];
+        ms /= group;
+        for (int64_t i = 0; i < group; ++i)
+            ref[k * group + i] = x[k * group + i] / std::sqrt(ms + eps) * g[k * group + i];
+    }
+    EXPECT_LT(rel_err(out, ref), 1e-6);
+    cpu::rms_norm(x.data(), group, nullptr, eps, out.data());
+    double ms = 0;
+    for (int64_t i = 0; i < group; ++i) ms += static_cast<double>(x[i]) * x[i];
+    for (int64_t i = 0; i < group; ++i) EXPECT_NEAR(out[i], x[i] / std::sqrt(ms / group + eps), 1e-5);
+}
+
+TEST(Ops, L2Norm) {
+    std::mt19937 rng(5);
+    const auto x = random_vec(rng, 37, 2.0f);
+    std::vector<float> out(x.size());
+    cpu::l2_norm(x.data(), 37, 1e-6f, out.data());
+    double ss = 0;
+    for (float v : x) ss += static_cast<double>(v) * v;
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(out[i], x[i] / std::sqrt(ss + 1e-6), 1e-6);
+}
+
+TEST(Ops, RopeNeoxPartialMatchesRotateHalf) {
+    // transformers: inv_freq = base^(-arange(0, d, 2)/d); emb = cat(freqs, freqs);
+    // x_rope = x * cos(emb) + rotate_half(x) * sin(emb) over the first d dims, the rest untouched.
+    std::mt19937 rng(6);
+    const int64_t head = 32, n_rot = 8;
+    const float base = 1e6f;
+    for (int64_t pos : {0, 1, 7, 123, 4000}) {
+        auto x = random_vec(rng, head);
+        std::vector<double> ref(x.begin(), x.end());
+        for (int64_t i = 0; i < n_rot; ++i) {
+            const int64_t f = i % (n_rot / 2);
+            const double angle = pos * std::pow(static_cast<double>(base), -2.0 * f / n_rot);
+            const double rot = i < n_rot / 2 ? -static_cast<double>(x[i + n_rot / 2]) : x[i - n_rot / 2];
+            ref[i] = x[i] * std::cos(angle) + rot * std::sin(angle);
+        }
+        cpu::rope_neox(x.data(), n_rot, pos, base);
+        EXPECT_LT(rel_err(x, ref), 1e-6) << "pos " << pos;
+    }
+}
+
+TEST(Ops, SoftmaxAndTopK) {
+    std::vector<float> x = {1.0f, 3.0f, -2.0f, 3.0f, 0.5f};
+    std::vector<float> s = x;
+    cpu::softmax(s.data(), 5);
+    double z = 0;
+    for (float v : x) z += std::exp(static_cast<double>(v));
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(s[i], std::exp(static_cast<double>(x[i])) / z, 1e-7);
+    const auto top = cpu::top_k(x.data(), 5, 3);
+    EXPECT_EQ(top, (std::vector<int32_t>{1, 3, 0}));  // ties: lower index first
+}
+
+TEST(Ops, DilatedCausalConvStepMatchesFullConv) {
+    // torch conv1d(padding=(K-1)*d, dilation=d)[:T]: y[t,c] = sum_j w[c,j] * x[t - (K-1-j)*d, c], zero before 0.
+    std::mt19937 rng(7);
+    const int64_t C = 5, K = 3, T = 20;
+    for (int64_t d : {1, 3}) {
+        const auto x = random_vec(rng, T * C), w = random_vec(rng, K * C);
+        std::vector<float> hist((K - 1) * d * C, 0.0f), y(T * C);
+        for (int64_t t = 0; t < T; ++t)
+            cpu::causal_conv_step({.x = x.data() + t * C,
+                                   .w = w.data(),
+                                   .history = hist.data(),
+                                   .out = y.data() + t * C,
+                                   .channels = C,
+                                   .kernel = K,
+                                   .dilation = d});
+        std::vector<double> ref(T * C, 0.0);
+        for (int64_t t = 0; t < T; ++t)
+            for (int64_t c = 0; c < C; ++c)
+                for (int64_t j = 0; j < K; ++j) {
+                    const int64_t src = t - (K - 1 - j) * d;
+                    if (src >= 0) ref[t * C + c] += static_cast<double>(w[c * K + j]) * x[src * C + c];
+                }
+        EXPECT_LT(rel_err(y, ref), 1e-6) << "dilation " << d;
+    }
+}
+
+TEST(Ops, GatedDeltaRuleMatchesRecurrentFormula) {
+    // torch_recurrent_gated_delta_rule: S *= exp(g); kv = S^T k; delta = (v - kv) * beta; S += k delta^T; o = S^T q.
+    std::mt19937 rng(8);
+    const int64_t dk = 8, dv = 6, T = 12;
+    std::vector<float> state(dk * dv, 0.0f);
+    std::vector<double> ref_state(dk * dv, 0.0);
+    std::uniform_real_distribution<float> ug(-2.0f, 0.0f), ub(0.0f, 1.0f);
+    for (int64_t t = 0; t < T; ++t) {
+        auto q = random_vec(rng, dk), k = random_vec(rng, dk), v = random_vec(rng, dv);
+        cpu::l2_norm(q.data(), dk, 1e-6f, q.data());
+        cpu::l2_norm(k.data(), dk, 1e-6f, k.data());
+        const float g = ug(rng), beta = ub(rng);
+        std::vector<float> out(dv);
+        cpu::gated_delta_step({.state = state.data(),
+                               .q = q.data(),
+                               .k = k.data(),
+                               .v = v.data(),
+                               .g = g,
+                               .beta = beta,
+                               .dk = dk,
+                               .dv = dv,
+                               .out = out.data()});
+        for (double& s : ref_state) s *= std::exp(static_cast<double>(g));
+        std::vector<double> delta(dv, 0.0), ref_out(dv, 0.0);
+        for (int64_t j = 0; j < dv; ++j) {
+            double kv = 0;
+            for (int64_t i = 0; i < dk; ++i) kv += ref_state[i * dv + j] * k[i];
+            delta[j] = (v[j] - kv) * beta;
+        }
+        for (int64_t i = 0; i < dk; ++i)
+            for (int64_t j = 0; j < dv; ++j) ref_state[i * dv + j] += k[i] * delta[j];
+        for (int64_t j = 0; j < dv; ++j)
+            for (int64_t i = 0; i < dk; ++i) ref_out[j] += ref_state[i * dv + j] * q[i];
+        EXPECT_LT(rel_err(out, ref_out), 1e-5) << "token " << t;
+    }
+}
+
+TEST(Ops, AttendOverSelectedCells) {
+    std::mt19937 rng(9);
+    const int64_t hd = 16, stride = 40, n_cells = 9;
+    const auto q = random_vec(rng, hd), kv = random_vec(rng, n_cells * stride * 2);
+    const float* keys = kv.data() + 3;
+    const float* values = kv.data() + n_cells * stride + 5;
+    const std::vector<int32_t> cells = {0, 2, 3, 7, 8};
+    std::vector<float> out(hd);
+    cpu::attend({.q = q.data(),
+                 .keys = keys,
+                 .values = values,
+                 .row_stride = stride,
+                 .head_dim = hd,
+                 .cells = cells,
+                 .scale = 0.25f,
+                 .out = out.data()});
+    std::vector<double> w;
+    double z = 0;
+    for (int32_t c : cells) {
+        double s = 0;
+        for (int64_t d = 0; d < hd; ++d) s += static_cast<double>(q[d]) * keys[c * stride + d];
+        w.push_back(std::exp(0.25 * s));
+        z += w.back();
+    }
+    std::vector<double> ref(hd, 0.0);
+    for (size_t i = 0; i < cells.size(); ++i)
+        for (int64_t d = 0; d < hd; ++d) ref[d] += w[i] / z * values[cells[i] * stride + d];
+    EXPECT_LT(rel_err(out, ref), 1e-6);
+}
+
+TEST(Ops, PleRowsFollowShiftRightIgnoreEos) {
+    // Qwen4ExpTextNGramEmbedding._shift_right_ignore_eos over [EOS x (N-1), tokens...]: the token `shift` places back
+    // if no EOS sits in between (the predecessor itself included), else EOS. Written here with the cummax formulation.
+    PleShape s;
+    s.ngram = 4;
+    s.heads_per_ngram = 2;
+    s.eos = 7;
+    s.multipliers = {0x1234567ULL, 0x89abcdefULL * 3 + 1, 0xfedcba987ULL, 0x55555ULL};
+    for (int64_t h = 0; h < s.n_heads(); ++h) {
+        s.sizes.push_back(101 + 2 * h);
+        s.offsets.push_back(h == 0 ? 0 : s.offsets.back() + s.sizes[h - 1]);
+    }
+    const std::vector<int32_t> tokens = {3, 9, 7, 7, 12, 5, 7, 1, 2, 3, 4, 100};
+    const int64_t N = s.ngram, T = static_cast<int64_t>(tokens.size());
+    std::vector<int32_t> hist(N - 1, s.eos);
+    hist.insert(hist.end(), tokens.begin(), tokens.end());
+    const int64_t L = static_cast<int64_t>(hist.size());
+    std::vector<int64_t> prev_eos(L);  // last EOS position strictly before p
+    int64_t last = -1;
+    for (int64_t p = 0; p < L; ++p) {
+        prev_eos[p] = last;
+        if (hist[p] == s.eos) last = p;
+    }
+    std::vector<int32_t> window(hist.begin(), hist.begin() + (N - 1));
+    for (int64_t t = 0; t < T; ++t) {
+        const int64_t p = t + N - 1;
+        std::vector<uint64_t> shifted(N);
+        for (int64_t sh = 0; sh < N; ++sh) {
+            const bool valid = p - (prev_eos[p] + 1) >= sh && p - sh >= 0;
+            shifted[sh] = static_cast<uint64_t>(valid ? hist[p - sh] : s.eos);
+        }
+        std::vector<int64_t> expect;
+        for (int64_t n = 2; n <= N; ++n) {
+            uint64_t mixed = shifted[0] * s.multipliers[0];
+            for (int64_t j = 1; j < n; ++j) mixed ^= shifted[j] * s.multipliers[j];
+            for (int64_t g = 0; g < s.heads_per_ngram; ++g) {
+                const int64_t h = (n - 2) * s.heads_per_ngram + g;
+                expect.push_back(static_cast<int64_t>(mixed % s.sizes[h] + s.offsets[h]));
+            }
+        }
+        EXPECT_EQ(ple_rows(s, window.data(), tokens[t]), expect) << "token " << t;
+        window.erase(window.begin());
+        window.push_back(tokens[t]);
+    }
+}
+
+TEST(Ops, QsaSelectKeepsTopBlocksAndTail) {
+    // Qwen4ExpTextQSAIndexer for one query: complete blocks of `ratio` visible cells scored by
+    // sum_h relu(q_h . k_b) / sqrt(d); the best budget/ratio blocks plus the partial tail.
+    std::mt19937 rng(10);
+    IndexerShape s{.n_head = 2, .head_dim = 8, .budget = 8, .ratio = 4};
+    const int64_t pos = 21;  // 22 visible cells: 5 complete blocks + tail of 2
+    const auto q = random_vec(rng, s.n_head * s.head_dim), pooled = random_vec(rng, 5 * s.head_dim);
+    std::vector<std::pair<double, int>> scores;
+    for (int b = 0; b < 5; ++b) {
+        double sum = 0;
+        for (int h = 0; h < 2; ++h) {
+            double d = 0;
+            for (int i = 0; i < 8; ++i) d += static_cast<double>(q[h * 8 + i]) * pooled[b * 8 + i];
+            sum += std::max(0.0, d);
+        }
+        scores.push_back({-sum, b});
+    }
+    std::sort(scores.begin(), scores.end());
+    std::vector<int32_t> expect;
+    std::vector<int> blocks = {scores[0].second, scores[1].second};
+    std::sort(blocks.begin(), blocks.end());
+    for (int b : blocks)
+        for (int i = 0; i < 4; ++i) expect.push_back(b * 4 + i);
+    expect.push_back(20);
+    expect.push_back(21);
+    EXPECT_EQ(qsa_select(s, q.data(), pooled.data(), pos), expect);
+    // Fewer complete blocks than the budget: everything visible.
+    const auto all = qsa_select(s, q.data(), pooled.data(), 6);
+    EXPECT_EQ(all, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6}));
+}

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -24,11 +25,13 @@ void convert_hf_to_gguf(const ConvertOptions& options);
 
 struct SynthOptions {
     std::string preset = "tiny";
-    std::string arch;                       // empty: the preset's own
-    std::optional<DType> expert_type;       // --type
+    std::string arch;                  // empty: the preset's own
+    std::optional<DType> expert_type;  // --type
     std::string out_path;
     uint64_t seed = 1;
 };
 void synth_model(const SynthOptions& options);
+// "name: description" of every synth preset, for --help.
+std::vector<std::string> synth_preset_names();
 
 }  // namespace strata

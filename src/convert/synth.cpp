@@ -1,0 +1,432 @@
+// `strata synth`: random-weight GGUF files of named shapes. A preset is an HF config; a generator stands in for the
+// safetensors checkpoint (same tensor names and shapes as transformers' save_pretrained), and the file is written
+// through the converter's own plan, so synth files and converted files cannot drift apart.
+#include <cmath>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "convert/convert.h"
+#include "convert/gguf_plan.h"
+#include "convert/synth.h"
+#include "convert/tensor_source.h"
+#include "core/error.h"
+#include "format/gguf.h"
+#include "format/hf_config.h"
+#include "format/hf_tokenizer.h"
+
+namespace strata {
+
+namespace {
+
+using nlohmann::json;
+
+uint64_t mix64(uint64_t v) {
+    v += 0x9E3779B97F4A7C15ull;
+    v = (v ^ (v >> 30)) * 0xBF58476D1CE4E5B9ull;
+    v = (v ^ (v >> 27)) * 0x94D049BB133111EBull;
+    return v ^ (v >> 31);
+}
+
+uint64_t hash_name(const std::string& s) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
+    return h;
+}
+
+// How a synthetic tensor's values are drawn.
+enum class Init { Linear, Embedding, ZeroCentredNorm, PlainNorm, ALog, DtBias, Conv };
+
+struct SynthTensor {
+    std::string name;
+    std::vector<int64_t> shape;
+    Init init = Init::Linear;
+    std::vector<int64_t> ints;  // integer buffers (PLE hash constants)
+    bool is_int = false;
+};
+
+class SynthSource : public TensorSource {
+  public:
+    explicit SynthSource(uint64_t seed) : seed_(seed) {}
+
+    void add(std::string name, std::vector<int64_t> shape, Init init = Init::Linear) {
+        index_[name] = tensors_.size();
+        tensors_.push_back(SynthTensor{std::move(name), std::move(shape), init, {}, false});
+    }
+    void add_ints(std::string name, const std::vector<uint64_t>& values) {
+        index_[name] = tensors_.size();
+        SynthTensor t{std::move(name), {static_cast<int64_t>(values.size())}, Init::Linear, {}, true};
+        for (uint64_t v : values) t.ints.push_back(static_cast<int64_t>(v));
+        tensors_.push_back(std::move(t));
+    }
+
+    size_t size() const override { return tensors_.size(); }
+    const std::string& name(size_t i) const override { return tensors_.at(i).name; }
+    const std::vector<int64_t>& shape(size_t i) const override { return tensors_.at(i).shape; }
+    std::optional<size_t> find(const std::string& n) const override {
+        auto it = index_.find(n);
+        if (it == index_.end()) return std::nullopt;
+        return it->second;
+    }
+    std::string origin(size_t) const override { return "synth"; }
+    std::vector<int64_t> read_i64(size_t i) const override { return tensors_.at(i).ints; }
+
+    // Every row has its own random stream, so rows can be produced in any order and any chunking.
+    void read_rows(size_t i, int64_t row0, int64_t n_rows, float* out) const override {
+        const SynthTensor& t = tensors_.at(i);
+        STRATA_ASSERT(!t.is_int);
+        const int64_t width = row_width(t.shape);
+        const uint64_t base = mix64(seed_ ^ hash_name(t.name));
+        for (int64_t r = 0; r < n_rows; ++r) {
+            uint64_t state = mix64(base + static_cast<uint64_t>(row0 + r) * 0xD1B54A32D192ED03ull);
+            auto uniform = [&state] {
+                state = mix64(state);
+                return (static_cast<double>(state >> 11) + 0.5) * (1.0 / 9007199254740992.0);  // (0, 1)
+            };
+            auto normal = [&] {
+                return std::sqrt(-2.0 * std::log(uniform())) * std::cos(6.283185307179586 * uniform());
+            };
+            float* o = out + r * width;
+            for (int64_t k = 0; k < width; ++k) {
+                double v = 0.0;
+                switch (t.init) {
+                    case Init::Linear:
+                        v = normal() / std::sqrt(static_cast<double>(width));
+                        break;  // N(0, 1/fan_in)
+                    case Init::Embedding:
+                        v = normal();
+                        break;
+                    case Init::ZeroCentredNorm:
+                        v = 0.1 * normal();
+                        break;  // stored as 1 + w
+                    case Init::PlainNorm:
+                        v = 1.0 + 0.1 * normal();
+                        break;
+                    case Init::ALog:
+                        v = std::log(1.0 + 15.0 * uniform());
+                        break;
+                    case Init::DtBias:
+                        v = 0.5 * normal();
+                        break;
+                    case Init::Conv:
+                        v = normal() / std::sqrt(static_cast<double>(width));
+                        break;
+                }
+                o[k] = static_cast<float>(v);
+            }
+        }
+    }
+
+  private:
+    uint64_t seed_;
+    std::vector<SynthTensor> tensors_;
+    std::map<std::string, size_t> index_;
+};
+
+// The tensors transformers' save_pretrained writes for this config (experts in the fused in-memory layout, which
+// the converter accepts as well as per-expert tensors).
+void add_hf_tensors(SynthSource& s, const HfConfig& c) {
+    const int64_t H = c.hidden_size, V = c.vocab_size, hc = c.hc_count, HC = hc * H, r = c.hc_lowrank;
+    const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
+    const int64_t E = c.num_experts, F = c.moe_intermediate_size, Fs = c.shared_expert_intermediate_size;
+    const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim, nk = c.linear_num_key_heads;
+    const int64_t nv = c.linear_num_value_heads, KD = dk * nk, VD = dv * nv, CD = 2 * KD + VD;
+    const bool q4 = c.arch == HfArch::Qwen4Exp;
+
+    s.add("model.embed_tokens.weight", {V, H}, Init::Embedding);
+    auto hyper = [&](const std::string& p, bool inject) {
+        s.add(p + "hc_norm.weight", {HC}, Init::ZeroCentredNorm);
+        s.add(p + "input_mix_weight_down.weight", {r, HC});
+        s.add(p + "input_mix_weight_up.weight", {HC, r});
+        if (inject) s.add(p + "block_inject_weight.weight", {hc, HC});
+    };
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+        const std::string p = "model.layers." + std::to_string(l) + ".";
+        if (q4) {
+            hyper(p + "attn_hyper_connection.", true);
+            hyper(p + "mlp_hyper_connection.", true);
+        } else {
+            s.add(p + "input_layernorm.weight", {H}, Init::ZeroCentredNorm);
+            s.add(p + "post_attention_layernorm.weight", {H}, Init::ZeroCentredNorm);
+        }
+        if (c.is_attention[static_cast<size_t>(l)]) {
+            const std::string a = p + "self_attn.";
+            s.add(a + "q_proj.weight", {2 * nh * hd, H});
+            s.add(a + "k_proj.weight", {nkv * hd, H});
+            s.add(a + "v_proj.weight", {nkv * hd, H});
+            s.add(a + "o_proj.weight", {H, nh * hd});
+            s.add(a + "q_norm.weight", {hd}, Init::ZeroCentredNorm);
+            s.add(a + "k_norm.weight", {hd}, Init::ZeroCentredNorm);
+            if (q4) {
+                const int64_t ni = *c.indexer_n_heads, di = *c.indexer_head_dim;
+                s.add(a + "indexer.index_qk_proj.weight", {(ni + 1) * di, H});
+                s.add(a + "indexer.q_layernorm.weight", {di}, Init::ZeroCentredNorm);
+                s.add(a + "indexer.k_layernorm.weight", {di}, Init::ZeroCentredNorm);
+            }
+        } else {
+            const std::string g = p + "linear_attn.";
+            if (c.arch == HfArch::Qwen3Next) {
+                s.add(g + "in_proj_qkvz.weight", {2 * KD + 2 * VD, H});
+                s.add(g + "in_proj_ba.weight", {2 * nv, H});
+            } else {
+                s.add(g + "in_proj_qkv.weight", {CD, H});
+                s.add(g + "in_proj_z.weight", {VD, H});
+                s.add(g + "in_proj_b.weight", {nv, H});
+                s.add(g + "in_proj_a.weight", {nv, H});
+            }
+            s.add(g + "conv1d.weight", {CD, 1, c.linear_conv_kernel_dim}, Init::Conv);
+            s.add(g + "dt_bias", {nv}, Init::DtBias);
+            s.add(g + "A_log", {nv}, Init::ALog);
+            s.add(g + "norm.weight", {dv}, Init::PlainNorm);
+            s.add(g + "out_proj.weight", {H, VD});
+        }
+        if (q4 && !c.ple_layer_ids.empty() && c.ple_layer_ids[0] == l + 1) {
+            const std::string q = p + "ple.";
+            const int64_t n_heads = (c.ngram_size - 1) * c.heads_per_ngram, P = c.ple_embed_dim / n_heads;
+            s.add(q + "key_proj.weight", {HC, H});
+            s.add(q + "value_proj.weight", {H, H});
+            s.add(q + "norm_key.weight", {HC}, Init::ZeroCentredNorm);
+            s.add(q + "norm_query.weight", {HC}, Init::ZeroCentredNorm);
+            s.add(q + "norm_conv.weight", {HC}, Init::ZeroCentredNorm);
+            s.add(q + "conv1d.weight", {HC, 1, c.ple_conv_kernel_size}, Init::Conv);
+            const PleHash hash = compute_ple_hash(c, 0);
+            const int64_t rows = static_cast<int64_t>(hash.padded_rows), parts = c.split_ngram_parts;
+            const int64_t per = (rows + parts - 1) / parts;  // torch.chunk-style pieces
+            for (int64_t k = 0; k < parts; ++k) {
+                const int64_t n = std::max<int64_t>(0, std::min(per, rows - k * per));
+                s.add(q + "ple_embedding.ngram_embedding.shard_" + std::to_string(k) + ".weight", {n, P},
+                      Init::Embedding);
+            }
+            s.add_ints(q + "ple_embedding.layer_multipliers", hash.multipliers);
+            s.add_ints(q + "ple_embedding.ngram_heads_offsets", hash.head_offsets);
+            s.add_ints(q + "ple_embedding.ngram_heads_vocab_sizes", hash.head_vocab_sizes);
+        }
+        s.add(p + "mlp.gate.weight", {E, H});
+        s.add(p + "mlp.experts.gate_up_proj", {E, 2 * F, H});
+        s.add(p + "mlp.experts.down_proj", {E, H, F});
+        s.add(p + "mlp.shared_expert_gate.weight", {1, H});
+        s.add(p + "mlp.shared_expert.gate_proj.weight", {Fs, H});
+        s.add(p + "mlp.shared_expert.up_proj.weight", {Fs, H});
+        s.add(p + "mlp.shared_expert.down_proj.weight", {H, Fs});
+    }
+    if (q4)
+        hyper("model.hyper_connection_mixer.", false);
+    else
+        s.add("model.norm.weight", {H}, Init::ZeroCentredNorm);
+    s.add("lm_head.weight", {V, H});
+}
+
+struct Preset {
+    const char* name;
+    const char* description;
+    json config;
+    DType dense_type;
+};
+
+json qwen4exp_config(json fields) {
+    json c = {
+        {"architectures", {"Qwen4ExpForCausalLM"}},
+        {"model_type", "qwen4_exp_text"},
+        {"hidden_act", "silu"},
+        {"output_gate_type", "sigmoid"},
+        {"rms_norm_eps", 1e-6},
+        {"tie_word_embeddings", false},
+        {"linear_conv_kernel_dim", 4},
+        {"ple_conv_kernel_size", 4},
+        {"ngram_size", 3},
+        {"indexer_kv_heads", 1},
+        {"make_ngram_vocab_size_divisible_by", 128},
+        {"seed", 1234},
+    };
+    c.update(fields);
+    return c;
+}
+
+std::vector<Preset> presets() {
+    std::vector<Preset> p;
+    p.push_back(
+        {"tiny", "qwen4exp: hidden 64, 4 layers (layer 3 QSA), vocab 512, 8 experts top-2, hc 2, PLE, budget 16",
+         qwen4exp_config({{"vocab_size", 512},
+                          {"hidden_size", 64},
+                          {"num_hidden_layers", 4},
+                          {"num_attention_heads", 4},
+                          {"num_key_value_heads", 2},
+                          {"head_dim", 32},
+                          {"max_position_embeddings", 4096},
+                          {"rope_parameters",
+                           {{"rope_theta", 10000000.0}, {"partial_rotary_factor", 0.5}, {"mrope_section", {3, 3, 2}}}},
+                          {"linear_key_head_dim", 16},
+                          {"linear_value_head_dim", 16},
+                          {"linear_num_key_heads", 2},
+                          {"linear_num_value_heads", 4},
+                          {"num_experts", 8},
+                          {"num_experts_per_tok", 2},
+                          {"moe_intermediate_size", 32},
+                          {"shared_expert_intermediate_size", 32},
+                          {"hc_count", 2},
+                          {"hc_lowrank", 16},
+                          {"ple_layer_ids", {2}},
+                          {"heads_per_ngram", 2},
+                          {"ngram_vocab_size_base", 1000},
+                          {"split_ngram_parts", 4},
+                          {"indexer_n_heads", 2},
+                          {"indexer_head_dim", 32},
+                          {"indexer_budget", 16},
+                          {"indexer_compress_ratio", 4},
+                          {"eos_token_id", 511},
+                          {"full_attention_interval", 4}}),
+         DType::F32});
+    p.push_back(
+        {"qwen4exp-mid", "qwen4exp: hidden 1024, 16 layers, 64 experts top-8, hc 4, ~4M-row PLE table",
+         qwen4exp_config({{"vocab_size", 32768},
+                          {"hidden_size", 1024},
+                          {"num_hidden_layers", 16},
+                          {"num_attention_heads", 8},
+                          {"num_key_value_heads", 2},
+                          {"head_dim", 128},
+                          {"max_position_embeddings", 65536},
+                          {"rope_parameters",
+                           {{"rope_theta", 10000000.0}, {"partial_rotary_factor", 0.25}, {"mrope_section", {6, 5, 5}}}},
+                          {"linear_key_head_dim", 64},
+                          {"linear_value_head_dim", 64},
+                          {"linear_num_key_heads", 8},
+                          {"linear_num_value_heads", 16},
+                          {"num_experts", 64},
+                          {"num_experts_per_tok", 8},
+                          {"moe_intermediate_size", 256},
+                          {"shared_expert_intermediate_size", 256},
+                          {"hc_count", 4},
+                          {"hc_lowrank", 128},
+                          {"ple_layer_ids", {2}},
+                          {"heads_per_ngram", 8},
+                          {"ngram_vocab_size_base", 250000},
+                          {"split_ngram_parts", 16},
+                          {"indexer_n_heads", 4},
+                          {"indexer_head_dim", 64},
+                          {"indexer_budget", 256},
+                          {"indexer_compress_ratio", 4},
+                          {"eos_token_id", 32767},
+                          {"full_attention_interval", 4}}),
+         DType::F16});
+    p.push_back({"flash-next",
+                 "qwen4exp: Qwen3.8-Flash-Next shapes (48 layers, hidden 2560, 512 experts top-10, "
+                 "320M-row PLE table); hundreds of GB",
+                 qwen4exp_config(
+                     {{"vocab_size", 248320},
+                      {"hidden_size", 2560},
+                      {"num_hidden_layers", 48},
+                      {"num_attention_heads", 24},
+                      {"num_key_value_heads", 2},
+                      {"head_dim", 256},
+                      {"max_position_embeddings", 262144},
+                      {"rope_parameters",
+                       {{"rope_theta", 10000000.0}, {"partial_rotary_factor", 0.25}, {"mrope_section", {11, 11, 10}}}},
+                      {"linear_key_head_dim", 128},
+                      {"linear_value_head_dim", 128},
+                      {"linear_num_key_heads", 16},
+                      {"linear_num_value_heads", 48},
+                      {"num_experts", 512},
+                      {"num_experts_per_tok", 10},
+                      {"moe_intermediate_size", 640},
+                      {"shared_expert_intermediate_size", 640},
+                      {"hc_count", 4},
+                      {"hc_lowrank", 320},
+                      {"ple_layer_ids", {2}},
+                      {"heads_per_ngram", 8},
+                      {"ngram_vocab_size_base", 20000000},
+                      {"split_ngram_parts", 512},
+                      {"indexer_n_heads", 4},
+                      {"indexer_head_dim", 128},
+                      {"indexer_budget", 2048},
+                      {"indexer_compress_ratio", 4},
+                      {"eos_token_id", 248046},
+                      {"image_token_id", 248056},
+                      {"full_attention_interval", 4}}),
+                 DType::F16});
+    json moe_tiny = {{"vocab_size", 512},
+                     {"hidden_size", 64},
+                     {"num_hidden_layers", 4},
+                     {"num_attention_heads", 4},
+                     {"num_key_value_heads", 2},
+                     {"head_dim", 32},
+                     {"max_position_embeddings", 4096},
+                     {"hidden_act", "silu"},
+                     {"rms_norm_eps", 1e-6},
+                     {"linear_conv_kernel_dim", 4},
+                     {"linear_key_head_dim", 16},
+                     {"linear_value_head_dim", 16},
+                     {"linear_num_key_heads", 2},
+                     {"linear_num_value_heads", 4},
+                     {"num_experts", 8},
+                     {"num_experts_per_tok", 2},
+                     {"moe_intermediate_size", 32},
+                     {"shared_expert_intermediate_size", 32},
+                     {"eos_token_id", 511},
+                     {"tie_word_embeddings", false},
+                     {"full_attention_interval", 4}};
+    json q35 = moe_tiny;
+    q35["architectures"] = {"Qwen3_5MoeForCausalLM"};
+    q35["rope_parameters"] = {{"rope_theta", 10000000.0}, {"partial_rotary_factor", 0.5}, {"mrope_section", {3, 3, 2}}};
+    p.push_back({"qwen35moe-tiny", "qwen35moe: hidden 64, 4 layers, vocab 512, 8 experts top-2", q35, DType::F32});
+    json q3n = moe_tiny;
+    q3n["architectures"] = {"Qwen3NextForCausalLM"};
+    q3n["intermediate_size"] = 128;
+    q3n["rope_parameters"] = {{"rope_theta", 10000000.0}, {"partial_rotary_factor", 0.5}};
+    p.push_back({"qwen3next-tiny", "qwen3next: hidden 64, 4 layers, vocab 512, 8 experts top-2", q3n, DType::F32});
+    return p;
+}
+
+}  // namespace
+
+SynthModel build_synth(const SynthOptions& o) {
+    const std::vector<Preset> all = presets();
+    const Preset* preset = nullptr;
+    std::string names;
+    for (const Preset& p : all) {
+        names += std::string(names.empty() ? "" : ", ") + p.name;
+        if (o.preset == p.name) preset = &p;
+    }
+    if (!preset) throw Error("synth: unknown preset '" + o.preset + "' (known: " + names + ")");
+    SynthModel m;
+    m.config = parse_hf_config(preset->config.dump(), std::string("synth preset ") + preset->name);
+    if (!o.arch.empty() && o.arch != gguf_arch_name(m.config.arch))
+        throw Error("synth: preset '" + o.preset + "' is " + gguf_arch_name(m.config.arch) + ", not " + o.arch +
+                    " (known presets: " + names + ")");
+    if (o.expert_type) check_output_type(*o.expert_type);
+
+    auto source = std::make_unique<SynthSource>(o.seed);
+    add_hf_tensors(*source, m.config);
+    m.source = std::move(source);
+    // A synth file is for llama.cpp v0.4.0 as well: no MTP block.
+    m.plan = plan_conversion(m.config, *m.source, {.include_mtp = false});
+    // The PLE table follows the requested (expert) type, else the dense type of a big preset; tiny keeps it F32.
+    std::optional<DType> table_type = o.expert_type;
+    if (!table_type && preset->dense_type != DType::F32) table_type = preset->dense_type;
+    m.types = TensorTypes{.out_type = preset->dense_type, .expert_type = o.expert_type, .table_type = table_type};
+    m.name = std::string("strata-synth-") + preset->name;
+    return m;
+}
+
+void add_synth_keys(gguf::Writer& writer, const SynthModel& m) {
+    add_model_keys(writer, m.plan, m.name, m.types.expert_type ? *m.types.expert_type : m.types.out_type);
+    std::optional<int64_t> eos;
+    if (!m.config.eos_token_ids.empty()) eos = m.config.eos_token_ids.front();
+    add_vocab_keys(writer, placeholder_vocab(m.config.vocab_size, eos));
+}
+
+void synth_model(const SynthOptions& o) {
+    if (o.out_path.empty()) throw Error("synth: no output file given (--out FILE.gguf)");
+    const SynthModel m = build_synth(o);
+    gguf::Writer writer;
+    add_synth_keys(writer, m);
+    add_planned_tensors(writer, m.plan, m.types);
+    writer.write(o.out_path);
+}
+
+std::vector<std::string> synth_preset_names() {
+    std::vector<std::string> out;
+    for (const Preset& p : presets()) out.push_back(std::string(p.name) + ": " + p.description);
+    return out;
+}
+
+}  // namespace strata

@@ -1,0 +1,139 @@
+// `strata convert` (HF save_pretrained folder to GGUF) and `strata synth` (random-weight GGUF of a named shape).
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "app/commands.h"
+#include "convert/convert.h"
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace strata::app {
+
+namespace {
+
+DType parse_type(const Args& args, const std::string& flag, const std::vector<std::string>& allowed) {
+    auto name = args.get_choice(flag, allowed);
+    STRATA_ASSERT(name.has_value());
+    auto type = dtype_from_name(*name);
+    STRATA_ASSERT(type.has_value());  // every allowed name is a known type
+    return *type;
+}
+
+// The file the writer produced: out_path itself, or for a split conversion its first part and the part count
+// (NAME.gguf -> NAME-00001-of-0000N.gguf).
+std::string written_files(const std::string& out_path) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (fs::exists(out_path, ec)) return out_path;
+    fs::path out(out_path);
+    const std::string stem = out.extension() == ".gguf" ? out.stem().string() : out.filename().string();
+    const std::string first = stem + "-00001-of-";
+    fs::path dir = out.parent_path().empty() ? fs::path(".") : out.parent_path();
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+        const std::string name = entry.path().filename().string();
+        if (name.rfind(first, 0) == 0 && name.size() == first.size() + 10 && name.ends_with(".gguf"))
+            return (out.parent_path() / name).string() + " and " +
+                   std::to_string(std::stoi(name.substr(first.size(), 5)) - 1) + " more parts";
+    }
+    return out_path;
+}
+
+int run_convert(const Args& args) {
+    ConvertOptions options{
+        .hf_dir = args.require("--hf"),
+        .out_path = args.require("--out"),
+    };
+    struct stat st {};
+    if (::stat(options.hf_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+        throw Error("--hf '" + options.hf_dir +
+                    "' is not a folder (expected a save_pretrained folder with config.json)");
+    if (args.has("--outtype")) options.out_type = parse_type(args, "--outtype", {"f32", "f16", "bf16", "q8_0"});
+    options.vocab_placeholder = args.has("--vocab-placeholder");
+    options.include_mtp = !args.has("--no-mtp");
+    if (auto size = args.get("--split-max-size")) {
+        auto bytes = parse_size(*size);
+        if (!bytes) throw Error("--split-max-size expects a size like 512M or 2G, got '" + *size + "'");
+        options.split_max_bytes = *bytes;
+    }
+    convert_hf_to_gguf(options);
+    std::printf("wrote %s (%s)\n", written_files(options.out_path).c_str(), dtype_name(options.out_type));
+    return 0;
+}
+
+int run_synth(const Args& args) {
+    SynthOptions options{
+        .preset = args.require("--preset"),
+        .arch = args.get("--arch").value_or(""),
+        .out_path = args.require("--out"),
+    };
+    if (args.has("--type"))
+        options.expert_type = parse_type(args, "--type",
+                                         {"f32", "f16", "bf16", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
+                                          "iq2_xs", "iq3_xxs", "iq3_s", "iq1_m", "iq4_nl", "iq4_xs"});
+    if (auto seed = args.get_u64("--seed")) options.seed = *seed;
+    synth_model(options);
+    std::printf("wrote %s (preset %s, random weights)\n", options.out_path.c_str(), options.preset.c_str());
+    return 0;
+}
+
+}  // namespace
+
+Command convert_command() {
+    return {
+        .spec =
+            {
+                .name = "convert",
+                .summary = "convert a Hugging Face save_pretrained folder to GGUF (llama.cpp names and keys)",
+                .usage = "strata convert --hf DIR --out FILE.gguf [--outtype f32|f16|bf16|q8_0] "
+                         "[--vocab-placeholder] [--no-mtp] [--split-max-size N[K|M|G]]",
+                .flags =
+                    {
+                        {"--hf", "DIR", "folder with config.json, *.safetensors and (if present) tokenizer.json"},
+                        {"--out", "FILE.gguf", "output file (written under a temporary name, then renamed)"},
+                        {"--outtype", "TYPE",
+                         "f32, f16 (default), bf16 or q8_0 for the matrices; norms, conv "
+                         "and routers stay f32"},
+                        {"--vocab-placeholder", "",
+                         "write a byte-level placeholder vocabulary when the folder has "
+                         "no tokenizer.json"},
+                        {"--no-mtp", "",
+                         "leave out the MTP (nextn) block; llama.cpp v0.4.0 refuses qwen4exp "
+                         "files that carry one"},
+                        {"--split-max-size", "N",
+                         "split the output into NAME-0000i-of-0000n.gguf files of at most "
+                         "N bytes of data (suffix K, M or G)"},
+                    },
+            },
+        .run = run_convert,
+    };
+}
+
+Command synth_command() {
+    std::string presets = "presets:";
+    for (const auto& line : synth_preset_names()) presets += "\n  " + line;
+    return {
+        .spec =
+            {
+                .name = "synth",
+                .summary = "write a random-weight GGUF of a named shape (for tests and benchmarks)",
+                .usage = "strata synth --preset NAME [--arch ARCH] [--type T] --out FILE.gguf [--seed S]",
+                .flags =
+                    {
+                        {"--preset", "NAME", "the shape (see the presets below)"},
+                        {"--arch", "ARCH", "qwen4exp, qwen35moe or qwen3next (default: the preset's own)"},
+                        {"--type", "T",
+                         "type of the routed expert matrices (f32, f16, bf16, q8_0, k- and "
+                         "i-quants where supported)"},
+                        {"--out", "FILE.gguf", "output file"},
+                        {"--seed", "S", "random seed (default 1): the same seed writes the same file"},
+                    },
+                .notes = presets + "\n\nRandom weights give near-uniform expert routing: the pessimistic case for "
+                                   "expert caches.",
+            },
+        .run = run_synth,
+    };
+}
+
+}  // namespace strata::app

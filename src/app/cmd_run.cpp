@@ -1,0 +1,214 @@
+// `strata logits` (raw logits after each input token, for parity checks) and `strata generate` (token-id
+// continuation; text comes with the tokenizer).
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <random>
+#include <span>
+
+#include "app/commands.h"
+#include "core/error.h"
+#include "model/model.h"
+
+namespace strata::app {
+
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "logits files are little-endian float32");
+
+constexpr int64_t kMaxGenerate = 1 << 20;
+
+// Tokens per forward call: the whole input (prefill), one (incremental) or N (chunk=N).
+int64_t tokens_per_call(const Args& args, int64_t n_tokens) {
+    std::string mode = args.get("--mode").value_or("prefill");
+    if (mode == "prefill") return n_tokens;
+    if (mode == "incremental") return 1;
+    if (mode.rfind("chunk=", 0) == 0) {
+        auto n = parse_int(mode.substr(6));
+        if (n && *n > 0) return std::min(*n, n_tokens);
+    }
+    throw Error("--mode expects prefill, incremental or chunk=N with N a positive integer, got '" + mode + "'");
+}
+
+void check_backend(const Args& args) {
+    auto backend = args.get_choice("--backend", {"cpu", "cuda"});
+    if (backend == "cuda") throw Error("this build has no CUDA backend (configure with -DSTRATA_CUDA=ON)");
+}
+
+int run_logits(const Args& args) {
+    std::string model_path = args.require("--model");
+    std::string out_path = args.require("--out");
+    check_backend(args);
+    std::vector<int32_t> tokens = read_tokens(args);
+    const auto n_tokens = static_cast<int64_t>(tokens.size());
+    const int64_t per_call = tokens_per_call(args, n_tokens);
+    const int n_threads = thread_count(args);
+    require_file(model_path, "--model");
+
+    auto model = load_model(model_path, {.n_threads = n_threads});
+    const int64_t n_vocab = model->info().n_vocab;
+    check_token_range(tokens, n_vocab);
+    auto seq = model->new_sequence(n_tokens);
+
+    // Rows stream to the file call by call, so incremental and chunked runs hold one call's logits at a time.
+    AtomicFile out(out_path);
+    std::vector<float> logits(static_cast<size_t>(per_call * n_vocab));
+    for (int64_t start = 0; start < n_tokens; start += per_call) {
+        const int64_t count = std::min(per_call, n_tokens - start);
+        std::span<float> rows(logits.data(), static_cast<size_t>(count * n_vocab));
+        model->forward(*seq, std::span<const int32_t>(tokens).subspan(start, count), rows);
+        out.write(rows.data(), rows.size_bytes());
+    }
+    out.commit();
+    std::printf("wrote %s: %lld x %lld float32 logits\n", out_path.c_str(), static_cast<long long>(n_tokens),
+                static_cast<long long>(n_vocab));
+    return 0;
+}
+
+// models/tiny.gguf in the working folder, else beside the build folder of this executable (build/strata ->
+// models/tiny.gguf), so `scripts/run.sh` and a run from the repository root both find it.
+std::string default_model_path() {
+    namespace fs = std::filesystem;
+    const fs::path relative = fs::path("models") / "tiny.gguf";
+    std::error_code ec;
+    if (fs::is_regular_file(relative, ec)) return relative.string();
+    fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+    if (!ec) {
+        fs::path beside = exe.parent_path().parent_path() / relative;
+        if (fs::is_regular_file(beside, ec)) return beside.string();
+    }
+    throw Error(
+        "no --model given and models/tiny.gguf does not exist: make it with 'strata synth --preset tiny "
+        "--out models/tiny.gguf' (random weights) or pass --model FILE.gguf");
+}
+
+int32_t argmax(std::span<const float> logits) {
+    size_t best = 0;
+    for (size_t i = 1; i < logits.size(); ++i)
+        if (logits[i] > logits[best]) best = i;  // strict: ties go to the lowest id
+    return static_cast<int32_t>(best);
+}
+
+// Temperature-1 sampling from softmax(logits): one uniform draw in [0, 1) from the 53 high bits of mt19937_64 (the
+// same on every platform, unlike std::uniform_real_distribution), walked along the cumulative distribution.
+int32_t sample(std::span<const float> logits, std::mt19937_64& rng) {
+    float max_logit = -std::numeric_limits<float>::infinity();
+    for (float v : logits) max_logit = std::max(max_logit, v);
+    double total = 0.0;
+    for (float v : logits) total += std::exp(static_cast<double>(v) - max_logit);
+    if (!std::isfinite(max_logit) || !std::isfinite(total) || total <= 0.0)
+        throw Error("the model produced non-finite logits; cannot sample");
+    const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53 * total;
+    double cumulative = 0.0;
+    for (size_t i = 0; i < logits.size(); ++i) {
+        cumulative += std::exp(static_cast<double>(logits[i]) - max_logit);
+        if (u < cumulative) return static_cast<int32_t>(i);
+    }
+    return argmax(logits);  // rounding left u past the last bucket: the most likely token is the honest answer
+}
+
+int run_generate(const Args& args) {
+    if (args.has("--prompt"))
+        throw Error("text prompts need the tokenizer, which is not built yet; give token ids with --tokens \"1 2 3\"");
+    std::vector<int32_t> prompt = read_tokens(args);
+    auto n_generate = args.get_int("-n", 1, kMaxGenerate);
+    if (!n_generate) throw Error("generate: -n N is required (how many tokens to generate)");
+    const bool greedy = args.has("--greedy");
+    const bool stop_at_eog = args.has("--stop-at-eog");
+    const int n_threads = thread_count(args);
+    std::mt19937_64 rng(args.get_u64("--seed").value_or(std::random_device{}()));
+    std::string model_path;
+    if (auto m = args.get("--model")) {
+        model_path = *m;
+        require_file(model_path, "--model");
+    } else {
+        model_path = default_model_path();
+    }
+
+    auto model = load_model(model_path, {.n_threads = n_threads});
+    const ModelInfo& info = model->info();
+    check_token_range(prompt, info.n_vocab);
+    auto seq = model->new_sequence(static_cast<int64_t>(prompt.size()) + *n_generate);
+    std::vector<float> logits(static_cast<size_t>(info.n_vocab));
+    model->forward(*seq, prompt, logits, /*last_only=*/true);
+
+    // Without a tokenizer, --ids and the default output are the same: the generated ids on one line.
+    for (int64_t i = 0; i < *n_generate; ++i) {
+        int32_t token = greedy ? argmax(logits) : sample(logits, rng);
+        std::printf(i == 0 ? "%d" : " %d", token);
+        std::fflush(stdout);
+        if (stop_at_eog && std::find(info.eog_tokens.begin(), info.eog_tokens.end(), token) != info.eog_tokens.end())
+            break;
+        if (i + 1 < *n_generate) model->forward(*seq, std::span<const int32_t>(&token, 1), logits, true);
+    }
+    std::printf("\n");
+    return 0;
+}
+
+const std::vector<FlagSpec> kTokenFlags = {
+    {"--tokens", "\"1 2 3\"", "input token ids, separated by spaces or commas"},
+    {"--tokens-file", "F", "read the input token ids from a file (same format)"},
+};
+
+}  // namespace
+
+Command logits_command() {
+    std::vector<FlagSpec> flags = {{"--model", "FILE.gguf", "the model"}};
+    flags.insert(flags.end(), kTokenFlags.begin(), kTokenFlags.end());
+    flags.insert(flags.end(), {
+                                  {"--out", "FILE.f32",
+                                   "output: little-endian float32, row-major "
+                                   "[n_tokens x n_vocab], the logits after each input token"},
+                                  {"--mode", "M",
+                                   "prefill (all tokens in one call, default), incremental (one "
+                                   "token per call) or chunk=N (N tokens per call)"},
+                                  {"--backend", "B", "cpu (default) or cuda"},
+                                  {"--threads", "N", "worker threads (default: all cores)"},
+                              });
+    return {
+        .spec =
+            {
+                .name = "logits",
+                .summary = "write the logits after each input token (parity checks against other engines)",
+                .usage = "strata logits --model FILE.gguf (--tokens \"1 2 3\" | --tokens-file F) --out FILE.f32 "
+                         "[--mode prefill|incremental|chunk=N] [--backend cpu|cuda] [--threads N]",
+                .flags = flags,
+                .notes = "All three modes feed the same sequence state and give the same logits up to rounding.",
+            },
+        .run = run_logits,
+    };
+}
+
+Command generate_command() {
+    std::vector<FlagSpec> flags = {
+        {"--model", "FILE.gguf", "the model (default: models/tiny.gguf from 'strata synth --preset tiny')"}};
+    flags.insert(flags.end(), kTokenFlags.begin(), kTokenFlags.end());
+    flags.insert(flags.end(),
+                 {
+                     {"--prompt", "TEXT", "a text prompt (needs the tokenizer, which is not built yet)"},
+                     {"-n", "N", "how many tokens to generate (required)"},
+                     {"--greedy", "", "always take the most likely token (ties: the lowest id)"},
+                     {"--ids", "", "print the generated token ids on one line, space separated"},
+                     {"--seed", "S", "seed of the sampler (default: random); same seed, same tokens"},
+                     {"--stop-at-eog", "", "stop after an end-of-generation token (default: generate all N)"},
+                     {"--threads", "N", "worker threads (default: all cores)"},
+                 });
+    return {
+        .spec =
+            {
+                .name = "generate",
+                .summary = "continue a prompt of token ids",
+                .usage = "strata generate [--model FILE.gguf] (--tokens \"1 2 3\" | --tokens-file F | --prompt "
+                         "TEXT) -n N [--greedy] [--ids] [--seed S] [--stop-at-eog]",
+                .flags = flags,
+                .notes = "Without --greedy the next token is drawn from softmax(logits) at temperature 1.\n"
+                         "Until the tokenizer lands, the output is token ids with or without --ids.",
+            },
+        .run = run_generate,
+    };
+}
+
+}  // namespace strata::app

@@ -1,0 +1,57 @@
+// The subcommands of `strata`: each command group's file defines its specs and entry points; main.cpp dispatches.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "app/flags.h"
+
+namespace strata::app {
+
+struct Command {
+    CommandSpec spec;
+    int (*run)(const Args& args);  // returns the exit status; throws Error for user errors
+};
+
+// cmd_convert.cpp
+Command convert_command();
+Command synth_command();
+// cmd_run.cpp
+Command logits_command();
+Command generate_command();
+// cmd_info.cpp
+Command info_command();
+
+// Shared helpers (common.cpp).
+
+// Token ids from --tokens TEXT or --tokens-file F (exactly one of them): integers separated by spaces, commas or
+// newlines. Throws Error naming the first bad entry. Range checks happen once the vocabulary is known.
+std::vector<int32_t> read_tokens(const Args& args);
+// Throws Error when an id is outside [0, n_vocab).
+void check_token_range(const std::vector<int32_t>& tokens, int64_t n_vocab);
+// --threads N (positive) or 0 (all cores).
+int thread_count(const Args& args);
+// Throws Error when path is not a readable regular file ("what" names it in the message).
+void require_file(const std::string& path, const std::string& what);
+// A file written through a temporary name in the same folder and renamed by commit(), so readers never see half a
+// file; without commit() (an error on the way) the temporary file is removed.
+class AtomicFile {
+  public:
+    explicit AtomicFile(std::string path);  // Throws Error when the folder is not writable
+    ~AtomicFile();
+    AtomicFile(const AtomicFile&) = delete;
+    AtomicFile& operator=(const AtomicFile&) = delete;
+    void write(const void* data, size_t n_bytes);  // Throws Error on a short write (disk full ...)
+    void commit();
+
+  private:
+    std::string path_;
+    std::string temp_path_;
+    std::FILE* file_ = nullptr;
+};
+// "1.50 GiB", "12.0 MiB", "512 B".
+std::string format_bytes(uint64_t n);
+
+}  // namespace strata::app

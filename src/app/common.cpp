@@ -1,0 +1,137 @@
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "app/commands.h"
+#include "core/error.h"
+
+namespace strata::app {
+
+namespace {
+
+constexpr uint64_t kMaxTokensFileBytes = 64ull << 20;  // a token list larger than this is a mistake, not a prompt
+
+std::vector<int32_t> parse_token_list(const std::string& text, const std::string& source) {
+    std::vector<int32_t> tokens;
+    std::string item;
+    auto flush = [&] {
+        if (item.empty()) return;
+        auto v = parse_int(item);
+        if (!v) throw Error(source + ": '" + item + "' is not a token id (expected integers separated by spaces)");
+        if (*v < std::numeric_limits<int32_t>::min() || *v > std::numeric_limits<int32_t>::max())
+            throw Error(source + ": token id " + item + " is out of range");
+        tokens.push_back(static_cast<int32_t>(*v));
+        item.clear();
+    };
+    for (char c : text) {
+        // Separators: whitespace and commas; brackets let a JSON array of ids through as well.
+        if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == ',' || c == '[' || c == ']') {
+            flush();
+        } else {
+            item += c;
+            if (item.size() > 32) throw Error(source + ": '" + item.substr(0, 32) + "...' is not a token id");
+        }
+    }
+    flush();
+    if (tokens.empty()) throw Error(source + ": no token ids given");
+    return tokens;
+}
+
+}  // namespace
+
+void require_file(const std::string& path, const std::string& what) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) throw Error(what + " '" + path + "': " + std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) throw Error(what + " '" + path + "' is not a regular file");
+    if (::access(path.c_str(), R_OK) != 0) throw Error(what + " '" + path + "': " + std::strerror(errno));
+}
+
+std::vector<int32_t> read_tokens(const Args& args) {
+    auto text = args.get("--tokens");
+    auto file = args.get("--tokens-file");
+    if (text && file) throw Error("give either --tokens or --tokens-file, not both");
+    if (text) return parse_token_list(*text, "--tokens");
+    if (!file) throw Error("no input tokens: give --tokens \"1 2 3\" or --tokens-file FILE");
+    require_file(*file, "--tokens-file");
+    struct stat st {};
+    if (::stat(file->c_str(), &st) == 0 && static_cast<uint64_t>(st.st_size) > kMaxTokensFileBytes)
+        throw Error("--tokens-file '" + *file + "' is larger than 64 MiB; that is not a token list");
+    std::ifstream in(*file, std::ios::binary);
+    std::stringstream buffer;
+    buffer << in.rdbuf();
+    if (in.bad()) throw Error("--tokens-file '" + *file + "': read error");
+    return parse_token_list(buffer.str(), "--tokens-file '" + *file + "'");
+}
+
+void check_token_range(const std::vector<int32_t>& tokens, int64_t n_vocab) {
+    for (size_t i = 0; i < tokens.size(); ++i)
+        if (tokens[i] < 0 || tokens[i] >= n_vocab)
+            throw Error("token id " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
+                        " is outside the vocabulary (0.." + std::to_string(n_vocab - 1) + ")");
+}
+
+int thread_count(const Args& args) {
+    auto n = args.get_int("--threads", 1, 4096);
+    return n ? static_cast<int>(*n) : 0;
+}
+
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+    temp_path_ = path_ + ".tmp." + std::to_string(::getpid());
+    file_ = std::fopen(temp_path_.c_str(), "wb");
+    if (!file_) throw Error("cannot write '" + path_ + "': " + std::strerror(errno));
+}
+
+AtomicFile::~AtomicFile() {
+    if (file_) {
+        std::fclose(file_);
+        std::remove(temp_path_.c_str());
+    }
+}
+
+void AtomicFile::write(const void* data, size_t n_bytes) {
+    STRATA_ASSERT(file_ != nullptr);
+    if (n_bytes != 0 && std::fwrite(data, 1, n_bytes, file_) != n_bytes)
+        throw Error("writing '" + path_ + "' failed: " + std::strerror(errno));
+}
+
+void AtomicFile::commit() {
+    STRATA_ASSERT(file_ != nullptr);
+    bool ok = std::fflush(file_) == 0;
+    int err = ok ? 0 : errno;
+    if (std::fclose(file_) != 0 && ok) {
+        ok = false;
+        err = errno;
+    }
+    file_ = nullptr;
+    if (ok && std::rename(temp_path_.c_str(), path_.c_str()) != 0) {
+        ok = false;
+        err = errno;
+    }
+    if (!ok) {
+        std::remove(temp_path_.c_str());
+        throw Error("writing '" + path_ + "' failed: " + std::strerror(err));
+    }
+}
+
+std::string format_bytes(uint64_t n) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = static_cast<double>(n);
+    int u = 0;
+    while (v >= 1024.0 && u < 4) {
+        v /= 1024.0;
+        ++u;
+    }
+    char buf[32];
+    if (u == 0)
+        std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(n));
+    else
+        std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
+    return buf;
+}
+
+}  // namespace strata::app

@@ -115,7 +115,7 @@ def fixtures_main():
                 ngram_vocab_size_base=1000,
                 make_ngram_vocab_size_divisible_by=128,
                 split_ngram_parts=4,
-                indexer_n_heads=2,
+                indexer_n_heads=4,
                 indexer_kv_heads=1,
                 indexer_head_dim=16,
                 indexer_budget=8,
@@ -220,10 +220,10 @@ def fixtures_extra():
             n_prompt=64,
             eos_positions=[5, 30, 31, 50],
             description=(
-                "Qwen4-Exp, 8 layers (LLLQ LLLQ: 2 QSA layers), hidden 96, GDN 1 k head / 3 v heads (k 32, v 16), "
+                "Qwen4-Exp, 8 layers (LLLQ LLLQ: 2 QSA layers), hidden 96, GDN 1 k head / 3 v heads (k 32, v 32), "
                 "attention 4 q / 1 kv head, head_dim 32, partial rotary 0.5 (16 dims, mrope [4,2,2]), QSA 3 index "
                 "heads x 16, budget 12, ratio 2, 16 experts top-3, hc_count 2, lowrank 8, PLE on layer 6 "
-                "(1-based) with ngram 4, 2 heads per ngram (6 heads x 8, ple_embed_dim 48), PLE conv kernel 3, "
+                "(1-based) with ngram 4, 2 heads per ngram (6 heads x 16, ple_embed_dim 96), PLE conv kernel 3, "
                 "8 shards per table, EOS at 5, 30, 31 (adjacent) and 50; prompt 64."
             ),
             config=dict(
@@ -244,7 +244,7 @@ def fixtures_extra():
                 linear_num_key_heads=1,
                 linear_num_value_heads=3,
                 linear_key_head_dim=32,
-                linear_value_head_dim=16,
+                linear_value_head_dim=32,
                 linear_conv_kernel_dim=4,
                 num_experts=16,
                 num_experts_per_tok=3,
@@ -253,7 +253,7 @@ def fixtures_extra():
                 hc_count=2,
                 hc_lowrank=8,
                 ple_layer_ids=[6],
-                ple_embed_dim=48,
+                ple_embed_dim=96,
                 ple_conv_kernel_size=3,
                 ngram_size=4,
                 heads_per_ngram=2,
@@ -279,7 +279,7 @@ def fixtures_extra():
             n_prompt=64,
             eos_positions=[5, 30, 31, 50],
             description=(
-                "Qwen3.5-MoE, 8 layers (LLLF LLLF), hidden 96, GDN 1 k head / 3 v heads (k 32, v 16), attention "
+                "Qwen3.5-MoE, 8 layers (LLLF LLLF), hidden 96, GDN 1 k head / 3 v heads (k 32, v 32), attention "
                 "6 q / 2 kv heads, head_dim 16, partial rotary 0.5 (8 dims, mrope [2,1,1]), 16 experts top-3; "
                 "prompt 64."
             ),
@@ -301,7 +301,7 @@ def fixtures_extra():
                 linear_num_key_heads=1,
                 linear_num_value_heads=3,
                 linear_key_head_dim=32,
-                linear_value_head_dim=16,
+                linear_value_head_dim=32,
                 linear_conv_kernel_dim=4,
                 num_experts=16,
                 num_experts_per_tok=3,
@@ -357,11 +357,11 @@ def fixtures_extra():
             n_prompt=50,
             eos_positions=[0, 1, 40],
             description=(
-                "Qwen4-Exp, 5 layers (L Q L L Q), hidden 64, GDN 2 k / 2 v heads (32/32, no grouping), silu "
+                "Qwen4-Exp, 5 layers (L Q L L Q), hidden 64, GDN 2 k / 2 v heads (32/32, no grouping), sigmoid "
                 "output gate, attention 2 q / 2 kv heads, head_dim 64, partial rotary 0.25 (16 dims, mrope [4,2,2]), "
                 "QSA 4 index heads x 32, budget 16, ratio 8, 6 experts top-2, "
-                "hc_count 4, lowrank 32, PLE on layer 3 (1-based; llama.cpp's qwen4exp has one PLE layer) with ngram 2, 4 heads per ngram "
-                "(4 heads x 8, ple_embed_dim 32), 2 shards per table, eos id 0 at positions 0, 1 and 40; prompt 50."
+                "hc_count 4, lowrank 32, PLE on layer 3 (1-based; llama.cpp's qwen4exp has one PLE layer) "
+                "with ngram 2, 4 heads per ngram (4 heads x 16, ple_embed_dim 64), 2 shards per table, eos id 0 at positions 0, 1 and 40; prompt 50."
             ),
             config=dict(
                 vocab_size=256,
@@ -391,7 +391,7 @@ def fixtures_extra():
                 hc_count=4,
                 hc_lowrank=32,
                 ple_layer_ids=[3],
-                ple_embed_dim=32,
+                ple_embed_dim=64,
                 ngram_size=2,
                 heads_per_ngram=4,
                 ngram_vocab_size_base=300,
@@ -403,7 +403,7 @@ def fixtures_extra():
                 indexer_budget=16,
                 indexer_compress_ratio=8,
                 eos_token_id=0,
-                output_gate_type="silu",
+                output_gate_type="sigmoid",
                 max_position_embeddings=4096,
                 rms_norm_eps=1e-6,
                 tie_word_embeddings=False,
@@ -465,6 +465,10 @@ def reinit_weights(model, seed, log_lines):
     def normal(shape, std, mean=0.0):
         return torch.randn(shape, generator=gen, dtype=torch.float32) * std + mean
 
+    # GPT-2-style residual scaling: the projections that write into the residual stream get 1/sqrt(2 * layers), so
+    # each block adds a small update to the stream as in trained models, instead of replacing it (with full-size
+    # updates a single top-k routing flip moves the logits by whole units).
+    residual_scale = (2 * model.config.num_hidden_layers) ** -0.5
     handled = {}
     for mod_name, mod in model.named_modules():
         cls = type(mod).__name__
@@ -483,7 +487,9 @@ def reinit_weights(model, seed, log_lines):
                     new, rule = normal(shape, 0.3), "N(0,0.3) PLE conv"
                 else:
                     new, rule = normal(shape, 0.5), "N(0,0.5) conv"
-            elif param.dim() == 3 and (cls.endswith("Experts") or p_name in ("gate_up_proj", "down_proj")):
+            elif param.dim() == 3 and p_name == "down_proj":
+                new, rule = normal(shape, shape[-1] ** -0.5 * residual_scale), "N(0,1/fan_in)/sqrt(2L) expert down"
+            elif param.dim() == 3 and (cls.endswith("Experts") or p_name == "gate_up_proj"):
                 new, rule = normal(shape, shape[-1] ** -0.5), "N(0,1/fan_in) expert"
             elif cls.endswith("Router") or full.endswith("mlp.gate.weight"):
                 new, rule = normal(shape, 3.0 * shape[-1] ** -0.5), "N(0,9/hidden) router"
@@ -499,6 +505,8 @@ def reinit_weights(model, seed, log_lines):
                     new, rule = normal(shape, 3.0 * shape[-1] ** -0.5), "N(0,9/hidden) lm_head"
                 elif full.endswith("shared_expert_gate.weight"):
                     new, rule = normal(shape, shape[-1] ** -0.5), "N(0,1/hidden) shared gate"
+                elif full.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight")):
+                    new, rule = normal(shape, shape[-1] ** -0.5 * residual_scale), "N(0,1/fan_in)/sqrt(2L) residual out"
                 else:
                     new, rule = normal(shape, shape[-1] ** -0.5), "N(0,1/fan_in) linear"
             if rule is None:
@@ -514,6 +522,94 @@ def reinit_weights(model, seed, log_lines):
     for name in sorted(handled):
         log_lines.append(f"  {name}: {handled[name]}")
     return handled
+
+
+@torch.no_grad()
+def align_gdn_query_key(model, log_lines):
+    """Make each GDN key head a noisy copy of its query head (projection rows and conv taps).
+
+    With independent random q and k, q.k of the L2-normalized heads is near zero, the delta-rule output is ~100x
+    smaller than v, and the gated RMSNorm then blows weight-rounding noise up by the same factor: a q8_0 copy of such a
+    model disagrees with itself for reasons no trained model has. Trained GDN layers have aligned q and k.
+    """
+    for name, mod in model.named_modules():
+        if not hasattr(mod, "conv1d") or not hasattr(mod, "head_k_dim") or not hasattr(mod, "num_k_heads"):
+            continue
+        dk, nk = mod.head_k_dim, mod.num_k_heads
+        conv = mod.conv1d.weight  # [C, 1, K], channels in the projection's output order
+        if hasattr(mod, "in_proj_qkv"):
+            w = mod.in_proj_qkv.weight
+            q_rows = torch.arange(0, nk * dk)
+            k_rows = q_rows + nk * dk
+        elif hasattr(mod, "in_proj_qkvz"):
+            w = mod.in_proj_qkvz.weight  # per key head: [q (dk) | k (dk) | v | z]
+            group = w.shape[0] // nk
+            q_rows = torch.cat([torch.arange(g * group, g * group + dk) for g in range(nk)])
+            k_rows = q_rows + dk
+        else:
+            continue
+        w[k_rows] = 0.8 * w[q_rows] + 0.6 * w[k_rows]
+        # the conv always runs over q|k|v channels (qwen3next regroups its fused projection before the conv)
+        kq = torch.arange(0, nk * dk)
+        conv[kq + nk * dk] = conv[kq]
+        log_lines.append(f"  {name}: key heads aligned with query heads (0.8 q + 0.6 noise), conv taps shared")
+
+
+@torch.no_grad()
+def q8_0_sensitivity(model, prompt, ref_logits):
+    """How far a Q8_0 copy of the model moves from f32 (mean KL, top-1 agreement), measured in transformers itself.
+
+    Every weight that strata's converter stores as Q8_0 (2-D or 3-D, input dim a multiple of 32, not a router or a
+    conv) is rounded through Q8_0 blocks along its input dimension: d = max|x| / 127, q = round(x / d).
+    """
+    saved = {}
+    for name, p in model.named_parameters():
+        if p.dim() < 2 or p.shape[-1] % 32 or "conv1d" in name or name.endswith("mlp.gate.weight"):
+            continue
+        saved[name] = p.detach().clone()
+        blocks = p.detach().reshape(-1, 32)
+        d = blocks.abs().amax(dim=1, keepdim=True) / 127.0
+        d16 = d.to(torch.float16).to(torch.float32)  # the scale is stored as f16
+        inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+        q = torch.round(blocks * inv).clamp(-127, 127)
+        p.copy_((q * d16).reshape(p.shape))
+    out = model(input_ids=torch.tensor([prompt], dtype=torch.long), use_cache=False).logits[0].float().cpu().numpy()
+    for name, p in model.named_parameters():
+        if name in saved:
+            p.copy_(saved[name])
+    lp = ref_logits - ref_logits.max(-1, keepdims=True)
+    lp = lp - np.log(np.exp(lp).sum(-1, keepdims=True))
+    lq = out - out.max(-1, keepdims=True)
+    lq = lq - np.log(np.exp(lq).sum(-1, keepdims=True))
+    kl = (np.exp(lp) * (lp - lq)).sum(-1)
+    top1 = float((ref_logits.argmax(-1) == out.argmax(-1)).mean())
+    return {"mean_kl": float(kl.mean()), "max_kl": float(kl.max()), "top1": top1}
+
+
+@torch.no_grad()
+def count_selection_ties(model, prompt, steps=GREEDY_STEPS):
+    """Runs the prompt and its greedy continuation, counting 1-D topk calls (the QSA indexer's block selection) whose
+    k-th and (k+1)-th largest values are equal, i.e. whose result depends on how ties are broken."""
+    ties = 0
+    original = torch.Tensor.topk
+
+    def checked(self, k, *args, **kwargs):
+        nonlocal ties
+        if self.dim() == 1 and 0 < k < self.numel():
+            top = torch.sort(self, descending=True).values
+            ties += int(top[k - 1] == top[k])
+        return original(self, k, *args, **kwargs)
+
+    torch.Tensor.topk = checked
+    try:
+        seq = list(prompt)
+        for _ in range(steps):
+            out = model(input_ids=torch.tensor([seq], dtype=torch.long), use_cache=False).logits[0, -1]
+            seq.append(int(torch.argmax(out)))
+        model(input_ids=torch.tensor([seq], dtype=torch.long), use_cache=False)
+    finally:
+        torch.Tensor.topk = original
+    return ties
 
 
 def make_prompt(n, vocab, eos, eos_positions, seed):
@@ -742,17 +838,28 @@ def build_fixture(fx, out_root):
     meta["experts_implementation"] = getattr(model.config, "_experts_implementation", None)
     model.to(torch.float32)
 
-    init_lines = []
-    reinit_weights(model, seed + 1, init_lines)
+    vocab = config.vocab_size
+    eos = config.eos_token_id[0] if isinstance(config.eos_token_id, list) else config.eos_token_id
+    prompt = make_prompt(fx["n_prompt"], vocab, eos, fx["eos_positions"], seed + 2)
+    # The QSA indexer scores blocks by a sum of ReLUs, so blocks can tie at exactly 0, and torch.topk's order among
+    # equal values is unspecified: draw weights until no query's selection depends on a tie.
+    for attempt in range(20):
+        init_lines = []
+        reinit_weights(model, seed + 1 + 1000 * attempt, init_lines)
+        align_gdn_query_key(model, init_lines)
+        ties = count_selection_ties(model, prompt)
+        log(f"  init attempt {attempt}: {ties} QSA selections decided by a tie")
+        if ties == 0:
+            break
+    else:
+        raise RuntimeError(f"{name}: every weight draw left QSA selection ties")
+    meta["init_attempt"] = attempt
     n_params = sum(p.numel() for p in model.parameters())
     meta["n_parameters"] = n_params
     buffers = {n: [str(b.dtype), list(b.shape)] for n, b in model.named_buffers()}
     meta["model_buffers"] = buffers
     log(f"  params {n_params}, attn {attn_impl}, buffers {len(buffers)}")
 
-    vocab = config.vocab_size
-    eos = config.eos_token_id[0] if isinstance(config.eos_token_id, list) else config.eos_token_id
-    prompt = make_prompt(fx["n_prompt"], vocab, eos, fx["eos_positions"], seed + 2)
     meta.update(
         n_tokens=len(prompt),
         vocab=vocab,
@@ -782,6 +889,9 @@ def build_fixture(fx, out_root):
         "min_top1_margin": float(margins.min()),
         "n_unique_argmax": int(len(set(logits.argmax(-1).tolist()))),
     }
+
+    meta["q8_0_sensitivity"] = q8_0_sensitivity(model, prompt, logits)
+    log(f"  q8_0 fake-quant vs f32: {meta['q8_0_sensitivity']}")
 
     # Greedy continuation: full recompute every step, no cache, no EOS stop.
     seq = list(prompt)
@@ -864,6 +974,7 @@ def build_fixture(fx, out_root):
         "min_margin": min(meta["logits_stats"]["min_top1_margin"], meta["greedy_min_margin"]),
         "roundtrip": meta.get("roundtrip_max_abs_diff", meta.get("roundtrip_error")),
         "greedy": greedy,
+        "q8": meta["q8_0_sensitivity"],
         "seconds": meta["seconds"],
     }
     log(f"  done in {meta['seconds']} s, {summary['bytes']} bytes")
@@ -902,7 +1013,7 @@ def main():
     for s in summaries:
         log(
             f"{s['name']}: keys {s['keys']}, {s['bytes']} bytes, logits max|x| {s['max_abs']:.3f}, "
-            f"row spread {s['spread']:.3f}, unique argmax {s['uniq_argmax']}, min margin {s['min_margin']:.4f}, "
+            f"row spread {s['spread']:.3f}, unique argmax {s['uniq_argmax']}, min margin {s['min_margin']:.4f}, q8_0 {s['q8']}, "
             f"roundtrip {s['roundtrip']}, {s['seconds']} s"
         )
         log(f"  greedy: {' '.join(map(str, s['greedy']))}")

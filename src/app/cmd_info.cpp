@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -11,6 +10,7 @@
 #include "app/commands.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/memory_info.h"
 #include "format/gguf.h"
 #include "model/model.h"
 
@@ -86,17 +86,6 @@ std::string shape_text(const gguf::TensorInfo& t) {
     return out + "]";
 }
 
-// MemAvailable from /proc/meminfo, in bytes; nullopt where the kernel does not say.
-std::optional<uint64_t> available_ram() {
-    std::ifstream in("/proc/meminfo");
-    std::string line;
-    while (std::getline(in, line)) {
-        unsigned long long kib = 0;
-        if (std::sscanf(line.c_str(), "MemAvailable: %llu kB", &kib) == 1) return static_cast<uint64_t>(kib) * 1024;
-    }
-    return std::nullopt;
-}
-
 void print_vocabulary(const gguf::File& file, const std::string& arch) {
     std::string line = "vocabulary:   ";
     if (const auto* tokens = file.find("tokenizer.ggml.tokens"); tokens && tokens->type == gguf::ValueType::ARRAY)
@@ -153,7 +142,7 @@ void print_memory_plan(const gguf::File& file, int64_t n_ctx) {
     for (const auto& item : plan)
         std::printf("  %-*s  %12s\n", width, item.what.c_str(), format_bytes(item.bytes).c_str());
     std::printf("  %-*s  %12s\n", width, "total", format_bytes(total).c_str());
-    if (auto ram = available_ram())
+    if (auto ram = available_ram_bytes())
         std::printf("this machine: %s available RAM: %s\n", format_bytes(*ram).c_str(),
                     total <= *ram ? "fits" : "does not fit");
     else

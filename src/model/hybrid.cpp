@@ -6,6 +6,7 @@
 
 #include "backend/cpu/ops.h"
 #include "core/error.h"
+#include "core/memory_info.h"
 
 namespace strata {
 
@@ -61,6 +62,18 @@ void HybridModel::bind_embeddings(const TensorBinder& binder) {
 std::unique_ptr<SequenceState> HybridModel::new_sequence(int64_t max_tokens) const {
     if (max_tokens <= 0)
         throw Error("a sequence needs room for at least one token, asked for " + std::to_string(max_tokens));
+    // Plan before taking: the state a sequence of this size holds must fit in this machine's RAM.
+    constexpr int64_t kMaxTokens = int64_t{1} << 32;
+    if (max_tokens > kMaxTokens)
+        throw Error("a sequence of " + std::to_string(max_tokens) + " tokens is more than this engine supports (" +
+                    std::to_string(kMaxTokens) + ")");
+    uint64_t planned = 0;
+    for (const MemoryPlanItem& item : plan_memory(*file_, max_tokens))
+        if (item.what.rfind("sequence", 0) == 0) planned += item.bytes;
+    if (const uint64_t ram = physical_ram_bytes(); ram > 0 && planned > ram)
+        throw Error("a sequence of " + std::to_string(max_tokens) + " tokens needs " +
+                    std::to_string(planned >> 20) + " MiB of state, more than this machine's " +
+                    std::to_string(ram >> 20) + " MiB of RAM; ask for a smaller context");
     try {
         return std::make_unique<HybridSequence>(
             this, max_tokens,

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "test_util.h"
 #include "convert/convert.h"
 #include "convert/gguf_plan.h"
 #include "convert/synth.h"
@@ -30,36 +31,12 @@ namespace strata {
 namespace {
 
 namespace fs = std::filesystem;
+using strata::testing::TempDir;
+using strata::testing::expect_error;
 using gguf::ValueType;
 using nlohmann::json;
 
 const std::string kData = STRATA_TEST_DATA;
-
-class TempDir {
-  public:
-    TempDir() {
-        std::string tmpl = (fs::temp_directory_path() / "strata_conv_XXXXXX").string();
-        STRATA_ASSERT(mkdtemp(tmpl.data()) != nullptr);
-        path_ = tmpl;
-    }
-    ~TempDir() { fs::remove_all(path_); }
-    std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
-
-  private:
-    std::string path_;
-};
-
-template <typename Fn>
-void expect_error(Fn fn, const std::string& what) {
-    try {
-        fn();
-        ADD_FAILURE() << "no error; expected one mentioning \"" << what << "\"";
-    } catch (const Error& e) {
-        const std::string msg = e.what();
-        EXPECT_NE(msg.find(what), std::string::npos) << "message: " << msg;
-        EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-    }
-}
 
 json read_json(const std::string& path) {
     std::ifstream in(path);

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "format/gguf.h"
@@ -27,21 +28,7 @@ using gguf::Value;
 using gguf::ValueType;
 using gguf::Writer;
 namespace fs = std::filesystem;
-
-class TempDir {
-public:
-    TempDir() {
-        std::string tmpl = (fs::temp_directory_path() / "strata_gguf_XXXXXX").string();
-        STRATA_ASSERT(mkdtemp(tmpl.data()) != nullptr);
-        path_ = tmpl;
-    }
-    ~TempDir() { fs::remove_all(path_); }
-    std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
-    const std::string& path() const { return path_; }
-
-private:
-    std::string path_;
-};
+using strata::testing::TempDir;
 
 std::vector<uint8_t> read_bytes(const std::string& path) {
     std::ifstream in(path, std::ios::binary);

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "test_util.h"
 #include "core/error.h"
 #include "format/hf_config.h"
 #include "format/hf_tokenizer.h"
@@ -18,21 +19,11 @@ namespace strata {
 namespace {
 
 namespace fs = std::filesystem;
+using strata::testing::TempDir;
+using strata::testing::expect_error;
 using nlohmann::json;
 
 const std::string kData = STRATA_TEST_DATA;
-
-template <typename Fn>
-void expect_error(Fn fn, const std::string& what) {
-    try {
-        fn();
-        ADD_FAILURE() << "no error; expected one mentioning \"" << what << "\"";
-    } catch (const Error& e) {
-        const std::string msg = e.what();
-        EXPECT_NE(msg.find(what), std::string::npos) << "message: " << msg;
-        EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-    }
-}
 
 json minimal_qwen35() {
     return json{{"architectures", {"Qwen3_5MoeForCausalLM"}},
@@ -160,20 +151,6 @@ TEST(HfConfig, Errors) {
 }
 
 // ---- tokenizer.json import (gguf-qwen4exp.md section 5) ----
-
-class TempDir {
-  public:
-    TempDir() {
-        std::string tmpl = (fs::temp_directory_path() / "strata_tok_XXXXXX").string();
-        STRATA_ASSERT(mkdtemp(tmpl.data()) != nullptr);
-        path_ = tmpl;
-    }
-    ~TempDir() { fs::remove_all(path_); }
-    const std::string& path() const { return path_; }
-
-  private:
-    std::string path_;
-};
 
 // The HF regexes of the two Qwen vocabularies (tokenizer.json spelling, with the (?i:...) group).
 const char* kQwen2Regex =

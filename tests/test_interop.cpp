@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "fixtures.h"
+#include "test_util.h"
 #include "convert/convert.h"
 #include "format/gguf.h"
 #include "model/model.h"
@@ -190,24 +190,6 @@ void expect_agreement(const std::string& what, const Agreement& a) {
     EXPECT_GE(agreement, kMinAgreement) << what << ": argmax disagrees at" << a.first_mismatches;
 }
 
-class Scratch {
-  public:
-    Scratch() {
-        path_ = fs::temp_directory_path() /
-                ("strata_interop_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
-        fs::create_directories(path_);
-    }
-    ~Scratch() {
-        std::error_code ec;
-        fs::remove_all(path_, ec);
-    }
-    const fs::path& path() const { return path_; }
-
-  private:
-    static inline int counter_ = 0;
-    fs::path path_;
-};
-
 // tests/data/<name>/ with hf/ and prompt.txt (tools/goldens).
 std::vector<std::string> fixture_names() {
     std::vector<std::string> names;
@@ -236,8 +218,9 @@ TEST_P(FixtureInterop, ConvertedFileLoadsAndArgmaxAgrees) {
     ASSERT_FALSE(prompt.empty()) << dir / "prompt.txt"
                                  << " holds no token ids";
 
-    Scratch scratch;
-    const fs::path gguf = scratch.path() / (GetParam() + ".gguf");
+    const strata::testing::TempDir scratch_dir;
+    const fs::path scratch(scratch_dir.path());
+    const fs::path gguf = scratch / (GetParam() + ".gguf");
     strata::convert_hf_to_gguf({
         .hf_dir = (dir / "hf").string(),
         .out_path = gguf.string(),
@@ -246,7 +229,7 @@ TEST_P(FixtureInterop, ConvertedFileLoadsAndArgmaxAgrees) {
         .include_mtp = false,  // llama.cpp v0.4.0 has no MTP graph and refuses qwen4exp files that carry one
     });
 
-    LlamaResult llama = llama_argmax(gguf, prompt, scratch.path());
+    LlamaResult llama = llama_argmax(gguf, prompt, scratch);
     ASSERT_TRUE(llama.error.empty()) << "llama.cpp refused strata's conversion of " << GetParam() << ": "
                                      << llama.error;
 
@@ -285,8 +268,9 @@ class SynthInterop : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(SynthInterop, LoadsInLlamaCppAndArgmaxAgrees) {
     REQUIRE_LLAMA_CPP();
-    Scratch scratch;
-    const fs::path gguf = scratch.path() / (GetParam() + ".gguf");
+    const strata::testing::TempDir scratch_dir;
+    const fs::path scratch(scratch_dir.path());
+    const fs::path gguf = scratch / (GetParam() + ".gguf");
     strata::synth_model({.preset = GetParam(), .out_path = gguf.string(), .seed = 7});
 
     int64_t n_vocab = 0;
@@ -303,7 +287,7 @@ TEST_P(SynthInterop, LoadsInLlamaCppAndArgmaxAgrees) {
     std::vector<int32_t> prompt;
     for (int64_t i = 0; i < n_prompt; ++i) prompt.push_back(static_cast<int32_t>((i * 7919 + 3) % n_vocab));
 
-    LlamaResult llama = llama_argmax(gguf, prompt, scratch.path());
+    LlamaResult llama = llama_argmax(gguf, prompt, scratch);
     ASSERT_TRUE(llama.error.empty()) << "llama.cpp refused synth preset " << GetParam() << ": " << llama.error;
     const std::vector<float> logits = strata_logits(gguf, prompt, &n_vocab);
     expect_agreement("synth " + GetParam(), compare(logits, n_vocab, llama.argmax, {}));

@@ -20,10 +20,9 @@
 #include <cstdlib>
 #include <vector>
 
-#include <unistd.h>
 
 #include "convert/convert.h"
-#include "fixtures.h"
+#include "test_util.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "model/model.h"
@@ -67,16 +66,7 @@ std::string converted(const Golden& g, DType type) {
     static std::map<std::string, std::string> cache;
     const std::string key = g.dir.string() + "|" + dtype_name(type);
     if (auto it = cache.find(key); it != cache.end()) return it->second;
-    // Removed when the test program exits.
-    static const struct Owned {
-        fs::path path = fs::temp_directory_path() / ("strata_parity_" + std::to_string(getpid()));
-        ~Owned() {
-            std::error_code ec;
-            fs::remove_all(path, ec);
-        }
-    } owned;
-    const fs::path& dir = owned.path;
-    fs::create_directories(dir);
+    const fs::path dir = strata::testing::process_temp_dir().path();
     const std::string out = (dir / (g.dir.filename().string() + "-" + dtype_name(type) + ".gguf")).string();
     convert_hf_to_gguf({.hf_dir = (g.dir / "hf").string(),
                         .out_path = out,

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"
 #include "core/error.h"
 #include "format/safetensors.h"
 
@@ -19,21 +20,8 @@ namespace strata {
 namespace {
 
 namespace fs = std::filesystem;
-
-class TempDir {
-public:
-    TempDir() {
-        std::string tmpl = (fs::temp_directory_path() / "strata_st_XXXXXX").string();
-        STRATA_ASSERT(mkdtemp(tmpl.data()) != nullptr);
-        path_ = tmpl;
-    }
-    ~TempDir() { fs::remove_all(path_); }
-    std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
-    const std::string& path() const { return path_; }
-
-private:
-    std::string path_;
-};
+using strata::testing::TempDir;
+using strata::testing::expect_error;
 
 template <typename T>
 void append(std::vector<uint8_t>& b, const std::vector<T>& v) {
@@ -57,19 +45,6 @@ void write_file(const std::string& path, const std::vector<uint8_t>& b) {
 }
 
 void write_text(const std::string& path, const std::string& s) { std::ofstream(path) << s; }
-
-template <typename Fn>
-void expect_error(Fn fn, const std::string& what) {
-    try {
-        fn();
-        ADD_FAILURE() << "no error; expected one mentioning \"" << what << "\"";
-    } catch (const Error& e) {
-        const std::string msg = e.what();
-        if (std::getenv("STRATA_PRINT_ERRORS")) std::printf("%s\n", msg.c_str());
-        EXPECT_NE(msg.find(what), std::string::npos) << "message: " << msg << "\nexpected: " << what;
-        EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-    }
-}
 
 void expect_memory_error(const std::vector<uint8_t>& b, const std::string& what) {
     expect_error([&] { SafetensorsSet::open_memory(b.data(), b.size(), "mem.safetensors"); }, what);

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include <unistd.h>
 
+#include "test_util.h"
 #include "convert/convert.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -25,19 +25,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir() {
-    // Removed when the test program exits.
-    static const struct Owned {
-        fs::path path = fs::temp_directory_path() / ("strata_sequence_" + std::to_string(getpid()));
-        ~Owned() {
-            std::error_code ec;
-            fs::remove_all(path, ec);
-        }
-    } owned;
-    const fs::path& dir = owned.path;
-    fs::create_directories(dir);
-    return dir;
-}
+fs::path temp_dir() { return strata::testing::process_temp_dir().path(); }
 
 // The fixture converted to f32 GGUF once per process, or "" when the fixture is absent.
 std::string fixture_gguf(const std::string& name) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what building and testing Strata needs on Debian/Ubuntu, skipping whatever is already there:
-#   build:   cmake ninja-build g++ libgtest-dev nlohmann-json3-dev
+#   build:   cmake ninja-build g++ pkg-config libgtest-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev
 #   extras:  clang libclang-rt-14-dev (fuzz smoke run), nodejs npm (llama.cpp interop test)
 # With --with-interop it also installs node-llama-cpp 3.21.1 (pinned in tests/interop/package-lock.json; only the
 # prebuilt CPU binary, nothing is compiled) into tests/interop/node_modules.
@@ -25,6 +25,9 @@ have_cmd ninja || required+=(ninja-build)
 have_cmd g++ || required+=(g++)
 [ -f /usr/include/gtest/gtest.h ] || required+=(libgtest-dev)
 [ -f /usr/include/nlohmann/json.hpp ] || required+=(nlohmann-json3-dev)
+have_cmd pkg-config || required+=(pkg-config)
+[ -f /usr/include/pcre2.h ] || required+=(libpcre2-dev)
+[ -f /usr/include/utf8proc.h ] || required+=(libutf8proc-dev)
 optional=()
 have_cmd clang || optional+=(clang)
 have_pkg libclang-rt-14-dev || optional+=(libclang-rt-14-dev)

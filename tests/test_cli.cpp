@@ -167,7 +167,8 @@ TEST_F(CliTest, BadFlagValuesAreOneLineErrors) {
     expect_user_error(strata("logits --model " + quote(tiny_) + " --tokens 1"), "--out is required");
     expect_user_error(strata("generate --model " + quote(tiny_) + " --tokens 1 -n 0"), "-n expects");
     expect_user_error(strata("generate --model " + quote(tiny_) + " --tokens 1"), "-n N is required");
-    expect_user_error(strata("generate --model " + quote(tiny_) + " --prompt hello -n 2"), "tokenizer");
+    expect_user_error(strata("generate --model " + quote(tiny_) + " --prompt hello --tokens 1 -n 2"), "not both");
+    expect_user_error(strata("generate --model " + quote(tiny_) + " --prompt '' -n 2"), "--prompt is empty");
     expect_user_error(strata("convert --hf " + quote(dir_) + " --out " + quote(dir_ / "o.gguf") + " --outtype q3"),
                       "--outtype");
     expect_user_error(strata("synth --preset no-such-preset --out " + quote(dir_ / "o.gguf")));
@@ -246,6 +247,15 @@ TEST_F(CliTest, GenerateGreedyPrintsIds) {
     const float* last = logits.data() + 3 * n_vocab;
     ASSERT_FALSE(ids.empty());
     EXPECT_EQ(ids[0], std::max_element(last, last + n_vocab) - last);
+
+    // A text prompt goes through the model's tokenizer: the same ids as `strata tokenize` gives, fed as --tokens.
+    CliRun tok = strata("tokenize --model " + quote(tiny_) + " --text 'hello world'");
+    ASSERT_EQ(tok.status, 0) << tok.err;
+    std::string ids_text = tok.out.substr(0, tok.out.find('\n'));
+    CliRun by_text = strata("generate --model " + quote(tiny_) + " --prompt 'hello world' --ids --greedy -n 4");
+    CliRun by_ids = strata("generate --model " + quote(tiny_) + " --tokens '" + ids_text + "' --ids --greedy -n 4");
+    EXPECT_EQ(by_text.status, 0) << by_text.err;
+    EXPECT_EQ(by_text.out, by_ids.out);
 
     // Sampling: same seed, same tokens.
     const std::string sampled = "generate --model " + quote(tiny_) + " --tokens '1 5 9 2' --ids -n 6 --seed 42";

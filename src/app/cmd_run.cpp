@@ -11,7 +11,10 @@
 
 #include "app/commands.h"
 #include "core/error.h"
+#include "format/gguf.h"
 #include "model/model.h"
+#include "runtime/sampler.h"
+#include "tokenizer/tokenizer.h"
 
 namespace strata::app {
 
@@ -68,6 +71,77 @@ int run_logits(const Args& args) {
     return 0;
 }
 
+int run_generate(const Args& args) {
+    auto n_generate = args.get_int("-n", 1, kMaxGenerate);
+    if (!n_generate) throw Error("generate: -n N is required (how many tokens to generate)");
+    const auto text_prompt = args.get("--prompt");
+    if (text_prompt && (args.has("--tokens") || args.has("--tokens-file")))
+        throw Error("generate: give the prompt either as --prompt TEXT or as token ids, not both");
+    std::vector<int32_t> prompt = text_prompt ? std::vector<int32_t>{} : read_tokens(args);
+    const bool stop_at_eog = args.has("--stop-at-eog");
+    const int n_threads = thread_count(args);
+    std::string model_path;
+    if (auto m = args.get("--model")) {
+        model_path = *m;
+        require_file(model_path, "--model");
+    } else {
+        model_path = default_model_path();
+    }
+
+    auto model = load_model(model_path, {.n_threads = n_threads});
+    const ModelInfo& info = model->info();
+    // The tokenizer is needed for a text prompt, and for text output (without --ids) when the file has one.
+    std::unique_ptr<Tokenizer> tokenizer;
+    const auto file = gguf::File::open(model_path);
+    if (text_prompt || (!args.has("--ids") && file->find("tokenizer.ggml.tokens") != nullptr))
+        tokenizer = Tokenizer::from_gguf(*file);
+    if (text_prompt) {
+        prompt = tokenizer->encode(*text_prompt);
+        if (prompt.empty()) throw Error("generate: --prompt is empty");
+    }
+    check_token_range(prompt, info.n_vocab);
+
+    // Temperature-1 sampling from the whole distribution unless --greedy (the same sampler as `strata run`).
+    Sampler sampler({.temperature = args.has("--greedy") ? 0.0f : 1.0f,
+                     .top_k = 0,
+                     .top_p = 1.0f,
+                     .min_p = 0.0f,
+                     .seed = args.get_u64("--seed").value_or(std::random_device{}())},
+                    info.n_vocab);
+    auto seq = model->new_sequence(static_cast<int64_t>(prompt.size()) + *n_generate);
+    std::vector<float> logits(static_cast<size_t>(info.n_vocab));
+    model->forward(*seq, prompt, logits, /*last_only=*/true);
+
+    std::optional<StreamDecoder> decoder;
+    if (tokenizer && !args.has("--ids")) decoder.emplace(*tokenizer);
+    for (int64_t i = 0; i < *n_generate; ++i) {
+        int32_t token = sampler.sample(logits);
+        if (decoder) {
+            const std::string piece = decoder->push(token);
+            std::fwrite(piece.data(), 1, piece.size(), stdout);
+        } else {
+            std::printf(i == 0 ? "%d" : " %d", token);
+        }
+        std::fflush(stdout);
+        if (stop_at_eog && std::find(info.eog_tokens.begin(), info.eog_tokens.end(), token) != info.eog_tokens.end())
+            break;
+        if (i + 1 < *n_generate) model->forward(*seq, std::span<const int32_t>(&token, 1), logits, true);
+    }
+    if (decoder) {
+        const std::string rest = decoder->flush();
+        std::fwrite(rest.data(), 1, rest.size(), stdout);
+    }
+    std::printf("\n");
+    return 0;
+}
+
+const std::vector<FlagSpec> kTokenFlags = {
+    {"--tokens", "\"1 2 3\"", "input token ids, separated by spaces or commas"},
+    {"--tokens-file", "F", "read the input token ids from a file (same format)"},
+};
+
+}  // namespace
+
 // models/tiny.gguf in the working folder, else beside the build folder of this executable (build/strata ->
 // models/tiny.gguf), so `scripts/run.sh` and a run from the repository root both find it.
 std::string default_model_path() {
@@ -84,76 +158,6 @@ std::string default_model_path() {
         "no --model given and models/tiny.gguf does not exist: make it with 'strata synth --preset tiny "
         "--out models/tiny.gguf' (random weights) or pass --model FILE.gguf");
 }
-
-int32_t argmax(std::span<const float> logits) {
-    size_t best = 0;
-    for (size_t i = 1; i < logits.size(); ++i)
-        if (logits[i] > logits[best]) best = i;  // strict: ties go to the lowest id
-    return static_cast<int32_t>(best);
-}
-
-// Temperature-1 sampling from softmax(logits): one uniform draw in [0, 1) from the 53 high bits of mt19937_64 (the
-// same on every platform, unlike std::uniform_real_distribution), walked along the cumulative distribution.
-int32_t sample(std::span<const float> logits, std::mt19937_64& rng) {
-    float max_logit = -std::numeric_limits<float>::infinity();
-    for (float v : logits) max_logit = std::max(max_logit, v);
-    double total = 0.0;
-    for (float v : logits) total += std::exp(static_cast<double>(v) - max_logit);
-    if (!std::isfinite(max_logit) || !std::isfinite(total) || total <= 0.0)
-        throw Error("the model produced non-finite logits; cannot sample");
-    const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53 * total;
-    double cumulative = 0.0;
-    for (size_t i = 0; i < logits.size(); ++i) {
-        cumulative += std::exp(static_cast<double>(logits[i]) - max_logit);
-        if (u < cumulative) return static_cast<int32_t>(i);
-    }
-    return argmax(logits);  // rounding left u past the last bucket: the most likely token is the honest answer
-}
-
-int run_generate(const Args& args) {
-    if (args.has("--prompt"))
-        throw Error("text prompts need the tokenizer, which is not built yet; give token ids with --tokens \"1 2 3\"");
-    std::vector<int32_t> prompt = read_tokens(args);
-    auto n_generate = args.get_int("-n", 1, kMaxGenerate);
-    if (!n_generate) throw Error("generate: -n N is required (how many tokens to generate)");
-    const bool greedy = args.has("--greedy");
-    const bool stop_at_eog = args.has("--stop-at-eog");
-    const int n_threads = thread_count(args);
-    std::mt19937_64 rng(args.get_u64("--seed").value_or(std::random_device{}()));
-    std::string model_path;
-    if (auto m = args.get("--model")) {
-        model_path = *m;
-        require_file(model_path, "--model");
-    } else {
-        model_path = default_model_path();
-    }
-
-    auto model = load_model(model_path, {.n_threads = n_threads});
-    const ModelInfo& info = model->info();
-    check_token_range(prompt, info.n_vocab);
-    auto seq = model->new_sequence(static_cast<int64_t>(prompt.size()) + *n_generate);
-    std::vector<float> logits(static_cast<size_t>(info.n_vocab));
-    model->forward(*seq, prompt, logits, /*last_only=*/true);
-
-    // Without a tokenizer, --ids and the default output are the same: the generated ids on one line.
-    for (int64_t i = 0; i < *n_generate; ++i) {
-        int32_t token = greedy ? argmax(logits) : sample(logits, rng);
-        std::printf(i == 0 ? "%d" : " %d", token);
-        std::fflush(stdout);
-        if (stop_at_eog && std::find(info.eog_tokens.begin(), info.eog_tokens.end(), token) != info.eog_tokens.end())
-            break;
-        if (i + 1 < *n_generate) model->forward(*seq, std::span<const int32_t>(&token, 1), logits, true);
-    }
-    std::printf("\n");
-    return 0;
-}
-
-const std::vector<FlagSpec> kTokenFlags = {
-    {"--tokens", "\"1 2 3\"", "input token ids, separated by spaces or commas"},
-    {"--tokens-file", "F", "read the input token ids from a file (same format)"},
-};
-
-}  // namespace
 
 Command logits_command() {
     std::vector<FlagSpec> flags = {{"--model", "FILE.gguf", "the model"}};
@@ -188,10 +192,10 @@ Command generate_command() {
     flags.insert(flags.end(), kTokenFlags.begin(), kTokenFlags.end());
     flags.insert(flags.end(),
                  {
-                     {"--prompt", "TEXT", "a text prompt (needs the tokenizer, which is not built yet)"},
+                     {"--prompt", "TEXT", "a text prompt, tokenized as it is (no chat template; see strata run)"},
                      {"-n", "N", "how many tokens to generate (required)"},
                      {"--greedy", "", "always take the most likely token (ties: the lowest id)"},
-                     {"--ids", "", "print the generated token ids on one line, space separated"},
+                     {"--ids", "", "print the generated token ids on one line, space separated (default: the text)"},
                      {"--seed", "S", "seed of the sampler (default: random); same seed, same tokens"},
                      {"--stop-at-eog", "", "stop after an end-of-generation token (default: generate all N)"},
                      {"--threads", "N", "worker threads (default: all cores)"},
@@ -200,12 +204,12 @@ Command generate_command() {
         .spec =
             {
                 .name = "generate",
-                .summary = "continue a prompt of token ids",
+                .summary = "continue a prompt (token ids or raw text), greedy or sampled",
                 .usage = "strata generate [--model FILE.gguf] (--tokens \"1 2 3\" | --tokens-file F | --prompt "
                          "TEXT) -n N [--greedy] [--ids] [--seed S] [--stop-at-eog]",
                 .flags = flags,
                 .notes = "Without --greedy the next token is drawn from softmax(logits) at temperature 1.\n"
-                         "Until the tokenizer lands, the output is token ids with or without --ids.",
+                         "Without --ids the output is the decoded text, or the ids when the model has no vocabulary.",
             },
         .run = run_generate,
     };

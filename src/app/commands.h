@@ -23,6 +23,11 @@ Command logits_command();
 Command generate_command();
 // cmd_info.cpp
 Command info_command();
+// cmd_tokenize.cpp
+Command tokenize_command();
+// cmd_chat.cpp
+Command run_command();
+Command chat_command();
 
 // Shared helpers (common.cpp).
 
@@ -51,6 +56,8 @@ class AtomicFile {
     std::string temp_path_;
     std::FILE* file_ = nullptr;
 };
+// cmd_run.cpp: models/tiny.gguf in the working folder or beside the build folder; Error saying how to make it.
+std::string default_model_path();
 // "1.50 GiB", "12.0 MiB", "512 B".
 std::string format_bytes(uint64_t n);
 

@@ -114,7 +114,7 @@ Args Args::parse(const CommandSpec& spec, const std::vector<std::string>& argv) 
         }
         const FlagSpec* flag = find_flag(spec, name);
         if (!flag) throw Error(spec.name + ": unknown flag '" + name + "'" + usage_hint);
-        if (args.has(name)) throw Error(spec.name + ": " + name + " given more than once");
+        if (!flag->repeatable && args.has(name)) throw Error(spec.name + ": " + name + " given more than once");
         std::string value;
         if (flag->value_name.empty()) {
             if (inline_value) throw Error(name + " takes no value, got '" + *inline_value + "'");
@@ -140,6 +140,14 @@ std::optional<std::string> Args::get(const std::string& flag) const {
     for (const auto& [name, value] : values_)
         if (name == flag) return value;
     return std::nullopt;
+}
+
+std::vector<std::string> Args::get_all(const std::string& flag) const {
+    STRATA_ASSERT(find_flag(*spec_, flag) != nullptr);
+    std::vector<std::string> out;
+    for (const auto& [name, value] : values_)
+        if (name == flag) out.push_back(value);
+    return out;
 }
 
 std::string Args::require(const std::string& flag) const {

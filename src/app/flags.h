@@ -13,6 +13,7 @@ struct FlagSpec {
     std::string name;        // "--model", "-n"
     std::string value_name;  // "FILE"; empty for a switch that takes no value
     std::string help;
+    bool repeatable = false;  // may be given more than once (read with Args::get_all)
 };
 
 struct CommandSpec {
@@ -36,6 +37,7 @@ class Args {
     bool help() const { return help_; }
     bool has(const std::string& flag) const;
     std::optional<std::string> get(const std::string& flag) const;
+    std::vector<std::string> get_all(const std::string& flag) const;  // every value of a repeatable flag, in order
     std::string require(const std::string& flag) const;  // Error "--x is required" when absent
     const std::vector<std::string>& positional() const { return positional_; }
 

@@ -1,5 +1,6 @@
 #include "model/hybrid.h"
 
+#include <functional>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -9,6 +10,44 @@
 #include "core/memory_info.h"
 
 namespace strata {
+
+namespace {
+
+// Touches one byte per page of every weight, so the file is in the page cache before the first token, reporting the
+// fraction done. The PLE table is read a few rows per token and may be larger than RAM: it is skipped, as is
+// everything when the weights would take more than half the RAM.
+void read_ahead(const gguf::File& file, const std::function<void(float)>& progress) {
+    constexpr size_t kPage = 4096;
+    uint64_t total = 0;
+    for (const gguf::TensorInfo& t : file.tensors())
+        if (t.name != "per_layer_token_embd.weight") total += t.n_bytes;
+    const uint64_t ram = physical_ram_bytes();
+    if (total == 0 || (ram > 0 && total > ram / 2)) {
+        progress(1.0f);
+        return;
+    }
+    uint64_t done = 0;
+    int reported = -1;
+    volatile uint8_t sink = 0;
+    for (const gguf::TensorInfo& t : file.tensors()) {
+        if (t.name == "per_layer_token_embd.weight" || t.data == nullptr) continue;
+        uint8_t acc = 0;
+        for (size_t off = 0; off < t.n_bytes; off += kPage) {
+            acc ^= t.data[off];
+            const uint64_t now = done + off;
+            const int step = static_cast<int>(now * 200 / total);
+            if (step != reported && (off & ((size_t{1} << 20) - 1)) == 0) {
+                reported = step;
+                progress(static_cast<float>(static_cast<double>(now) / static_cast<double>(total)));
+            }
+        }
+        sink = sink ^ acc;
+        done += t.n_bytes;
+    }
+    progress(1.0f);
+}
+
+}  // namespace
 
 size_t HybridSequence::memory_bytes() const {
     size_t total = 0;
@@ -36,7 +75,9 @@ HybridModel::HybridModel(std::unique_ptr<gguf::File> file, const LoadOptions& op
                     ") must be smaller than block_count (" + std::to_string(n_block_all_) + ")");
     info_.n_layer = n_block_all_ - n_nextn;
     info_.n_ctx_train = hp.u32_or("context_length", 0);
+    if (options.progress) read_ahead(f, options.progress);
 }
+
 
 void HybridModel::bind_embeddings(const TensorBinder& binder) {
     const gguf::TensorInfo* te = file_->find_tensor("token_embd.weight");

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -37,6 +38,10 @@ public:
 
 struct LoadOptions {
     int n_threads = 0;  // 0: all cores
+    // When set, loading reads the weights once (so the first tokens do not wait on page faults) and reports the
+    // fraction read, from 0 to 1, as it goes, on the loading thread (at most about 200 calls). Weights larger than
+    // half the machine's RAM, and the SSD-resident PLE table, are not read ahead: progress then jumps to 1.
+    std::function<void(float fraction)> progress;
 };
 
 class Model {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Newcomer's first run: installs the build dependencies if missing, builds Strata (Release, into build/),
-# synthesizes models/tiny.gguf and generates a few tokens with it.
+# synthesizes models/tiny.gguf (random weights) and runs `strata run` on it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,9 +15,10 @@ fi
 
 cat <<'NOTE'
 
-==> models/tiny.gguf holds RANDOM weights (from `strata synth --preset tiny`): the tokens below are noise.
-    The bundled trained model has not landed yet, and neither has the tokenizer, so input and output are token ids.
+==> models/tiny.gguf holds RANDOM weights and a placeholder vocabulary (from `strata synth --preset tiny`): the text
+    below is noise. The bundled trained model has not landed yet; give any converted model with --model.
 
 NOTE
-echo "\$ build/strata generate --tokens \"1 2 3 4\" -n 16 --greedy --ids"
-build/strata generate --tokens "1 2 3 4" -n 16 --greedy --ids
+echo "\$ build/strata run -n 24 --seed 1 \"def fibonacci(n):\""
+build/strata run -n 24 --seed 1 "def fibonacci(n):"
+echo

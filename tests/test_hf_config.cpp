@@ -159,8 +159,8 @@ const char* kQwen35Regex =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 TEST(HfTokenizer, PreTokenizerDetection) {
-    EXPECT_EQ(detect_pre_tokenizer(kQwen2Regex), "qwen2");
-    EXPECT_EQ(detect_pre_tokenizer(kQwen35Regex), "qwen35");
+    EXPECT_EQ(pre_tokenizer_name(kQwen2Regex), "qwen2");
+    EXPECT_EQ(pre_tokenizer_name(kQwen35Regex), "qwen35");
 }
 
 TEST(HfTokenizer, HandWrittenQwen35Tokenizer) {
@@ -175,7 +175,9 @@ TEST(HfTokenizer, HandWrittenQwen35Tokenizer) {
           {{"id", 5}, {"content", "<tool_call>"}, {"special", false}}}},
         {"pre_tokenizer",
          {{"type", "Sequence"},
-          {"pretokenizers", {{{"type", "Split"}, {"pattern", {{"Regex", kQwen35Regex}}}}, {{"type", "ByteLevel"}}}}}}};
+          {"pretokenizers",
+           {{{"type", "Split"}, {"pattern", {{"Regex", kQwen35Regex}}}, {"behavior", "Isolated"}, {"invert", false}},
+            {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}}}};
     std::ofstream(dir.path() + "/tokenizer.json") << tok.dump();
     std::ofstream(dir.path() + "/tokenizer_config.json")
         << json{{"eos_token", {{"content", "<|im_end|>"}}}, {"pad_token", nullptr}}.dump();

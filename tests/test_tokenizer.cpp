@@ -302,7 +302,10 @@ CliRun strata_cli(const std::string& args) {
 
 std::string join_ids(const std::vector<int32_t>& ids) {
     std::string s;
-    for (size_t i = 0; i < ids.size(); ++i) s += (i ? " " : "") + std::to_string(ids[i]);
+    for (size_t i = 0; i < ids.size(); ++i) {
+        if (i) s += ' ';
+        s += std::to_string(ids[i]);
+    }
     return s;
 }
 

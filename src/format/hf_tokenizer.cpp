@@ -1,9 +1,9 @@
 #include "format/hf_tokenizer.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <unordered_map>
 
 #include <nlohmann/json.hpp>
 
@@ -46,20 +46,6 @@ std::string utf8_of(uint32_t cp) {
     return s;
 }
 
-// Collects every "Regex" string in a pre_tokenizer tree (Sequence / Split nest them).
-void collect_regexes(const json& node, std::vector<std::string>& out) {
-    if (node.is_object()) {
-        for (auto it = node.begin(); it != node.end(); ++it) {
-            if (it.key() == "Regex" && it->is_string())
-                out.push_back(it->get<std::string>());
-            else
-                collect_regexes(*it, out);
-        }
-    } else if (node.is_array()) {
-        for (const json& e : node) collect_regexes(e, out);
-    }
-}
-
 // tokenizer_config's special token fields are a string or {"content": ...}.
 std::optional<std::string> token_text(const json& cfg, const char* key) {
     auto it = cfg.find(key);
@@ -96,109 +82,211 @@ const std::vector<std::string>& byte_to_unicode_table() {
     return table;
 }
 
-std::string detect_pre_tokenizer(const std::string& regex) {
-    return regex.find("\\p{M}") != std::string::npos ? "qwen35" : "qwen2";
+const char* const kQwen2Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+const char* const kQwen35Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*)"
+    R"(|\s*[\r\n]+|\s+(?!\S)|\s+)";
+const char* const kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+std::string pre_tokenizer_name(const std::string& pattern) {
+    if (pattern == kQwen2Pattern) return "qwen2";
+    if (pattern == kQwen35Pattern) return "qwen35";
+    if (pattern == kGpt2Pattern) return "gpt-2";
+    return "";
 }
 
-std::optional<HfVocab> load_hf_tokenizer(const HfTokenizerOptions& o) {
+HfTokenizerJson read_hf_tokenizer_json(const std::string& path) {
     namespace fs = std::filesystem;
-    const std::string tok_path = o.dir + "/tokenizer.json";
-    if (!fs::exists(tok_path)) return std::nullopt;
-    const json tok = parse_json_file(tok_path);
-    auto fail = [&](const std::string& what) -> void { throw Error(tok_path + ": " + what); };
-
+    std::error_code ec;
+    fs::path file = path;
+    if (fs::is_directory(file, ec)) file /= "tokenizer.json";
+    if (!fs::is_regular_file(file, ec))
+        throw Error(file.string() + ": no such file (expected a HF tokenizer.json or a folder with one)");
+    HfTokenizerJson t;
+    t.source = file.string();
+    const json tok = parse_json_file(t.source);
+    auto fail = [&](const std::string& what) { throw Error(t.source + ": " + what); };
     if (!tok.is_object() || !tok.contains("model") || !tok["model"].is_object()) fail("no 'model' object");
     const json& model = tok["model"];
-    if (model.contains("type") && model["type"].is_string() && model["type"].get<std::string>() != "BPE")
-        fail("model type '" + model["type"].get<std::string>() + "' is not BPE; only byte-level BPE is supported");
+    if (model.value("type", std::string("BPE")) != "BPE")
+        fail("model type '" + model.value("type", std::string()) + "' is not BPE; only byte-level BPE is supported");
     if (!model.contains("vocab") || !model["vocab"].is_object()) fail("'model.vocab' is missing or not an object");
-
-    const int64_t n_vocab = o.vocab_size;
-    HfVocab v;
-    v.tokens.assign(static_cast<size_t>(n_vocab), std::string());
-    v.token_types.assign(static_cast<size_t>(n_vocab), static_cast<int32_t>(TokenType::Unused));
-    std::vector<bool> filled(static_cast<size_t>(n_vocab), false);
-    std::unordered_map<std::string, int64_t> id_of;
-
-    auto place = [&](const std::string& text, int64_t id, TokenType type) {
-        if (id < 0 || id >= n_vocab)
-            fail("token '" + text + "' has id " + std::to_string(id) + ", outside the model's vocab_size " +
-                 std::to_string(n_vocab));
-        v.tokens[static_cast<size_t>(id)] = text;
-        v.token_types[static_cast<size_t>(id)] = static_cast<int32_t>(type);
-        filled[static_cast<size_t>(id)] = true;
-        id_of[text] = id;
+    auto nonempty_string = [&](const char* key) {
+        return model.contains(key) && model[key].is_string() && !model[key].get<std::string>().empty();
     };
+    if (nonempty_string("continuing_subword_prefix") || nonempty_string("end_of_word_suffix"))
+        fail("BPE with a subword prefix or suffix is not supported");
+    if (model.value("byte_fallback", false)) fail("BPE with byte_fallback is not supported (not byte-level)");
+    if (model.contains("dropout") && model["dropout"].is_number() && model["dropout"].get<double>() > 0.0)
+        fail("BPE dropout is not supported");
+    t.ignore_merges = model.value("ignore_merges", false);
+
+    auto checked_id = [&](int64_t id, const std::string& what) {
+        if (id < 0 || id > 4'000'000) fail(what + " has id " + std::to_string(id) + ", outside 0..4000000");
+        t.max_id = std::max(t.max_id, static_cast<int32_t>(id));
+        return static_cast<int32_t>(id);
+    };
+    t.vocab.reserve(model["vocab"].size());
     for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
         if (!it->is_number_integer()) fail("vocab entry '" + it.key() + "' has a non-integer id");
-        place(it.key(), it->get<int64_t>(), TokenType::Normal);
+        t.vocab.emplace_back(it.key(), checked_id(it->get<int64_t>(), "vocab entry '" + it.key() + "'"));
     }
     if (tok.contains("added_tokens") && tok["added_tokens"].is_array()) {
         for (const json& at : tok["added_tokens"]) {
             if (!at.is_object() || !at.contains("id") || !at["id"].is_number_integer() || !at.contains("content") ||
                 !at["content"].is_string())
                 fail("an added_tokens entry lacks an integer 'id' or a string 'content'");
-            const std::string text = at["content"].get<std::string>();
-            const bool special = at.value("special", false);
-            place(text, at["id"].get<int64_t>(),
-                  special || looks_special(text) ? TokenType::Control : TokenType::UserDefined);
+            HfAddedToken a;
+            a.content = at["content"].get<std::string>();
+            a.id = checked_id(at["id"].get<int64_t>(), "added token '" + a.content + "'");
+            a.special = at.value("special", false) || looks_special(a.content);
+            a.lstrip = at.value("lstrip", false);
+            a.rstrip = at.value("rstrip", false);
+            a.single_word = at.value("single_word", false);
+            a.normalized = at.value("normalized", !at.value("special", false));
+            t.added.push_back(std::move(a));
         }
     }
-    for (int64_t i = 0; i < n_vocab; ++i) {
-        if (!filled[static_cast<size_t>(i)]) v.tokens[static_cast<size_t>(i)] = "[PAD" + std::to_string(i) + "]";
-    }
-
     if (model.contains("merges")) {
         if (!model["merges"].is_array()) fail("'model.merges' is not a list");
-        v.merges.reserve(model["merges"].size());
+        t.merges.reserve(model["merges"].size());
         for (const json& m : model["merges"]) {
             if (m.is_string()) {
-                v.merges.push_back(m.get<std::string>());
+                const std::string s = m.get<std::string>();
+                const size_t sp = s.find(' ', 1);
+                if (sp == std::string::npos) fail("merge '" + s + "' has no space between its parts");
+                t.merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
             } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-                v.merges.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
+                t.merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
             } else {
                 fail("a merges entry is neither \"a b\" nor [\"a\", \"b\"]");
             }
         }
     }
 
-    std::vector<std::string> regexes;
-    if (tok.contains("pre_tokenizer")) collect_regexes(tok["pre_tokenizer"], regexes);
-    v.pre = "qwen2";
-    for (const std::string& r : regexes)
-        if (detect_pre_tokenizer(r) == "qwen35") v.pre = "qwen35";
+    // Normalizer: none or NFC (alone or in a Sequence).
+    if (tok.contains("normalizer") && !tok["normalizer"].is_null()) {
+        const json& norm = tok["normalizer"];
+        std::vector<json> parts;
+        if (norm.value("type", "") == "Sequence" && norm.contains("normalizers") && norm["normalizers"].is_array())
+            parts.assign(norm["normalizers"].begin(), norm["normalizers"].end());
+        else
+            parts.push_back(norm);
+        for (const json& part : parts) {
+            const std::string type = part.is_object() ? part.value("type", "") : "";
+            if (type != "NFC") fail("normalizer '" + type + "' is not supported (only NFC)");
+            t.nfc = true;
+        }
+    }
 
-    auto id_for = [&](const std::optional<std::string>& text) -> std::optional<uint32_t> {
+    // Pre-tokenizer: Split(Regex, Isolated) + ByteLevel(use_regex = false), or ByteLevel(use_regex = true).
+    std::vector<json> pres;
+    if (tok.contains("pre_tokenizer") && tok["pre_tokenizer"].is_object()) {
+        const json& pt = tok["pre_tokenizer"];
+        if (pt.value("type", "") == "Sequence" && pt.contains("pretokenizers") && pt["pretokenizers"].is_array())
+            pres.assign(pt["pretokenizers"].begin(), pt["pretokenizers"].end());
+        else
+            pres.push_back(pt);
+    }
+    bool byte_level = false;
+    for (const json& pre : pres) {
+        const std::string type = pre.is_object() ? pre.value("type", "") : "";
+        if (type == "Split") {
+            if (!t.pattern.empty()) fail("more than one Split pre-tokenizer is not supported");
+            if (!pre.contains("pattern") || !pre["pattern"].is_object() || !pre["pattern"].contains("Regex") ||
+                !pre["pattern"]["Regex"].is_string())
+                fail("a Split pre-tokenizer without a Regex pattern is not supported");
+            if (pre.value("behavior", "") != "Isolated" || pre.value("invert", false))
+                fail("only Split pre-tokenizers with behavior Isolated are supported");
+            t.pattern = pre["pattern"]["Regex"].get<std::string>();
+        } else if (type == "ByteLevel") {
+            byte_level = true;
+            if (pre.value("add_prefix_space", false)) fail("ByteLevel with add_prefix_space is not supported");
+            if (pre.value("use_regex", true)) {
+                if (!t.pattern.empty()) fail("ByteLevel(use_regex) after a Split is not supported");
+                t.pattern = kGpt2Pattern;
+            }
+        } else {
+            fail("pre-tokenizer '" + type + "' is not supported (byte-level BPE: Split + ByteLevel)");
+        }
+    }
+    if (!byte_level) fail("the pre-tokenizer has no ByteLevel step; only byte-level BPE is supported");
+    if (t.pattern.empty()) fail("no pre-tokenizer regex (a whole text as one BPE word is not supported)");
+
+    // tokenizer_config.json: special token ids, add_bos, the chat template; chat_template.jinja as a fallback.
+    auto id_for = [&](const std::optional<std::string>& text) -> std::optional<int32_t> {
         if (!text) return std::nullopt;
-        auto it = id_of.find(*text);
-        if (it == id_of.end()) return std::nullopt;
-        return static_cast<uint32_t>(it->second);
+        for (const HfAddedToken& a : t.added)
+            if (a.content == *text) return a.id;
+        for (const auto& [content, id] : t.vocab)
+            if (content == *text) return id;
+        return std::nullopt;
     };
-    const std::string cfg_path = o.dir + "/tokenizer_config.json";
-    if (fs::exists(cfg_path)) {
-        const json cfg = parse_json_file(cfg_path);
+    const fs::path dir = file.parent_path();
+    const fs::path cfg_path = dir / "tokenizer_config.json";
+    if (fs::is_regular_file(cfg_path, ec)) {
+        const json cfg = parse_json_file(cfg_path.string());
         if (cfg.is_object()) {
-            v.eos_id = id_for(token_text(cfg, "eos_token"));
-            v.pad_id = id_for(token_text(cfg, "pad_token"));
-            v.bos_id = id_for(token_text(cfg, "bos_token"));
+            t.bos_id = id_for(token_text(cfg, "bos_token"));
+            t.eos_id = id_for(token_text(cfg, "eos_token"));
+            t.pad_id = id_for(token_text(cfg, "pad_token"));
             if (cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean())
-                v.add_bos = cfg["add_bos_token"].get<bool>();
+                t.add_bos = cfg["add_bos_token"].get<bool>();
             if (cfg.contains("chat_template")) {
                 const json& ct = cfg["chat_template"];
                 if (ct.is_string()) {
-                    v.chat_template = ct.get<std::string>();
+                    t.chat_template = ct.get<std::string>();
                 } else if (ct.is_array()) {  // [{"name": ..., "template": ...}]: the default one, else the first
                     for (const json& e : ct) {
                         if (!e.is_object() || !e.contains("template") || !e["template"].is_string()) continue;
-                        if (v.chat_template.empty() || e.value("name", "") == "default")
-                            v.chat_template = e["template"].get<std::string>();
+                        if (t.chat_template.empty() || e.value("name", "") == "default")
+                            t.chat_template = e["template"].get<std::string>();
                     }
                 }
             }
         }
     }
-    if (v.chat_template.empty() && fs::exists(o.dir + "/chat_template.jinja"))
-        v.chat_template = read_file(o.dir + "/chat_template.jinja");
+    const fs::path jinja = dir / "chat_template.jinja";
+    if (t.chat_template.empty() && fs::is_regular_file(jinja, ec)) t.chat_template = read_file(jinja.string());
+    return t;
+}
+
+std::optional<HfVocab> load_hf_tokenizer(const HfTokenizerOptions& o) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (!fs::is_regular_file(fs::path(o.dir) / "tokenizer.json", ec)) return std::nullopt;
+    const HfTokenizerJson t = read_hf_tokenizer_json(o.dir);
+    const int64_t n_vocab = o.vocab_size;
+    HfVocab v;
+    v.pre = pre_tokenizer_name(t.pattern);
+    if (v.pre.empty())
+        throw Error(t.source + ": the pre-tokenizer regex is none of those llama.cpp names (qwen2, qwen35, gpt-2)");
+    v.tokens.assign(static_cast<size_t>(n_vocab), std::string());
+    v.token_types.assign(static_cast<size_t>(n_vocab), static_cast<int32_t>(TokenType::Unused));
+    std::vector<bool> filled(static_cast<size_t>(n_vocab), false);
+    auto place = [&](const std::string& text, int64_t id, TokenType type) {
+        if (id >= n_vocab)
+            throw Error(t.source + ": token '" + text + "' has id " + std::to_string(id) +
+                        ", outside the model's vocab_size " + std::to_string(n_vocab));
+        v.tokens[static_cast<size_t>(id)] = text;
+        v.token_types[static_cast<size_t>(id)] = static_cast<int32_t>(type);
+        filled[static_cast<size_t>(id)] = true;
+    };
+    for (const auto& [text, id] : t.vocab) place(text, id, TokenType::Normal);
+    for (const HfAddedToken& a : t.added) place(a.content, a.id, a.special ? TokenType::Control : TokenType::UserDefined);
+    for (int64_t i = 0; i < n_vocab; ++i)
+        if (!filled[static_cast<size_t>(i)]) v.tokens[static_cast<size_t>(i)] = "[PAD" + std::to_string(i) + "]";
+    v.merges.reserve(t.merges.size());
+    for (const auto& [left, right] : t.merges) v.merges.push_back(left + " " + right);
+    auto to_u32 = [](std::optional<int32_t> id) -> std::optional<uint32_t> {
+        return id ? std::optional<uint32_t>(static_cast<uint32_t>(*id)) : std::nullopt;
+    };
+    v.bos_id = to_u32(t.bos_id);
+    v.eos_id = to_u32(t.eos_id);
+    v.pad_id = to_u32(t.pad_id);
+    v.add_bos = t.add_bos;
+    v.chat_template = t.chat_template;
     if (!v.eos_id && o.fallback_eos && *o.fallback_eos >= 0 && *o.fallback_eos < n_vocab)
         v.eos_id = static_cast<uint32_t>(*o.fallback_eos);
     return v;

@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "format/hf_tokenizer.h"
+
 namespace strata {
 
 class PreTokenizer {
@@ -28,9 +30,7 @@ public:
     virtual void split(std::string_view text, std::vector<std::string_view>& out) const = 0;
 };
 
-// The patterns as HF tokenizer.json files spell them.
-extern const char* const kQwen2Pattern;
-extern const char* const kQwen35Pattern;
-extern const char* const kGpt2Pattern;
+// The patterns themselves (kQwen2Pattern, kQwen35Pattern, kGpt2Pattern) live with the tokenizer.json parser in
+// format/hf_tokenizer.h.
 
 }  // namespace strata

@@ -24,53 +24,17 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string read_text(const fs::path& path) {
-    std::ifstream in(path, std::ios::binary);
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-}
-
-std::string quote(const std::string& s) {
-    std::string out = "'";
-    for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    return out + "'";
-}
-
-struct CliRun {
-    int status = -1;
-    std::string out;
-    std::string err;
-    size_t err_lines() const { return static_cast<size_t>(std::count(err.begin(), err.end(), '\n')); }
-};
+using CliRun = strata::testing::ShellRun;
+using strata::testing::expect_user_error;
+using strata::testing::read_text;
+const auto& quote = strata::testing::shell_quote;
 
 fs::path dir() {
     return fs::path(strata::testing::process_temp_dir().path());
 }
 
-// Runs a shell command with `input` on stdin (a file, so stdin is not a terminal); captures both streams.
-CliRun shell(const std::string& command, const std::string& input = "") {
-    static int counter = 0;
-    const std::string base = (dir() / ("run" + std::to_string(++counter))).string();
-    std::ofstream(base + ".in", std::ios::binary) << input;
-    const std::string cmd =
-        "(" + command + ") >" + quote(base + ".out") + " 2>" + quote(base + ".err") + " <" + quote(base + ".in");
-    const int raw = std::system(cmd.c_str());
-    return {.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1,
-            .out = read_text(base + ".out"),
-            .err = read_text(base + ".err")};
-}
-
-// `strata ARGS` (shell text, already quoted).
 CliRun strata(const std::string& args, const std::string& input = "") {
-    return shell(quote(STRATA_BINARY) + " " + args, input);
-}
-
-void expect_user_error(const CliRun& r, const std::string& must_contain) {
-    EXPECT_EQ(r.status, 2) << r.err;
-    EXPECT_EQ(r.err_lines(), 1u) << "stderr: " << r.err;
-    EXPECT_EQ(r.err.rfind("strata: ", 0), 0u) << "stderr: " << r.err;
-    EXPECT_NE(r.err.find(must_contain), std::string::npos) << "stderr: " << r.err;
+    return strata::testing::run_strata(args, input);
 }
 
 // A copy of the fixture's HF folder whose tokenizer_config.json carries `chat_template` (none when empty).
@@ -305,7 +269,7 @@ TEST(ChatCommand, ProgressBarOnlyOnATerminal) {
     // A pseudo-terminal through script(1), when it is installed.
     if (std::system("command -v script >/dev/null 2>&1") != 0) GTEST_SKIP() << "script(1) not installed";
     const std::string inner = quote(STRATA_BINARY) + " run --model " + quote(model) + " -n 2 --seed 1 hi";
-    CliRun tty = shell("script -qec " + quote(inner) + " /dev/null");
+    CliRun tty = strata::testing::run_shell("script -qec " + quote(inner) + " /dev/null");
     EXPECT_EQ(tty.status, 0) << tty.out << tty.err;
     EXPECT_NE(tty.out.find("loading chatml.gguf ["), std::string::npos) << tty.out;
     EXPECT_NE(tty.out.find("100%"), std::string::npos) << tty.out;

@@ -15,29 +15,16 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-std::string read_text(const fs::path& path) {
-    std::ifstream in(path, std::ios::binary);
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-}
-
-std::string quote(const std::string& s) {
-    std::string out = "'";
-    for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    return out + "'";
-}
-
-struct CliRun {
-    int status = -1;
-    std::string out;
-    std::string err;
-    size_t err_lines() const { return static_cast<size_t>(std::count(err.begin(), err.end(), '\n')); }
-};
+using CliRun = strata::testing::ShellRun;
+using strata::testing::expect_user_error;
+using strata::testing::read_text;
+const auto& quote = strata::testing::shell_quote;
 
 class CliTest : public ::testing::Test {
   protected:
@@ -53,24 +40,7 @@ class CliTest : public ::testing::Test {
         fs::remove_all(dir_, ec);
     }
 
-    // Runs `strata ARGS` (ARGS is shell text, already quoted) with no stdin; captures both streams.
-    static CliRun strata(const std::string& args) {
-        const fs::path out = dir_ / "run.out", err = dir_ / "run.err";
-        const std::string cmd =
-            quote(STRATA_BINARY) + " " + args + " >" + quote(out) + " 2>" + quote(err) + " </dev/null";
-        int raw = std::system(cmd.c_str());
-        return {.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, .out = read_text(out), .err = read_text(err)};
-    }
-
-    // The user-error contract: status 2, one line, "strata: " first.
-    static void expect_user_error(const CliRun& r, const std::string& must_contain = "") {
-        EXPECT_EQ(r.status, 2) << r.err;
-        EXPECT_EQ(r.err_lines(), 1u) << "stderr: " << r.err;
-        EXPECT_EQ(r.err.rfind("strata: ", 0), 0u) << "stderr: " << r.err;
-        if (!must_contain.empty()) {
-            EXPECT_NE(r.err.find(must_contain), std::string::npos) << "stderr: " << r.err;
-        }
-    }
+    static CliRun strata(const std::string& args) { return strata::testing::run_strata(args); }
 
     void require_tiny() const {
         if (!synth_error_.empty()) {

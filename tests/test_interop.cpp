@@ -26,6 +26,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using strata::testing::read_text;
+using strata::testing::run_shell;
+using strata::testing::shell_quote;
+
 const fs::path kInteropDir = fs::path(STRATA_SOURCE_DIR) / "tests" / "interop";
 
 // A position agrees when llama.cpp's argmax is also strata's maximum up to this relative rounding margin; exact
@@ -33,31 +37,6 @@ const fs::path kInteropDir = fs::path(STRATA_SOURCE_DIR) / "tests" / "interop";
 // orders, so a true near-tie may flip.
 constexpr double kTieMargin = 1e-4;
 constexpr double kMinAgreement = 0.99;
-
-std::string read_text(const fs::path& path) {
-    std::ifstream in(path, std::ios::binary);
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-}
-
-std::string shell_quote(const std::string& s) {
-    std::string out = "'";
-    for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    return out + "'";
-}
-
-struct CommandResult {
-    int status = -1;
-    std::string out;
-    std::string err;
-};
-
-CommandResult run_shell(const std::string& command, const fs::path& scratch) {
-    const fs::path out = scratch / "cmd.out", err = scratch / "cmd.err";
-    int raw = std::system((command + " >" + shell_quote(out) + " 2>" + shell_quote(err) + " </dev/null").c_str());
-    return {.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, .out = read_text(out), .err = read_text(err)};
-}
 
 // Why llama.cpp cannot be asked here, or empty when it can.
 std::string oracle_missing() {
@@ -104,10 +83,9 @@ struct LlamaResult {
     std::string error;            // llama.cpp's own words when it refused the file
 };
 
-LlamaResult llama_argmax(const fs::path& model, const std::vector<int32_t>& ids, const fs::path& scratch) {
-    auto r = run_shell(
-        "node " + shell_quote(kInteropDir / "argmax.mjs") + " " + shell_quote(model) + " " + shell_quote(join_ids(ids)),
-        scratch);
+LlamaResult llama_argmax(const fs::path& model, const std::vector<int32_t>& ids) {
+    auto r = run_shell("node " + shell_quote(kInteropDir / "argmax.mjs") + " " + shell_quote(model) + " " +
+                       shell_quote(join_ids(ids)));
     LlamaResult result;
     if (r.status != 0) {
         result.error = "exit status " + std::to_string(r.status) + ": " + r.err;
@@ -229,7 +207,7 @@ TEST_P(FixtureInterop, ConvertedFileLoadsAndArgmaxAgrees) {
         .include_mtp = false,  // llama.cpp v0.4.0 has no MTP graph and refuses qwen4exp files that carry one
     });
 
-    LlamaResult llama = llama_argmax(gguf, prompt, scratch);
+    LlamaResult llama = llama_argmax(gguf, prompt);
     ASSERT_TRUE(llama.error.empty()) << "llama.cpp refused strata's conversion of " << GetParam() << ": "
                                      << llama.error;
 
@@ -287,7 +265,7 @@ TEST_P(SynthInterop, LoadsInLlamaCppAndArgmaxAgrees) {
     std::vector<int32_t> prompt;
     for (int64_t i = 0; i < n_prompt; ++i) prompt.push_back(static_cast<int32_t>((i * 7919 + 3) % n_vocab));
 
-    LlamaResult llama = llama_argmax(gguf, prompt, scratch);
+    LlamaResult llama = llama_argmax(gguf, prompt);
     ASSERT_TRUE(llama.error.empty()) << "llama.cpp refused synth preset " << GetParam() << ": " << llama.error;
     const std::vector<float> logits = strata_logits(gguf, prompt, &n_vocab);
     expect_agreement("synth " + GetParam(), compare(logits, n_vocab, llama.argmax, {}));

@@ -29,12 +29,7 @@ namespace {
 const fs::path kData = fs::path(STRATA_TEST_DATA) / "tokenizer";
 const fs::path kInterop = fs::path(STRATA_SOURCE_DIR) / "tests" / "interop";
 
-std::string read_text(const fs::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-}
+using strata::testing::read_text;
 
 json read_json(const fs::path& p) { return json::parse(read_text(p)); }
 
@@ -277,28 +272,9 @@ TEST(Tokenizer, MetadataAndErrors) {
 
 namespace {
 
-struct CliRun {
-    int status = -1;
-    std::string out, err;
-};
-
-std::string quote(const std::string& s) {
-    std::string out = "'";
-    for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    return out + "'";
-}
-
-CliRun strata_cli(const std::string& args) {
-    const strata::testing::TempDir dir;
-    const std::string cmd = quote(STRATA_BINARY) + " " + args + " >" + quote(dir / "out") + " 2>" +
-                            quote(dir / "err") + " </dev/null";
-    const int rc = std::system(cmd.c_str());
-    CliRun r;
-    r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-    r.out = read_text(dir / "out");
-    r.err = read_text(dir / "err");
-    return r;
-}
+using CliRun = strata::testing::ShellRun;
+const auto& quote = strata::testing::shell_quote;
+CliRun strata_cli(const std::string& args) { return strata::testing::run_strata(args); }
 
 std::string join_ids(const std::vector<int32_t>& ids) {
     std::string s;

@@ -5,8 +5,13 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <sys/wait.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "core/error.h"
@@ -50,6 +55,53 @@ void expect_error(Fn fn, const std::string& what) {
         const std::string msg = e.what();
         EXPECT_NE(msg.find(what), std::string::npos) << "message: " << msg;
         EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    }
+}
+
+// The whole file, bytes as they are ("" when it cannot be read).
+inline std::string read_text(const std::filesystem::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+}
+
+// s as one single-quoted shell word.
+inline std::string shell_quote(const std::string& s) {
+    std::string out = "'";
+    for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return out + "'";
+}
+
+struct ShellRun {
+    int status = -1;
+    std::string out;
+    std::string err;
+    size_t err_lines() const { return static_cast<size_t>(std::count(err.begin(), err.end(), '\n')); }
+};
+
+// Runs a shell command with `input` on stdin (from a file, so stdin is never a terminal); captures both streams.
+inline ShellRun run_shell(const std::string& command, const std::string& input = "") {
+    const TempDir dir;
+    std::ofstream(dir / "in", std::ios::binary) << input;
+    const std::string cmd = "(" + command + ") >" + shell_quote(dir / "out") + " 2>" + shell_quote(dir / "err") +
+                            " <" + shell_quote(dir / "in");
+    const int raw = std::system(cmd.c_str());
+    return {.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, .out = read_text(dir / "out"), .err = read_text(dir / "err")};
+}
+
+// `strata ARGS` (shell text, already quoted).
+inline ShellRun run_strata(const std::string& args, const std::string& input = "") {
+    return run_shell(shell_quote(STRATA_BINARY) + " " + args, input);
+}
+
+// The user-error contract (DESIGN.md section 8): status 2, one line on stderr, "strata: " first.
+inline void expect_user_error(const ShellRun& r, const std::string& must_contain = "") {
+    EXPECT_EQ(r.status, 2) << r.err;
+    EXPECT_EQ(r.err_lines(), 1u) << "stderr: " << r.err;
+    EXPECT_EQ(r.err.rfind("strata: ", 0), 0u) << "stderr: " << r.err;
+    if (!must_contain.empty()) {
+        EXPECT_NE(r.err.find(must_contain), std::string::npos) << "stderr: " << r.err;
     }
 }
 

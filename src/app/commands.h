@@ -23,6 +23,8 @@ Command logits_command();
 Command generate_command();
 // cmd_info.cpp
 Command info_command();
+// cmd_bench.cpp
+Command bench_command();
 // cmd_tokenize.cpp
 Command tokenize_command();
 // cmd_chat.cpp

@@ -1,0 +1,304 @@
+// `strata bench`: prompt (pp) and decode (tg) throughput in the llama-bench style (DESIGN.md section 7): each test
+// runs once to warm up, then -r times; the table or the JSON lines report the mean tokens/s and its spread.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "app/commands.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "format/gguf.h"
+#include "model/model.h"
+
+namespace strata::app {
+
+namespace {
+
+constexpr int64_t kMaxTokens = 1 << 20;
+// Context before a test (-d) is filled in calls of this many tokens, so its activations stay small; it is not timed.
+constexpr int64_t kDepthChunk = 512;
+// Fixed seed: the same ids on every run, so runs and engines compare on the same input.
+constexpr uint64_t kTokenSeed = 0x5eed5eedULL;
+
+struct BenchPlan {
+    std::string model_path;
+    int64_t n_prompt = 512;
+    int64_t n_gen = 128;
+    int64_t depth = 0;
+    int repetitions = 5;
+    std::vector<int> thread_counts;  // 0: all cores (resolved before running)
+    bool json = false;
+};
+
+struct ModelSummary {
+    std::string file_name;
+    uint64_t size_bytes = 0;  // tensor data, as llama-bench counts it
+    uint64_t n_params = 0;
+};
+
+struct TestResult {
+    std::string name;  // "pp512", "tg128@d8192"
+    int64_t n_prompt = 0;
+    int64_t n_gen = 0;
+    int threads = 0;
+    std::vector<double> samples;  // tokens/s of each timed run
+    double mean = 0;
+    double sd = 0;
+};
+
+// "1,2,4" -> {1, 2, 4}; Error naming the flag on anything else.
+std::vector<int> parse_thread_list(const std::string& text) {
+    std::vector<int> counts;
+    size_t start = 0;
+    while (true) {
+        const size_t comma = text.find(',', start);
+        const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        const auto n = parse_int(item);
+        if (!n || *n < 1 || *n > 4096)
+            throw Error("--threads expects positive integers separated by commas (e.g. 1,2), got '" + text + "'");
+        counts.push_back(static_cast<int>(*n));
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+    }
+    return counts;
+}
+
+BenchPlan read_plan(const Args& args) {
+    BenchPlan plan;
+    if (auto m = args.get("--model")) {
+        plan.model_path = *m;
+        require_file(plan.model_path, "--model");
+    } else {
+        plan.model_path = default_model_path();
+    }
+    plan.n_prompt = args.get_int("-p", 0, kMaxTokens).value_or(plan.n_prompt);
+    plan.n_gen = args.get_int("-n", 0, kMaxTokens).value_or(plan.n_gen);
+    plan.depth = args.get_int("-d", 0, kMaxTokens).value_or(0);
+    plan.repetitions = static_cast<int>(args.get_int("-r", 1, 1000).value_or(plan.repetitions));
+    if (plan.n_prompt == 0 && plan.n_gen == 0) throw Error("bench: -p 0 and -n 0 leave nothing to measure");
+    if (auto t = args.get("--threads")) {
+        plan.thread_counts = parse_thread_list(*t);
+    } else {
+        plan.thread_counts = {default_thread_count()};
+    }
+    if (args.get_choice("--backend", {"cpu", "cuda"}) == "cuda")
+        throw Error("this build has no CUDA backend (configure with -DSTRATA_CUDA=ON)");
+    plan.json = args.has("--json");
+    return plan;
+}
+
+ModelSummary summarize(const std::string& path) {
+    const auto file = gguf::File::open(path);
+    ModelSummary s{.file_name = std::filesystem::path(path).filename().string()};
+    for (const auto& t : file->tensors()) {
+        s.size_bytes += t.n_bytes;
+        s.n_params += static_cast<uint64_t>(t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]);
+    }
+    return s;
+}
+
+std::vector<int32_t> pseudo_random_tokens(int64_t count, int64_t n_vocab, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(n_vocab - 1));
+    std::vector<int32_t> ids(static_cast<size_t>(count));
+    for (auto& id : ids) id = pick(rng);
+    return ids;
+}
+
+// One test on one loaded model: what it feeds, untimed context first, then the timed part.
+class TestRunner {
+  public:
+    TestRunner(const Model& model, SequenceState& seq, const BenchPlan& plan)
+        : model_(model), seq_(seq), logits_(static_cast<size_t>(model.info().n_vocab)) {
+        const int64_t n_vocab = model.info().n_vocab;
+        context_ = pseudo_random_tokens(plan.depth, n_vocab, kTokenSeed);
+        // Another seed for the measured ids, so a prompt does not repeat its context.
+        measured_ = pseudo_random_tokens(std::max(plan.n_prompt, plan.n_gen + 1), n_vocab, kTokenSeed + 1);
+    }
+
+    // Seconds for one prompt of n tokens in one forward call, after the context.
+    double time_prompt(int64_t n) {
+        start_fresh();
+        const auto t0 = Clock::now();
+        model_.forward(seq_, std::span<const int32_t>(measured_).first(static_cast<size_t>(n)), logits_, true);
+        return seconds_since(t0);
+    }
+
+    // Seconds for n single-token decode steps after the context and a one-token prompt (untimed, like llama-bench's
+    // first token).
+    double time_decode(int64_t n) {
+        start_fresh();
+        model_.forward(seq_, std::span<const int32_t>(measured_).first(1), logits_, true);
+        const auto t0 = Clock::now();
+        for (int64_t i = 0; i < n; ++i) {
+            const auto next = static_cast<size_t>(1 + i) % measured_.size();
+            model_.forward(seq_, std::span<const int32_t>(measured_).subspan(next, 1), logits_, true);
+        }
+        return seconds_since(t0);
+    }
+
+  private:
+    using Clock = std::chrono::steady_clock;
+    static double seconds_since(Clock::time_point t0) {
+        return std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+    void start_fresh() {
+        seq_.reset();
+        for (size_t start = 0; start < context_.size(); start += kDepthChunk) {
+            const size_t count = std::min<size_t>(kDepthChunk, context_.size() - start);
+            model_.forward(seq_, std::span<const int32_t>(context_).subspan(start, count), logits_, true);
+        }
+    }
+
+    const Model& model_;
+    SequenceState& seq_;
+    std::vector<float> logits_;
+    std::vector<int32_t> context_;
+    std::vector<int32_t> measured_;
+};
+
+// Mean and sample standard deviation (n - 1, as llama-bench; 0 for one sample).
+void fill_stats(TestResult& r) {
+    double sum = 0;
+    for (double s : r.samples) sum += s;
+    r.mean = sum / static_cast<double>(r.samples.size());
+    double sq = 0;
+    for (double s : r.samples) sq += (s - r.mean) * (s - r.mean);
+    r.sd = r.samples.size() > 1 ? std::sqrt(sq / static_cast<double>(r.samples.size() - 1)) : 0.0;
+}
+
+std::string json_escape(const std::string& s) {
+    std::string out;
+    for (unsigned char c : s) {
+        if (c == '"' || c == '\\') {
+            out += '\\';
+            out += static_cast<char>(c);
+        } else if (c < 0x20) {
+            char buf[8];
+            std::snprintf(buf, sizeof buf, "\\u%04x", c);
+            out += buf;
+        } else {
+            out += static_cast<char>(c);
+        }
+    }
+    return out;
+}
+
+std::string format_params(uint64_t n) {
+    char buf[32];
+    if (n >= 1000000000ULL)
+        std::snprintf(buf, sizeof buf, "%.2f B", static_cast<double>(n) / 1e9);
+    else if (n >= 1000000ULL)
+        std::snprintf(buf, sizeof buf, "%.2f M", static_cast<double>(n) / 1e6);
+    else
+        std::snprintf(buf, sizeof buf, "%.2f K", static_cast<double>(n) / 1e3);
+    return buf;
+}
+
+void print_json(const BenchPlan& plan, const ModelSummary& model, const TestResult& r) {
+    std::string samples;
+    for (size_t i = 0; i < r.samples.size(); ++i) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%s%.6g", i ? "," : "", r.samples[i]);
+        samples += buf;
+    }
+    std::printf(
+        "{\"test\":\"%s\",\"tokens_per_s\":%.6g,\"sd\":%.6g,\"threads\":%d,\"model\":\"%s\",\"model_size\":%llu,"
+        "\"model_params\":%llu,\"n_prompt\":%lld,\"n_gen\":%lld,\"depth\":%lld,\"backend\":\"cpu\","
+        "\"repetitions\":%d,\"samples\":[%s]}\n",
+        r.name.c_str(), r.mean, r.sd, r.threads, json_escape(plan.model_path).c_str(),
+        static_cast<unsigned long long>(model.size_bytes), static_cast<unsigned long long>(model.n_params),
+        static_cast<long long>(r.n_prompt), static_cast<long long>(r.n_gen), static_cast<long long>(plan.depth),
+        plan.repetitions, samples.c_str());
+    std::fflush(stdout);
+}
+
+void print_table_header() {
+    std::printf("| model | size | params | backend | threads | test | t/s |\n");
+    std::printf("| --- | ---: | ---: | --- | ---: | ---: | ---: |\n");
+    std::fflush(stdout);
+}
+
+void print_table_row(const ModelSummary& model, const TestResult& r) {
+    std::printf("| %s | %s | %s | cpu | %d | %s | %.2f ± %.2f |\n", model.file_name.c_str(),
+                format_bytes(model.size_bytes).c_str(), format_params(model.n_params).c_str(), r.threads,
+                r.name.c_str(), r.mean, r.sd);
+    std::fflush(stdout);
+}
+
+int run_bench(const Args& args) {
+    const BenchPlan plan = read_plan(args);
+    const ModelSummary summary = summarize(plan.model_path);
+    const std::string depth_suffix = plan.depth > 0 ? "@d" + std::to_string(plan.depth) : "";
+    if (!plan.json) print_table_header();
+
+    for (const int threads : plan.thread_counts) {
+        auto model = load_model(plan.model_path, {.n_threads = threads});
+        // Planned up front, so a context that does not fit fails before anything runs. +1: the decode test's prompt.
+        auto seq = model->new_sequence(plan.depth + plan.n_prompt + plan.n_gen + 1);
+        TestRunner runner(*model, *seq, plan);
+
+        struct Test {
+            std::string name;
+            int64_t n_prompt, n_gen;
+        };
+        std::vector<Test> tests;
+        if (plan.n_prompt > 0) tests.push_back({"pp" + std::to_string(plan.n_prompt) + depth_suffix, plan.n_prompt, 0});
+        if (plan.n_gen > 0) tests.push_back({"tg" + std::to_string(plan.n_gen) + depth_suffix, 0, plan.n_gen});
+
+        for (const Test& test : tests) {
+            TestResult r{.name = test.name, .n_prompt = test.n_prompt, .n_gen = test.n_gen, .threads = threads};
+            const int64_t n_tokens = test.n_prompt > 0 ? test.n_prompt : test.n_gen;
+            auto once = [&] { return test.n_prompt > 0 ? runner.time_prompt(n_tokens) : runner.time_decode(n_tokens); };
+            once();  // warm-up: page faults, caches, first-call allocations
+            for (int rep = 0; rep < plan.repetitions; ++rep) {
+                const double seconds = once();
+                r.samples.push_back(static_cast<double>(n_tokens) / std::max(seconds, 1e-9));
+            }
+            fill_stats(r);
+            if (plan.json)
+                print_json(plan, summary, r);
+            else
+                print_table_row(summary, r);
+        }
+    }
+    return 0;
+}
+
+}  // namespace
+
+Command bench_command() {
+    return {
+        .spec =
+            {
+                .name = "bench",
+                .summary = "prompt and decode speed in tokens/s (llama-bench style)",
+                .usage = "strata bench --model FILE.gguf [-p 512] [-n 128] [-d DEPTH] [-r 5] [--threads N[,N...]] "
+                         "[--backend cpu|cuda] [--json]",
+                .flags =
+                    {
+                        {"--model", "FILE.gguf",
+                         "the model (default: models/tiny.gguf from 'strata synth --preset tiny')"},
+                        {"-p", "P", "prompt test ppP: P tokens in one forward call (default 512; 0 skips it)"},
+                        {"-n", "N", "decode test tgN: N single-token steps (default 128; 0 skips it)"},
+                        {"-d", "DEPTH", "run both tests after DEPTH tokens of context (untimed; names get @dDEPTH)"},
+                        {"-r", "R", "timed repetitions of each test, after one warm-up run (default 5)"},
+                        {"--threads", "N[,N...]",
+                         "worker threads; a list runs every test for each (default: all cores)"},
+                        {"--backend", "B", "cpu (default) or cuda"},
+                        {"--json", "", "one JSON object per line per test instead of the table"},
+                    },
+                .notes = "Token ids are pseudo-random within the vocabulary (fixed seed), so every run feeds the same "
+                         "input. t/s is the mean over the repetitions, ± the sample standard deviation.",
+            },
+        .run = run_bench,
+    };
+}
+
+}  // namespace strata::app

@@ -5,6 +5,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 
@@ -65,7 +66,9 @@ size_t row_bytes(DType t, int64_t n) {
     return static_cast<size_t>(n / tr.block_size) * tr.block_bytes;
 }
 
-float f16_to_f32(uint16_t h) {
+namespace {
+
+float f16_bits_to_f32(uint16_t h) {
     const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
     uint32_t exp = (h >> 10) & 0x1f;
     uint32_t mant = h & 0x3ff;
@@ -88,6 +91,20 @@ float f16_to_f32(uint16_t h) {
     }
     return std::bit_cast<float>(bits);
 }
+
+// Every f16 code decoded once: decoding weights is a table lookup instead of bit manipulation per element.
+const float* f16_table() {
+    static const std::vector<float> table = [] {
+        std::vector<float> t(65536);
+        for (uint32_t h = 0; h < 65536; ++h) t[h] = f16_bits_to_f32(static_cast<uint16_t>(h));
+        return t;
+    }();
+    return table.data();
+}
+
+}  // namespace
+
+float f16_to_f32(uint16_t h) { return f16_table()[h]; }
 
 uint16_t f32_to_f16(float f) {
     const uint32_t x = std::bit_cast<uint32_t>(f);
@@ -128,7 +145,8 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
             return;
         case DType::F16: {
             const auto* s = static_cast<const uint16_t*>(src);
-            for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
+            const float* table = f16_table();
+            for (int64_t i = 0; i < n; ++i) dst[i] = table[s[i]];
             return;
         }
         case DType::BF16: {
@@ -139,8 +157,9 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
         case DType::Q8_0: {
             STRATA_ASSERT(n % kQ8_0Block == 0);
             const auto* b = static_cast<const BlockQ8_0*>(src);
+            const float* table = f16_table();
             for (int64_t i = 0; i < n / kQ8_0Block; ++i) {
-                const float d = f16_to_f32(b[i].d);
+                const float d = table[b[i].d];
                 for (int64_t j = 0; j < kQ8_0Block; ++j) dst[i * kQ8_0Block + j] = d * b[i].qs[j];
             }
             return;

@@ -1,7 +1,6 @@
 // `strata tokenize`: text to token ids (or ids to text with --decode) with a model's tokenizer or a tokenizer.json.
 #include <cstdio>
 #include <fstream>
-#include <limits>
 #include <sstream>
 
 #include "app/commands.h"
@@ -31,30 +30,6 @@ std::string read_input(const Args& args) {
     return s;
 }
 
-// Integers separated by whitespace or commas (a JSON array passes too); an empty list is allowed.
-std::vector<int32_t> parse_ids(const std::string& text) {
-    std::vector<int32_t> ids;
-    std::string item;
-    auto flush = [&] {
-        if (item.empty()) return;
-        auto v = parse_int(item);
-        if (!v || *v < 0 || *v > std::numeric_limits<int32_t>::max())
-            throw Error("--decode: '" + item.substr(0, 32) + "' is not a token id");
-        ids.push_back(static_cast<int32_t>(*v));
-        item.clear();
-    };
-    for (char c : text) {
-        if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == ',' || c == '[' || c == ']') {
-            flush();
-        } else {
-            item += c;
-            if (item.size() > 32) flush();  // reports the bad id
-        }
-    }
-    flush();
-    return ids;
-}
-
 std::unique_ptr<Tokenizer> load_tokenizer(const Args& args) {
     auto model = args.get("--model");
     auto tokenizer = args.get("--tokenizer");
@@ -71,13 +46,10 @@ int run_tokenize(const Args& args) {
     const bool decode = args.has("--decode");
     if (decode && args.has("--no-special")) throw Error("--no-special applies to encoding, not to --decode");
     std::vector<int32_t> ids;
-    if (decode) ids = parse_ids(input);  // before loading, so a typo fails fast
+    if (decode) ids = parse_token_list(input, "--decode", /*allow_empty=*/true);  // before loading: fail fast
     auto tok = load_tokenizer(args);
     if (decode) {
-        for (size_t i = 0; i < ids.size(); ++i)
-            if (ids[i] >= tok->n_vocab())
-                throw Error("token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
-                            " is outside the vocabulary (0.." + std::to_string(tok->n_vocab() - 1) + ")");
+        check_token_range(ids, tok->n_vocab());
         const std::string bytes = tok->decode(ids);
         std::fwrite(bytes.data(), 1, bytes.size(), stdout);
         return 0;

@@ -33,6 +33,8 @@ Command chat_command();
 
 // Shared helpers (common.cpp).
 
+// Integers separated by spaces, commas or newlines (a JSON array passes too); `source` names the input in errors.
+std::vector<int32_t> parse_token_list(const std::string& text, const std::string& source, bool allow_empty = false);
 // Token ids from --tokens TEXT or --tokens-file F (exactly one of them): integers separated by spaces, commas or
 // newlines. Throws Error naming the first bad entry. Range checks happen once the vocabulary is known.
 std::vector<int32_t> read_tokens(const Args& args);

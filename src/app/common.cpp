@@ -16,7 +16,10 @@ namespace {
 
 constexpr uint64_t kMaxTokensFileBytes = 64ull << 20;  // a token list larger than this is a mistake, not a prompt
 
-std::vector<int32_t> parse_token_list(const std::string& text, const std::string& source) {
+
+}  // namespace
+
+std::vector<int32_t> parse_token_list(const std::string& text, const std::string& source, bool allow_empty) {
     std::vector<int32_t> tokens;
     std::string item;
     auto flush = [&] {
@@ -38,11 +41,9 @@ std::vector<int32_t> parse_token_list(const std::string& text, const std::string
         }
     }
     flush();
-    if (tokens.empty()) throw Error(source + ": no token ids given");
+    if (tokens.empty() && !allow_empty) throw Error(source + ": no token ids given");
     return tokens;
 }
-
-}  // namespace
 
 void require_file(const std::string& path, const std::string& what) {
     struct stat st {};

@@ -244,38 +244,43 @@ json qwen4exp_config(json fields) {
 
 std::vector<Preset> presets() {
     std::vector<Preset> p;
-    p.push_back(
-        {"tiny", "qwen4exp: hidden 64, 4 layers (layer 3 QSA), vocab 512, 8 experts top-2, hc 2, PLE, budget 16",
-         qwen4exp_config({{"vocab_size", 512},
-                          {"hidden_size", 64},
-                          {"num_hidden_layers", 4},
-                          {"num_attention_heads", 4},
-                          {"num_key_value_heads", 2},
-                          {"head_dim", 32},
-                          {"max_position_embeddings", 4096},
-                          {"rope_parameters",
-                           {{"rope_theta", 10000000.0}, {"partial_rotary_factor", 0.5}, {"mrope_section", {3, 3, 2}}}},
-                          {"linear_key_head_dim", 16},
-                          {"linear_value_head_dim", 16},
-                          {"linear_num_key_heads", 2},
-                          {"linear_num_value_heads", 4},
-                          {"num_experts", 8},
-                          {"num_experts_per_tok", 2},
-                          {"moe_intermediate_size", 32},
-                          {"shared_expert_intermediate_size", 32},
-                          {"hc_count", 2},
-                          {"hc_lowrank", 16},
-                          {"ple_layer_ids", {2}},
-                          {"heads_per_ngram", 2},
-                          {"ngram_vocab_size_base", 1000},
-                          {"split_ngram_parts", 4},
-                          {"indexer_n_heads", 2},
-                          {"indexer_head_dim", 32},
-                          {"indexer_budget", 16},
-                          {"indexer_compress_ratio", 4},
-                          {"eos_token_id", 511},
-                          {"full_attention_interval", 4}}),
-         DType::F32});
+    // The tiny presets share one small shape; each architecture adds its own parts.
+    json moe_tiny = {{"vocab_size", 512},
+                     {"hidden_size", 64},
+                     {"num_hidden_layers", 4},
+                     {"num_attention_heads", 4},
+                     {"num_key_value_heads", 2},
+                     {"head_dim", 32},
+                     {"max_position_embeddings", 4096},
+                     {"hidden_act", "silu"},
+                     {"rms_norm_eps", 1e-6},
+                     {"linear_conv_kernel_dim", 4},
+                     {"linear_key_head_dim", 16},
+                     {"linear_value_head_dim", 16},
+                     {"linear_num_key_heads", 2},
+                     {"linear_num_value_heads", 4},
+                     {"num_experts", 8},
+                     {"num_experts_per_tok", 2},
+                     {"moe_intermediate_size", 32},
+                     {"shared_expert_intermediate_size", 32},
+                     {"eos_token_id", 511},
+                     {"tie_word_embeddings", false},
+                     {"full_attention_interval", 4}};
+    const json tiny_rope = {{"rope_theta", 10000000.0}, {"partial_rotary_factor", 0.5}, {"mrope_section", {3, 3, 2}}};
+    json tiny = moe_tiny;
+    tiny.update({{"rope_parameters", tiny_rope},
+                 {"hc_count", 2},
+                 {"hc_lowrank", 16},
+                 {"ple_layer_ids", {2}},
+                 {"heads_per_ngram", 2},
+                 {"ngram_vocab_size_base", 1000},
+                 {"split_ngram_parts", 4},
+                 {"indexer_n_heads", 2},
+                 {"indexer_head_dim", 32},
+                 {"indexer_budget", 16},
+                 {"indexer_compress_ratio", 4}});
+    p.push_back({"tiny", "qwen4exp: hidden 64, 4 layers (layer 3 QSA), vocab 512, 8 experts top-2, hc 2, PLE, budget 16",
+                 qwen4exp_config(tiny), DType::F32});
     p.push_back(
         {"qwen4exp-mid", "qwen4exp: hidden 1024, 16 layers, 64 experts top-8, hc 4, ~4M-row PLE table",
          qwen4exp_config({{"vocab_size", 32768},
@@ -343,30 +348,9 @@ std::vector<Preset> presets() {
                       {"image_token_id", 248056},
                       {"full_attention_interval", 4}}),
                  DType::F16});
-    json moe_tiny = {{"vocab_size", 512},
-                     {"hidden_size", 64},
-                     {"num_hidden_layers", 4},
-                     {"num_attention_heads", 4},
-                     {"num_key_value_heads", 2},
-                     {"head_dim", 32},
-                     {"max_position_embeddings", 4096},
-                     {"hidden_act", "silu"},
-                     {"rms_norm_eps", 1e-6},
-                     {"linear_conv_kernel_dim", 4},
-                     {"linear_key_head_dim", 16},
-                     {"linear_value_head_dim", 16},
-                     {"linear_num_key_heads", 2},
-                     {"linear_num_value_heads", 4},
-                     {"num_experts", 8},
-                     {"num_experts_per_tok", 2},
-                     {"moe_intermediate_size", 32},
-                     {"shared_expert_intermediate_size", 32},
-                     {"eos_token_id", 511},
-                     {"tie_word_embeddings", false},
-                     {"full_attention_interval", 4}};
     json q35 = moe_tiny;
     q35["architectures"] = {"Qwen3_5MoeForCausalLM"};
-    q35["rope_parameters"] = {{"rope_theta", 10000000.0}, {"partial_rotary_factor", 0.5}, {"mrope_section", {3, 3, 2}}};
+    q35["rope_parameters"] = tiny_rope;
     p.push_back({"qwen35moe-tiny", "qwen35moe: hidden 64, 4 layers, vocab 512, 8 experts top-2", q35, DType::F32});
     json q3n = moe_tiny;
     q3n["architectures"] = {"Qwen3NextForCausalLM"};

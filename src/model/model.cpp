@@ -91,4 +91,24 @@ std::vector<MemoryPlanItem> plan_memory(const gguf::File& file, int64_t n_ctx) {
     return items;
 }
 
+// Defaults for models without a batched path or checkpoints: one forward() per entry; no checkpoints.
+void Model::forward_batch(std::span<const BatchEntry> batch) const {
+    for (size_t i = 0; i < batch.size(); ++i) {
+        for (size_t j = 0; j < i; ++j)
+            if (batch[i].seq == batch[j].seq) throw Error("forward_batch: the same sequence appears twice in a batch");
+    }
+    for (const BatchEntry& entry : batch) {
+        if (entry.seq == nullptr) throw Error("forward_batch: an entry has no sequence");
+        forward(*entry.seq, entry.tokens, entry.logits, entry.last_only);
+    }
+}
+
+std::unique_ptr<SequenceCheckpoint> Model::checkpoint(const SequenceState&) const {
+    throw Error("this model does not support sequence checkpoints");
+}
+
+void Model::restore(SequenceState&, const SequenceCheckpoint&) const {
+    throw Error("this model does not support sequence checkpoints");
+}
+
 }  // namespace strata

@@ -36,6 +36,24 @@ public:
     virtual void reset() = 0;                  // back to empty, memory kept
 };
 
+// The recurrent part of a sequence at one point (GDN and conv state, indexer tail, PLE history, n_past). With the KV
+// cells below that point, which later tokens never change, it is all that is needed to come back there: a server
+// keeps checkpoints at message boundaries so that a follow-up turn feeds only its new tokens.
+class SequenceCheckpoint {
+public:
+    virtual ~SequenceCheckpoint() = default;
+    virtual int64_t n_past() const = 0;
+    virtual size_t memory_bytes() const = 0;
+};
+
+// One sequence's share of a batched forward pass (Model::forward_batch).
+struct BatchEntry {
+    SequenceState* seq = nullptr;
+    std::span<const int32_t> tokens;
+    std::span<float> logits;  // as in Model::forward
+    bool last_only = false;
+};
+
 struct LoadOptions {
     int n_threads = 0;  // 0: all cores
     // When set, loading reads the weights once (so the first tokens do not wait on page faults) and reports the
@@ -55,6 +73,15 @@ public:
     // Throws Error on a token id out of range or a sequence that would overflow.
     virtual void forward(SequenceState& seq, std::span<const int32_t> tokens, std::span<float> logits,
                          bool last_only = false) const = 0;
+    // Feeds several distinct sequences in one pass (the weights are read once for all of them). Each entry gets
+    // exactly the logits forward() would give it alone, whatever else is in the batch. Throws Error as forward() does,
+    // and when a sequence appears twice.
+    virtual void forward_batch(std::span<const BatchEntry> batch) const;
+    // The sequence's recurrent state now; restore() brings the sequence back to it, provided the sequence has only
+    // been fed forward since (tokens appended, no reset). Throws Error on a checkpoint from another sequence or model,
+    // or one that is ahead of the sequence.
+    virtual std::unique_ptr<SequenceCheckpoint> checkpoint(const SequenceState& seq) const;
+    virtual void restore(SequenceState& seq, const SequenceCheckpoint& checkpoint) const;
 };
 
 // Loads the model in a GGUF (weights stay mapped from the file). Throws Error for an unknown architecture, missing or

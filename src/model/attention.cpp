@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 
 #include "backend/cpu/ops.h"
@@ -54,12 +55,12 @@ void AttentionCache::init(const AttentionShape& s, const IndexerShape* ix, int64
     n_pooled = 0;
 }
 
-std::vector<int32_t> qsa_select(const IndexerShape& s, const float* q, const float* pooled, int64_t pos) {
+int64_t qsa_select_into(const IndexerShape& s, const float* q, const float* pooled, int64_t pos, int32_t* cells,
+                        float* scores, std::vector<int32_t>& order) {
     const int64_t n_visible = pos + 1;
     const int64_t n_blocks = n_visible / s.ratio;
-    std::vector<int32_t> cells;
+    int64_t n = 0;
     if (n_blocks > 0) {
-        std::vector<float> scores(static_cast<size_t>(n_blocks));
         const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
         for (int64_t b = 0; b < n_blocks; ++b) {
             float sum = 0.0f;
@@ -67,44 +68,72 @@ std::vector<int32_t> qsa_select(const IndexerShape& s, const float* q, const flo
                 sum += std::max(0.0f, cpu::dot(q + h * s.head_dim, pooled + b * s.head_dim, s.head_dim));
             scores[b] = sum * scale;
         }
-        std::vector<int32_t> blocks = cpu::top_k(scores.data(), n_blocks, std::min(s.budget / s.ratio, n_blocks));
-        std::sort(blocks.begin(), blocks.end());
-        for (int32_t b : blocks)
-            for (int64_t i = 0; i < s.ratio; ++i) cells.push_back(static_cast<int32_t>(b * s.ratio + i));
+        // The k best blocks (ties: lower index first, as cpu::top_k), then in ascending order.
+        const int64_t k = std::min(s.budget / s.ratio, n_blocks);
+        order.resize(static_cast<size_t>(n_blocks));
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+            return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+        });
+        std::sort(order.begin(), order.begin() + k);
+        for (int64_t j = 0; j < k; ++j)
+            for (int64_t i = 0; i < s.ratio; ++i) cells[n++] = static_cast<int32_t>(order[j] * s.ratio + i);
     }
-    for (int64_t c = n_blocks * s.ratio; c < n_visible; ++c) cells.push_back(static_cast<int32_t>(c));
+    for (int64_t c = n_blocks * s.ratio; c < n_visible; ++c) cells[n++] = static_cast<int32_t>(c);
+    return n;
+}
+
+std::vector<int32_t> qsa_select(const IndexerShape& s, const float* q, const float* pooled, int64_t pos) {
+    std::vector<int32_t> cells(static_cast<size_t>(qsa_max_cells(s)));
+    std::vector<float> scores(static_cast<size_t>((pos + 1) / s.ratio + 1));
+    std::vector<int32_t> order;
+    cells.resize(static_cast<size_t>(qsa_select_into(s, q, pooled, pos, cells.data(), scores.data(), order)));
     return cells;
 }
 
 namespace {
 
-// Indexer keys of the new tokens go to the cache raw; every block they complete gets its pooled key: the mean of its
-// raw keys, k_norm, rope at the block's first position.
-void index_append(const AttentionForwardArgs& a, std::vector<float>& index_q) {
+// Indexer keys of the new rows go to their sequence's cache raw; every block they complete gets its pooled key: the
+// mean of its raw keys, k_norm, rope at the block's first position. Returns the rows' normalised, rotated queries.
+const float* index_append(const AttentionForwardArgs& a) {
     const IndexerShape& ix = *a.indexer;
     const AttentionWeights& w = a.weights;
     const int64_t T = a.n_tokens, di = ix.head_dim;
-    AttentionCache& c = a.cache;
-    cpu::matmul({.w = *w.index_k, .x = a.x, .y = c.index_raw.data() + a.pos0 * di, .n_tokens = T, .pool = a.pool});
-    const int64_t n_complete = (a.pos0 + T) / ix.ratio;
-    for (; c.n_pooled < n_complete; ++c.n_pooled) {
-        float* pooled = c.index_pooled.data() + c.n_pooled * di;
-        for (int64_t d = 0; d < di; ++d) {
-            float sum = 0.0f;
-            for (int64_t i = 0; i < ix.ratio; ++i) sum += c.index_raw[(c.n_pooled * ix.ratio + i) * di + d];
-            pooled[d] = sum / static_cast<float>(ix.ratio);
+    float* raw = a.scratch.take<float>(T * di);
+    cpu::matmul({.w = *w.index_k, .x = a.x, .y = raw, .n_tokens = T, .pool = a.pool});
+    for (size_t i = 0; i < a.sequences.size(); ++i) {
+        const SequenceRows& rows = a.sequences[i];
+        AttentionCache& c = *a.caches[i];
+        std::copy_n(raw + rows.begin * di, rows.count * di, c.index_raw.data() + rows.pos0 * di);
+        const int64_t n_complete = (rows.pos0 + rows.count) / ix.ratio;
+        for (; c.n_pooled < n_complete; ++c.n_pooled) {
+            float* pooled = c.index_pooled.data() + c.n_pooled * di;
+            for (int64_t d = 0; d < di; ++d) {
+                float sum = 0.0f;
+                for (int64_t i2 = 0; i2 < ix.ratio; ++i2) sum += c.index_raw[(c.n_pooled * ix.ratio + i2) * di + d];
+                pooled[d] = sum / static_cast<float>(ix.ratio);
+            }
+            cpu::rms_norm(pooled, di, w.index_k_norm.data(), a.shape.eps, pooled);
+            cpu::rope_neox(pooled, a.shape.n_rot, c.n_pooled * ix.ratio, a.shape.freq_base);
         }
-        cpu::rms_norm(pooled, di, w.index_k_norm.data(), a.shape.eps, pooled);
-        cpu::rope_neox(pooled, a.shape.n_rot, c.n_pooled * ix.ratio, a.shape.freq_base);
     }
-    index_q.resize(static_cast<size_t>(T * ix.n_head * di));
-    cpu::matmul({.w = *w.index_q, .x = a.x, .y = index_q.data(), .n_tokens = T, .pool = a.pool});
-    for (int64_t t = 0; t < T; ++t)
-        for (int64_t h = 0; h < ix.n_head; ++h) {
-            float* q = index_q.data() + (t * ix.n_head + h) * di;
-            cpu::rms_norm(q, di, w.index_q_norm.data(), a.shape.eps, q);
-            cpu::rope_neox(q, a.shape.n_rot, a.pos0 + t, a.shape.freq_base);
-        }
+    float* index_q = a.scratch.take<float>(T * ix.n_head * di);
+    cpu::matmul({.w = *w.index_q, .x = a.x, .y = index_q, .n_tokens = T, .pool = a.pool});
+    for (const SequenceRows& rows : a.sequences)
+        for (int64_t t = 0; t < rows.count; ++t)
+            for (int64_t h = 0; h < ix.n_head; ++h) {
+                float* q = index_q + ((rows.begin + t) * ix.n_head + h) * di;
+                cpu::rms_norm(q, di, w.index_q_norm.data(), a.shape.eps, q);
+                cpu::rope_neox(q, a.shape.n_rot, rows.pos0 + t, a.shape.freq_base);
+            }
+    return index_q;
+}
+
+void run(ThreadPool* pool, int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+    if (pool)
+        pool->parallel_for(n, fn);
+    else
+        fn(0, n);
 }
 
 }  // namespace
@@ -115,60 +144,96 @@ void attention_forward(const AttentionForwardArgs& a) {
     const int64_t T = a.n_tokens, hd = s.head_dim, nh = s.n_head, nkv = s.n_head_kv;
     const int64_t kv_width = nkv * hd;
     STRATA_ASSERT(nh % nkv == 0);
-    AttentionCache& c = a.cache;
-    STRATA_ASSERT(static_cast<int64_t>(c.k.size()) >= (a.pos0 + T) * kv_width);
+    STRATA_ASSERT(a.caches.size() == a.sequences.size());
+    Scratch& scratch = a.scratch;
 
-    std::vector<float> qg(static_cast<size_t>(T * 2 * hd * nh));
-    cpu::matmul({.w = w.q, .x = a.x, .y = qg.data(), .n_tokens = T, .pool = a.pool});
-    float* k_new = c.k.data() + a.pos0 * kv_width;
-    float* v_new = c.v.data() + a.pos0 * kv_width;
+    float* qg = scratch.take<float>(T * 2 * hd * nh);
+    float* k_new = scratch.take<float>(T * kv_width);
+    float* v_new = scratch.take<float>(T * kv_width);
+    cpu::matmul({.w = w.q, .x = a.x, .y = qg, .n_tokens = T, .pool = a.pool});
     cpu::matmul({.w = w.k, .x = a.x, .y = k_new, .n_tokens = T, .pool = a.pool});
     cpu::matmul({.w = w.v, .x = a.x, .y = v_new, .n_tokens = T, .pool = a.pool});
-    for (int64_t t = 0; t < T; ++t) {
-        for (int64_t h = 0; h < nh; ++h) {
-            float* q = qg.data() + (t * nh + h) * 2 * hd;
-            cpu::rms_norm(q, hd, w.q_norm.data(), s.eps, q);
-            cpu::rope_neox(q, s.n_rot, a.pos0 + t, s.freq_base);
+    // Which sequence each row belongs to and its position; the rows' keys and values go to their caches.
+    int32_t* row_seq = scratch.take<int32_t>(T);
+    int64_t max_pos = 0;
+    for (size_t i = 0; i < a.sequences.size(); ++i) {
+        const SequenceRows& rows = a.sequences[i];
+        AttentionCache& c = *a.caches[i];
+        STRATA_ASSERT(static_cast<int64_t>(c.k.size()) >= (rows.pos0 + rows.count) * kv_width);
+        for (int64_t j = 0; j < rows.count; ++j) {
+            const int64_t t = rows.begin + j, pos = rows.pos0 + j;
+            row_seq[t] = static_cast<int32_t>(i);
+            max_pos = std::max(max_pos, pos);
+            for (int64_t h = 0; h < nh; ++h) {
+                float* q = qg + (t * nh + h) * 2 * hd;
+                cpu::rms_norm(q, hd, w.q_norm.data(), s.eps, q);
+                cpu::rope_neox(q, s.n_rot, pos, s.freq_base);
+            }
+            for (int64_t h = 0; h < nkv; ++h) {
+                float* k = k_new + t * kv_width + h * hd;
+                cpu::rms_norm(k, hd, w.k_norm.data(), s.eps, k);
+                cpu::rope_neox(k, s.n_rot, pos, s.freq_base);
+            }
         }
-        for (int64_t h = 0; h < nkv; ++h) {
-            float* k = k_new + t * kv_width + h * hd;
-            cpu::rms_norm(k, hd, w.k_norm.data(), s.eps, k);
-            cpu::rope_neox(k, s.n_rot, a.pos0 + t, s.freq_base);
-        }
+        std::copy_n(k_new + rows.begin * kv_width, rows.count * kv_width, c.k.data() + rows.pos0 * kv_width);
+        std::copy_n(v_new + rows.begin * kv_width, rows.count * kv_width, c.v.data() + rows.pos0 * kv_width);
+    }
+    auto row_pos = [&](int64_t t) {
+        const SequenceRows& rows = a.sequences[static_cast<size_t>(row_seq[t])];
+        return rows.pos0 + (t - rows.begin);
+    };
+
+    // The cells each row attends to: QSA picks them per row; dense attention takes 0..pos, a prefix of one ramp.
+    const bool sparse = has_indexer(a.indexer);
+    int32_t* cells = nullptr;
+    int64_t* n_cells = nullptr;
+    int64_t cells_stride = 0;
+    if (sparse) {
+        const float* index_q = index_append(a);
+        const IndexerShape& ix = *a.indexer;
+        cells_stride = qsa_max_cells(ix);
+        cells = scratch.take<int32_t>(T * cells_stride);
+        n_cells = scratch.take<int64_t>(T);
+        run(a.pool, T, [&](int64_t begin, int64_t end) {
+            thread_local std::vector<float> scores;
+            thread_local std::vector<int32_t> order;
+            for (int64_t t = begin; t < end; ++t) {
+                const int64_t pos = row_pos(t);
+                scores.resize(static_cast<size_t>((pos + 1) / ix.ratio + 1));
+                n_cells[t] = qsa_select_into(ix, index_q + t * ix.n_head * ix.head_dim,
+                                             a.caches[static_cast<size_t>(row_seq[t])]->index_pooled.data(), pos,
+                                             cells + t * cells_stride, scores.data(), order);
+            }
+        });
+    } else {
+        cells = scratch.take<int32_t>(max_pos + 1);
+        std::iota(cells, cells + max_pos + 1, 0);
     }
 
-    const bool sparse = has_indexer(a.indexer);
-    std::vector<float> index_q;
-    if (sparse) index_append(a, index_q);
-
-    std::vector<float> heads(static_cast<size_t>(T * nh * hd));
+    float* heads = scratch.take<float>(T * nh * hd);
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    for (int64_t t = 0; t < T; ++t) {
-        const int64_t pos = a.pos0 + t;
-        std::vector<int32_t> cells;
-        if (sparse) {
-            cells = qsa_select(*a.indexer, index_q.data() + t * a.indexer->n_head * a.indexer->head_dim,
-                               c.index_pooled.data(), pos);
-        } else {
-            cells.resize(static_cast<size_t>(pos + 1));
-            std::iota(cells.begin(), cells.end(), 0);
-        }
-        for (int64_t h = 0; h < nh; ++h) {
+    run(a.pool, T * nh, [&](int64_t begin, int64_t end) {
+        for (int64_t item = begin; item < end; ++item) {
+            const int64_t t = item / nh, h = item % nh;
+            const AttentionCache& c = *a.caches[static_cast<size_t>(row_seq[t])];
+            const std::span<const int32_t> row_cells =
+                sparse ? std::span<const int32_t>(cells + t * cells_stride, static_cast<size_t>(n_cells[t]))
+                       : std::span<const int32_t>(cells, static_cast<size_t>(row_pos(t) + 1));
             const int64_t kvh = h / (nh / nkv);
-            float* o = heads.data() + (t * nh + h) * hd;
-            cpu::attend({.q = qg.data() + (t * nh + h) * 2 * hd,
+            float* o = heads + (t * nh + h) * hd;
+            cpu::attend({.q = qg + (t * nh + h) * 2 * hd,
                          .keys = c.k.data() + kvh * hd,
                          .values = c.v.data() + kvh * hd,
                          .row_stride = kv_width,
                          .head_dim = hd,
-                         .cells = cells,
+                         .cells = row_cells,
                          .scale = scale,
                          .out = o});
-            const float* gate = qg.data() + (t * nh + h) * 2 * hd + hd;
+            const float* gate = qg + (t * nh + h) * 2 * hd + hd;
             for (int64_t d = 0; d < hd; ++d) o[d] *= cpu::sigmoid(gate[d]);
         }
-    }
-    cpu::matmul({.w = w.o, .x = heads.data(), .y = a.out, .n_tokens = T, .pool = a.pool});
+    });
+    cpu::matmul({.w = w.o, .x = heads, .y = a.out, .n_tokens = T, .pool = a.pool});
 }
 
 }  // namespace strata

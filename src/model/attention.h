@@ -5,11 +5,14 @@
 #pragma once
 
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "model/batch_rows.h"
 #include "model/binding.h"
+#include "model/scratch.h"
 
 namespace strata {
 
@@ -46,7 +49,8 @@ AttentionWeights bind_attention(const TensorBinder& binder, int64_t block, const
                                 const IndexerShape* indexer);
 
 // Per-sequence cache of one attention block: rotated keys and values of every cell, and for QSA the raw indexer keys
-// plus the pooled (normalised, rotated) key of each complete block.
+// plus the pooled (normalised, rotated) key of each complete block. Cells below the sequence's length never change
+// once written, and pooled key b depends only on cells of block b: n_pooled is all a checkpoint needs to keep.
 struct AttentionCache {
     std::vector<float> k, v;          // capacity x (nkv hd)
     std::vector<float> index_raw;     // capacity x di
@@ -56,15 +60,18 @@ struct AttentionCache {
     size_t bytes() const { return (k.size() + v.size() + index_raw.size() + index_pooled.size()) * sizeof(float); }
 };
 
+// One pass over the rows of one or more sequences (batch_rows.h): projections over all rows at once; each row then
+// attends over its own sequence's cache (rows and heads in parallel).
 struct AttentionForwardArgs {
     const AttentionShape& shape;
     const IndexerShape* indexer;  // null or ratio 0: dense
     const AttentionWeights& weights;
-    AttentionCache& cache;
-    const float* x;  // [n_tokens x H]
-    float* out;      // [n_tokens x H]
-    int64_t n_tokens = 1;
-    int64_t pos0 = 0;  // position of the first token (cells before it are cached)
+    std::span<AttentionCache* const> caches;  // one per sequence
+    std::span<const SequenceRows> sequences;  // their rows, same order; pos0: cells before it are cached
+    const float* x;                           // [n_tokens x H]
+    float* out;                               // [n_tokens x H]
+    int64_t n_tokens = 1;                     // all rows
+    Scratch& scratch;
     ThreadPool* pool = nullptr;
 };
 void attention_forward(const AttentionForwardArgs& args);
@@ -73,5 +80,11 @@ void attention_forward(const AttentionForwardArgs& args);
 // sum_h relu(q_h . k_block) / sqrt(di) (at most budget / ratio of them), then the partial tail block.
 // q: ni x di (normalised, rotated); pooled: one di row per complete block.
 std::vector<int32_t> qsa_select(const IndexerShape& shape, const float* q, const float* pooled, int64_t pos);
+// The same into `cells` (room for qsa_max_cells), returning how many; scores: room for pos / ratio + 1 floats.
+int64_t qsa_select_into(const IndexerShape& shape, const float* q, const float* pooled, int64_t pos, int32_t* cells,
+                        float* scores, std::vector<int32_t>& order);
+inline int64_t qsa_max_cells(const IndexerShape& s) {
+    return s.budget / s.ratio * s.ratio + s.ratio;
+}
 
 }  // namespace strata

@@ -44,9 +44,9 @@ void GdnState::init(const GdnShape& s) {
 
 namespace {
 
-// The conv input (q | k | v), the output gate z and the raw beta/alpha logits of every token, whatever the layout.
+// The conv input (q | k | v), the output gate z and the raw beta/alpha logits of every row, whatever the layout.
 struct GdnInputs {
-    std::vector<float> qkv, z, b, a;
+    float *qkv, *z, *b, *a;
 };
 
 GdnInputs project(const GdnForwardArgs& args) {
@@ -54,40 +54,40 @@ GdnInputs project(const GdnForwardArgs& args) {
     const GdnWeights& w = args.weights;
     const int64_t T = args.n_tokens;
     const int64_t nv = s.n_v_heads, nk = s.n_k_heads, per_group = nv / nk;
-    GdnInputs in;
-    in.qkv.resize(static_cast<size_t>(T * s.conv_dim()));
-    in.z.resize(static_cast<size_t>(T * s.value_dim()));
-    in.b.resize(static_cast<size_t>(T * nv));
-    in.a.resize(static_cast<size_t>(T * nv));
+    Scratch& scratch = args.scratch;
+    GdnInputs in{.qkv = scratch.take<float>(T * s.conv_dim()),
+                 .z = scratch.take<float>(T * s.value_dim()),
+                 .b = scratch.take<float>(T * nv),
+                 .a = scratch.take<float>(T * nv)};
     auto mm = [&](const Tensor& t, float* y) {
         cpu::matmul({.w = t, .x = args.x, .y = y, .n_tokens = T, .pool = args.pool});
     };
     if (w.projection == GdnProjection::LegacyFused) {
         // ssm_in: per key group g [q (dk) | k (dk) | v (per_group*dv) | z (per_group*dv)].
         const int64_t group_width = 2 * s.k_head_dim + 2 * per_group * s.v_head_dim;
-        std::vector<float> fused(static_cast<size_t>(T * nk * group_width));
-        mm(*w.ssm_in, fused.data());
+        float* fused = scratch.take<float>(T * nk * group_width);
+        mm(*w.ssm_in, fused);
         const int64_t gv = per_group * s.v_head_dim;
         for (int64_t t = 0; t < T; ++t)
             for (int64_t g = 0; g < nk; ++g) {
-                const float* src = fused.data() + t * nk * group_width + g * group_width;
-                float* qkv = in.qkv.data() + t * s.conv_dim();
+                const float* src = fused + t * nk * group_width + g * group_width;
+                float* qkv = in.qkv + t * s.conv_dim();
                 std::copy(src, src + s.k_head_dim, qkv + g * s.k_head_dim);
                 std::copy(src + s.k_head_dim, src + 2 * s.k_head_dim, qkv + s.key_dim() + g * s.k_head_dim);
                 std::copy(src + 2 * s.k_head_dim, src + 2 * s.k_head_dim + gv, qkv + 2 * s.key_dim() + g * gv);
-                std::copy(src + 2 * s.k_head_dim + gv, src + group_width, in.z.data() + t * s.value_dim() + g * gv);
+                std::copy(src + 2 * s.k_head_dim + gv, src + group_width, in.z + t * s.value_dim() + g * gv);
             }
     } else {
-        mm(*w.qkv, in.qkv.data());
-        mm(*w.gate, in.z.data());
+        mm(*w.qkv, in.qkv);
+        mm(*w.gate, in.z);
     }
     if (w.projection == GdnProjection::Separate) {
-        mm(*w.beta, in.b.data());
-        mm(*w.alpha, in.a.data());
+        mm(*w.beta, in.b);
+        mm(*w.alpha, in.a);
     } else {
         // ssm_ba: per key group g [beta (per_group) | alpha (per_group)]; value head g * per_group + j.
-        std::vector<float> ba(static_cast<size_t>(T * 2 * nv));
-        mm(*w.ba, ba.data());
+        float* ba = scratch.take<float>(T * 2 * nv);
+        mm(*w.ba, ba);
         for (int64_t t = 0; t < T; ++t)
             for (int64_t g = 0; g < nk; ++g)
                 for (int64_t j = 0; j < per_group; ++j) {
@@ -105,51 +105,78 @@ void gdn_forward(const GdnForwardArgs& args) {
     const GdnWeights& w = args.weights;
     const int64_t T = args.n_tokens;
     const int64_t nk = s.n_k_heads, nv = s.n_v_heads, dk = s.k_head_dim, dv = s.v_head_dim;
-    const int64_t CD = s.conv_dim();
+    const int64_t CD = s.conv_dim(), VD = s.value_dim();
+    const int64_t n_seq = static_cast<int64_t>(args.sequences.size());
     STRATA_ASSERT(nv % nk == 0);
-    GdnInputs in = project(args);
+    STRATA_ASSERT(args.states.size() == args.sequences.size());
+    const GdnInputs in = project(args);
 
-    std::vector<float> conv(static_cast<size_t>(CD));
-    std::vector<float> core(static_cast<size_t>(T * s.value_dim()));
+    // Conv + SiLU, then L2-normalised (and scaled) q/k: one sequence at a time through its conv history.
+    float* conv = args.scratch.take<float>(T * CD);
     const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
-    for (int64_t t = 0; t < T; ++t) {
-        cpu::causal_conv_step({.x = in.qkv.data() + t * CD,
-                               .w = w.conv.data(),
-                               .history = args.state.conv_history.data(),
-                               .out = conv.data(),
-                               .channels = CD,
-                               .kernel = s.conv_kernel,
-                               .dilation = 1});
-        for (float& v : conv) v = cpu::silu(v);
-        float* q = conv.data();
-        float* k = conv.data() + s.key_dim();
-        const float* v = conv.data() + 2 * s.key_dim();
-        for (int64_t h = 0; h < nk; ++h) {
-            cpu::l2_norm(q + h * dk, dk, 1e-6f, q + h * dk);
-            cpu::l2_norm(k + h * dk, dk, 1e-6f, k + h * dk);
-            for (int64_t i = 0; i < dk; ++i) q[h * dk + i] *= q_scale;
+    auto conv_rows = [&](int64_t seq_begin, int64_t seq_end) {
+        for (int64_t i = seq_begin; i < seq_end; ++i) {
+            const SequenceRows& rows = args.sequences[static_cast<size_t>(i)];
+            GdnState& state = *args.states[static_cast<size_t>(i)];
+            for (int64_t t = rows.begin; t < rows.begin + rows.count; ++t) {
+                float* c = conv + t * CD;
+                cpu::causal_conv_step({.x = in.qkv + t * CD,
+                                       .w = w.conv.data(),
+                                       .history = state.conv_history.data(),
+                                       .out = c,
+                                       .channels = CD,
+                                       .kernel = s.conv_kernel,
+                                       .dilation = 1});
+                for (int64_t j = 0; j < CD; ++j) c[j] = cpu::silu(c[j]);
+                float* q = c;
+                float* k = c + s.key_dim();
+                for (int64_t h = 0; h < nk; ++h) {
+                    cpu::l2_norm(q + h * dk, dk, 1e-6f, q + h * dk);
+                    cpu::l2_norm(k + h * dk, dk, 1e-6f, k + h * dk);
+                    for (int64_t j = 0; j < dk; ++j) q[h * dk + j] *= q_scale;
+                }
+            }
         }
-        for (int64_t h = 0; h < nv; ++h) {
+    };
+    if (args.pool && n_seq > 1)
+        args.pool->parallel_for(n_seq, conv_rows);
+    else
+        conv_rows(0, n_seq);
+
+    // The gated delta rule: each (sequence, value head) walks its rows in order on its own state.
+    float* core = args.scratch.take<float>(T * VD);
+    auto heads = [&](int64_t item_begin, int64_t item_end) {
+        for (int64_t item = item_begin; item < item_end; ++item) {
+            const int64_t i = item / nv, h = item % nv;
+            const SequenceRows& rows = args.sequences[static_cast<size_t>(i)];
+            float* state = args.states[static_cast<size_t>(i)]->recurrent.data() + h * dk * dv;
             const int64_t kh = s.tiled_value_heads ? h % nk : h / (nv / nk);
-            const float beta = cpu::sigmoid(in.b[t * nv + h]);
-            const float g = w.a[h] * cpu::softplus(in.a[t * nv + h] + w.dt_bias[h]);
-            float* o = core.data() + t * s.value_dim() + h * dv;
-            cpu::gated_delta_step({.state = args.state.recurrent.data() + h * dk * dv,
-                                   .q = q + kh * dk,
-                                   .k = k + kh * dk,
-                                   .v = v + h * dv,
-                                   .g = g,
-                                   .beta = beta,
-                                   .dk = dk,
-                                   .dv = dv,
-                                   .out = o});
-            cpu::rms_norm(o, dv, w.norm.data(), s.eps, o);
-            const float* z = in.z.data() + t * s.value_dim() + h * dv;
-            for (int64_t j = 0; j < dv; ++j)
-                o[j] *= s.output_gate == GateActivation::Sigmoid ? cpu::sigmoid(z[j]) : cpu::silu(z[j]);
+            for (int64_t t = rows.begin; t < rows.begin + rows.count; ++t) {
+                const float* c = conv + t * CD;
+                const float beta = cpu::sigmoid(in.b[t * nv + h]);
+                const float g = w.a[h] * cpu::softplus(in.a[t * nv + h] + w.dt_bias[h]);
+                float* o = core + t * VD + h * dv;
+                cpu::gated_delta_step({.state = state,
+                                       .q = c + kh * dk,
+                                       .k = c + s.key_dim() + kh * dk,
+                                       .v = c + 2 * s.key_dim() + h * dv,
+                                       .g = g,
+                                       .beta = beta,
+                                       .dk = dk,
+                                       .dv = dv,
+                                       .out = o});
+                cpu::rms_norm(o, dv, w.norm.data(), s.eps, o);
+                const float* z = in.z + t * VD + h * dv;
+                for (int64_t j = 0; j < dv; ++j)
+                    o[j] *= s.output_gate == GateActivation::Sigmoid ? cpu::sigmoid(z[j]) : cpu::silu(z[j]);
+            }
         }
-    }
-    cpu::matmul({.w = w.out, .x = core.data(), .y = args.out, .n_tokens = T, .pool = args.pool});
+    };
+    if (args.pool)
+        args.pool->parallel_for(n_seq * nv, heads);
+    else
+        heads(0, n_seq * nv);
+    cpu::matmul({.w = w.out, .x = core, .y = args.out, .n_tokens = T, .pool = args.pool});
 }
 
 }  // namespace strata

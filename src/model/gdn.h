@@ -4,11 +4,14 @@
 #pragma once
 
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "model/batch_rows.h"
 #include "model/binding.h"
+#include "model/scratch.h"
 
 namespace strata {
 
@@ -63,13 +66,17 @@ struct GdnState {
     size_t bytes() const { return (conv_history.size() + recurrent.size()) * sizeof(float); }
 };
 
+// One pass over the rows of one or more sequences (batch_rows.h): the projections run over all rows at once; the
+// conv and the delta rule per sequence on its own state (sequences and value heads in parallel).
 struct GdnForwardArgs {
     const GdnShape& shape;
     const GdnWeights& weights;
-    GdnState& state;
-    const float* x;  // [n_tokens x H]
-    float* out;      // [n_tokens x H]
-    int64_t n_tokens = 1;
+    std::span<GdnState* const> states;        // one per sequence
+    std::span<const SequenceRows> sequences;  // their rows, same order
+    const float* x;                           // [n_tokens x H]
+    float* out;                               // [n_tokens x H]
+    int64_t n_tokens = 1;                     // all rows
+    Scratch& scratch;
     ThreadPool* pool = nullptr;
 };
 void gdn_forward(const GdnForwardArgs& args);

@@ -1,5 +1,6 @@
 #include "model/hybrid.h"
 
+#include <atomic>
 #include <functional>
 #include <new>
 #include <stdexcept>
@@ -49,8 +50,16 @@ void read_ahead(const gguf::File& file, const std::function<void(float)>& progre
 
 }  // namespace
 
+HybridSequence::HybridSequence(const void* owner, int64_t capacity, Init init)
+    : owner_(owner), capacity_(capacity), init_(std::move(init)) {
+    static std::atomic<uint64_t> next_id{1};
+    id_ = next_id.fetch_add(1);
+    reset();
+}
+
 size_t HybridSequence::memory_bytes() const {
-    size_t total = 0;
+    // The state buffers (what plan_memory() plans) and the rollback log.
+    size_t total = rollbacks_.capacity() * sizeof(int64_t);
     for (const LayerState& l : layers) total += l.bytes();
     return total;
 }
@@ -58,6 +67,8 @@ size_t HybridSequence::memory_bytes() const {
 void HybridSequence::reset() {
     init_(layers, capacity_);
     n_past_ = 0;
+    ++generation_;
+    rollbacks_.clear();
 }
 
 HybridModel::HybridModel(std::unique_ptr<gguf::File> file, const LoadOptions& options)
@@ -129,39 +140,6 @@ std::unique_ptr<SequenceState> HybridModel::new_sequence(int64_t max_tokens) con
 
 void HybridModel::embed(std::span<const int32_t> tokens, float* out) const {
     for (size_t t = 0; t < tokens.size(); ++t) cpu::get_row(token_embd_, tokens[t], out + t * info_.n_embd);
-}
-
-void HybridModel::forward(SequenceState& state, std::span<const int32_t> tokens, std::span<float> logits,
-                          bool last_only) const {
-    auto* seq = dynamic_cast<HybridSequence*>(&state);
-    if (!seq || seq->owner() != this) throw Error("forward: the sequence was not created by this model");
-    const int64_t T = static_cast<int64_t>(tokens.size());
-    const int64_t V = info_.n_vocab;
-    for (int32_t id : tokens)
-        if (id < 0 || id >= V)
-            throw Error("token id " + std::to_string(id) + " is out of range (vocabulary of " + std::to_string(V) +
-                        ")");
-    if (seq->n_past() + T > seq->capacity())
-        throw Error("the sequence holds " + std::to_string(seq->n_past()) + " tokens and can take " +
-                    std::to_string(seq->capacity()) + "; " + std::to_string(T) + " more do not fit");
-    if (!logits.empty()) {
-        const int64_t need = last_only ? V : T * V;
-        if (static_cast<int64_t>(logits.size()) < need)
-            throw Error("forward: the logits buffer holds " + std::to_string(logits.size()) + " floats, needs " +
-                        std::to_string(need));
-    }
-    if (T == 0) return;
-    std::lock_guard lock(mutex_);
-    std::vector<float> hidden(static_cast<size_t>(T * info_.n_embd));
-    trunk(*seq, tokens, hidden.data());
-    seq->n_past_ += T;
-    if (logits.empty()) return;
-    const int64_t first = last_only ? T - 1 : 0;
-    cpu::matmul({.w = output_,
-                 .x = hidden.data() + first * info_.n_embd,
-                 .y = logits.data(),
-                 .n_tokens = T - first,
-                 .pool = &pool_});
 }
 
 namespace {

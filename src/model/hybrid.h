@@ -2,6 +2,7 @@
 // head, the thread pool, and the checks around forward(). Each architecture file supplies its trunk.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -16,6 +17,7 @@
 #include "model/model.h"
 #include "model/moe.h"
 #include "model/ple.h"
+#include "model/scratch.h"
 
 namespace strata {
 
@@ -31,32 +33,60 @@ struct LayerState {
 class HybridSequence : public SequenceState {
   public:
     using Init = std::function<void(std::vector<LayerState>&, int64_t capacity)>;
-    HybridSequence(const void* owner, int64_t capacity, Init init)
-        : owner_(owner), capacity_(capacity), init_(std::move(init)) {
-        reset();
-    }
+    HybridSequence(const void* owner, int64_t capacity, Init init);
 
     const void* owner() const { return owner_; }
+    uint64_t id() const { return id_; }  // unique in the process, unlike the address
     int64_t n_past() const override { return n_past_; }
     int64_t capacity() const override { return capacity_; }
     size_t memory_bytes() const override;
     void reset() override;
+
+    // Checkpoints (checkpoint.cpp) stay valid while the cells below their n_past are untouched: a reset bumps the
+    // generation; a restore to an earlier point is logged, since the tokens fed after it overwrite the cells above it.
+    uint64_t generation() const { return generation_; }
+    const std::vector<int64_t>& rollbacks() const { return rollbacks_; }
+    void log_rollback(int64_t to) { rollbacks_.push_back(to); }
 
     std::vector<LayerState> layers;
     int64_t n_past_ = 0;
 
   private:
     const void* owner_;
+    uint64_t id_;
     int64_t capacity_;
     Init init_;
+    uint64_t generation_ = 0;
+    std::vector<int64_t> rollbacks_;  // positions restored to since the last reset, in order
+};
+
+// The rows of one pass of the trunk (batch_rows.h): the sequences in batch order, their rows and all tokens.
+struct TrunkBatch {
+    std::span<HybridSequence* const> sequences;
+    std::span<const SequenceRows> rows;
+    std::span<const int32_t> tokens;  // every row's token
+    Scratch& scratch;                 // reset before the pass
+    // Per-sequence parts of block `il`, as the arrays the block functions take (from scratch).
+    template <class T>
+    std::span<T* const> states(size_t il, T LayerState::*part) const {
+        T** out = scratch.take<T*>(static_cast<int64_t>(sequences.size()));
+        for (size_t i = 0; i < sequences.size(); ++i) out[i] = &(sequences[i]->layers[il].*part);
+        return {out, sequences.size()};
+    }
+    int64_t n_rows() const { return static_cast<int64_t>(tokens.size()); }
 };
 
 class HybridModel : public Model {
   public:
     const ModelInfo& info() const override { return info_; }
     std::unique_ptr<SequenceState> new_sequence(int64_t max_tokens) const override;
+    // forward() is forward_batch() of one entry: the same code path, so a sequence's logits do not depend on what
+    // else is in the batch (every row-wise op computes each row alone, in a fixed order).
     void forward(SequenceState& seq, std::span<const int32_t> tokens, std::span<float> logits,
                  bool last_only) const override;
+    void forward_batch(std::span<const BatchEntry> batch) const override;
+    std::unique_ptr<SequenceCheckpoint> checkpoint(const SequenceState& seq) const override;
+    void restore(SequenceState& seq, const SequenceCheckpoint& checkpoint) const override;
 
   protected:
     HybridModel(std::unique_ptr<gguf::File> file, const LoadOptions& options);
@@ -65,8 +95,8 @@ class HybridModel : public Model {
     void bind_embeddings(const TensorBinder& binder);
     // Allocates (and zeroes) each block's state for `capacity` tokens.
     virtual void init_layers(std::vector<LayerState>& layers, int64_t capacity) const = 0;
-    // Runs the trunk over the tokens after what `seq` holds and writes the head's input rows [n_tokens x H].
-    virtual void trunk(HybridSequence& seq, std::span<const int32_t> tokens, float* hidden) const = 0;
+    // Runs the trunk over each sequence's rows (after what it holds) and writes the head's input rows [n_rows x H].
+    virtual void trunk(const TrunkBatch& batch, float* hidden) const = 0;
 
     void embed(std::span<const int32_t> tokens, float* out) const;  // token_embd rows
     ThreadPool* pool() const { return &pool_; }
@@ -78,8 +108,15 @@ class HybridModel : public Model {
     Tensor output_;
 
   private:
+    // batch.cpp. Checks every entry before anything is touched (the sequences land in scratch_); `single` words the
+    // messages as forward()'s.
+    void run(std::span<const BatchEntry> batch, bool single) const;
+    std::span<HybridSequence* const> validate(std::span<const BatchEntry> batch, bool single) const;
+    void head(std::span<const BatchEntry> batch, std::span<const SequenceRows> rows, const float* hidden) const;
+
     mutable ThreadPool pool_;
-    mutable std::mutex mutex_;  // one forward at a time: the pool is shared
+    mutable std::mutex mutex_;  // one forward at a time: the pool and the scratch are shared
+    mutable Scratch scratch_;
 };
 
 // Shapes every hybrid architecture reads the same way from its `{arch}.*` keys (gguf-qwen4exp.md 1.1-1.4).

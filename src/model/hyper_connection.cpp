@@ -21,19 +21,19 @@ void hyper_connection_read(const HyperConnectionReadArgs& a) {
     const int64_t H = a.shape.n_embd;
     const int64_t HC = hc * H;
     const int64_t T = a.n_tokens;
-    std::vector<float> xn(static_cast<size_t>(T * HC));
+    float* xn = a.scratch.take<float>(T * HC);
     for (int64_t t = 0; t < T; ++t)
-        cpu::rms_norm_grouped(a.residual + t * HC, hc, H, a.weights.norm.data(), a.shape.eps, xn.data() + t * HC);
+        cpu::rms_norm_grouped(a.residual + t * HC, hc, H, a.weights.norm.data(), a.shape.eps, xn + t * HC);
 
-    std::vector<float> low(static_cast<size_t>(T * a.shape.low_rank));
-    cpu::matmul({.w = a.weights.down, .x = xn.data(), .y = low.data(), .n_tokens = T, .pool = a.pool});
-    for (float& v : low) v = cpu::silu(v / static_cast<float>(hc));
-    std::vector<float> gate(static_cast<size_t>(T * HC));
-    cpu::matmul({.w = a.weights.up, .x = low.data(), .y = gate.data(), .n_tokens = T, .pool = a.pool});
+    float* low = a.scratch.take<float>(T * a.shape.low_rank);
+    cpu::matmul({.w = a.weights.down, .x = xn, .y = low, .n_tokens = T, .pool = a.pool});
+    for (int64_t i = 0; i < T * a.shape.low_rank; ++i) low[i] = cpu::silu(low[i] / static_cast<float>(hc));
+    float* gate = a.scratch.take<float>(T * HC);
+    cpu::matmul({.w = a.weights.up, .x = low, .y = gate, .n_tokens = T, .pool = a.pool});
 
     for (int64_t t = 0; t < T; ++t) {
-        const float* g = gate.data() + t * HC;
-        const float* x = xn.data() + t * HC;
+        const float* g = gate + t * HC;
+        const float* x = xn + t * HC;
         float* m = a.mixed + t * H;
         for (int64_t j = 0; j < H; ++j) {
             float sum = 0.0f;
@@ -43,7 +43,7 @@ void hyper_connection_read(const HyperConnectionReadArgs& a) {
     }
     if (a.inject) {
         STRATA_ASSERT(a.weights.inject.has_value());
-        cpu::matmul({.w = *a.weights.inject, .x = xn.data(), .y = a.inject, .n_tokens = T, .pool = a.pool});
+        cpu::matmul({.w = *a.weights.inject, .x = xn, .y = a.inject, .n_tokens = T, .pool = a.pool});
         for (int64_t i = 0; i < T * hc; ++i) a.inject[i] = 2.0f * cpu::sigmoid(a.inject[i] / static_cast<float>(hc));
     }
 }

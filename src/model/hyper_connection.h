@@ -10,6 +10,7 @@
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "model/binding.h"
+#include "model/scratch.h"
 
 namespace strata {
 
@@ -38,8 +39,10 @@ struct HyperConnectionReadArgs {
     float* mixed;           // [n_tokens x H] out: the block input
     float* inject;          // [n_tokens x hc] out: 2 * sigmoid(inject . xn / hc); null for the final mixer
     int64_t n_tokens = 1;
+    Scratch& scratch;
     ThreadPool* pool = nullptr;
 };
+// Row-wise, so rows of several sequences can go through at once.
 void hyper_connection_read(const HyperConnectionReadArgs& args);
 
 // residual[s] += inject[s] * block_out, for every stream s of every token.

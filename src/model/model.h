@@ -76,10 +76,16 @@ public:
     // Feeds several distinct sequences in one pass (the weights are read once for all of them). Each entry gets
     // exactly the logits forward() would give it alone, whatever else is in the batch. Throws Error as forward() does,
     // and when a sequence appears twice.
+    // (Hybrid models: every entry is checked before anything runs, so after an Error no sequence has moved. Entries
+    // may mix prompt chunks and single tokens; an entry with no tokens is a no-op. Calls on one model are serialised.)
     virtual void forward_batch(std::span<const BatchEntry> batch) const;
     // The sequence's recurrent state now; restore() brings the sequence back to it, provided the sequence has only
     // been fed forward since (tokens appended, no reset). Throws Error on a checkpoint from another sequence or model,
     // or one that is ahead of the sequence.
+    // (Hybrid models: a restore to a point below a checkpoint, followed by new tokens, overwrites cells that
+    // checkpoint relies on, so restoring it later throws Error too; a reset makes every earlier checkpoint stale.
+    // Restoring an earlier point keeps the checkpoints at or below it valid. Neither call may run while the same
+    // sequence is in a forward on another thread.)
     virtual std::unique_ptr<SequenceCheckpoint> checkpoint(const SequenceState& seq) const;
     virtual void restore(SequenceState& seq, const SequenceCheckpoint& checkpoint) const;
 };

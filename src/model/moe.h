@@ -8,6 +8,7 @@
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "model/binding.h"
+#include "model/scratch.h"
 
 namespace strata {
 
@@ -27,16 +28,21 @@ struct MoeWeights {
     Tensor down;                                                     // {F, H, E}
     std::vector<float> shared_gate;                                  // {H}
     std::optional<Tensor> shared_gate_proj, shared_up, shared_down;  // {H, Fs}, {H, Fs}, {Fs, H}
+    // Each expert's 2-D views of the above, made once at load (unnamed, so copying them costs nothing).
+    std::vector<Tensor> expert_gate, expert_up, expert_down;
 };
 
 MoeWeights bind_moe(const TensorBinder& binder, int64_t block, const MoeShape& shape);
 
+// Row-wise: every row is routed on its own, so the rows of several sequences can go through at once (each expert then
+// reads its weights once for all the rows that chose it).
 struct MoeForwardArgs {
     const MoeShape& shape;
     const MoeWeights& weights;
     const float* x;  // [n_tokens x H]
     float* out;      // [n_tokens x H]
     int64_t n_tokens = 1;
+    Scratch& scratch;
     ThreadPool* pool = nullptr;
 };
 void moe_forward(const MoeForwardArgs& args);

@@ -35,11 +35,12 @@ void PleState::init(const PleShape& s) {
     conv_history.assign(static_cast<size_t>(s.history_rows() * s.n_streams * s.n_embd), 0.0f);
 }
 
-std::vector<int64_t> ple_rows(const PleShape& s, const int32_t* history, int32_t token) {
+void ple_rows_into(const PleShape& s, const int32_t* history, int32_t token, int64_t* rows) {
     const int64_t N = s.ngram;
     // shifted[j]: the token j places back, or EOS once an EOS lies between it and the current token (inclusive of
     // the predecessor itself, exclusive of the current token).
-    std::vector<uint64_t> shifted(static_cast<size_t>(N));
+    uint64_t shifted[8];
+    STRATA_ASSERT(N >= 1 && N <= 8);
     shifted[0] = static_cast<uint64_t>(token);
     bool cut = false;
     for (int64_t j = 1; j < N; ++j) {
@@ -47,15 +48,19 @@ std::vector<int64_t> ple_rows(const PleShape& s, const int32_t* history, int32_t
         shifted[j] = static_cast<uint64_t>(cut ? s.eos : prev);
         if (prev == s.eos) cut = true;
     }
-    std::vector<int64_t> rows;
     uint64_t mixed = shifted[0] * s.multipliers[0];
     for (int64_t n = 2; n <= N; ++n) {
         mixed ^= shifted[n - 1] * s.multipliers[n - 1];  // u64 wrap-around
         for (int64_t g = 0; g < s.heads_per_ngram; ++g) {
             const int64_t h = (n - 2) * s.heads_per_ngram + g;
-            rows.push_back(static_cast<int64_t>(mixed % s.sizes[h] + s.offsets[h]));
+            rows[h] = static_cast<int64_t>(mixed % s.sizes[h] + s.offsets[h]);
         }
     }
+}
+
+std::vector<int64_t> ple_rows(const PleShape& s, const int32_t* history, int32_t token) {
+    std::vector<int64_t> rows(static_cast<size_t>(s.n_heads()));
+    ple_rows_into(s, history, token, rows.data());
     return rows;
 }
 
@@ -64,44 +69,66 @@ void ple_forward(const PleForwardArgs& a) {
     const PleWeights& w = a.weights;
     const int64_t T = a.n_tokens, H = s.n_embd, hc = s.n_streams, HC = hc * H;
     const int64_t P = s.row_width, width = s.n_heads() * P, N = s.ngram;
+    const int64_t n_seq = static_cast<int64_t>(a.sequences.size());
+    STRATA_ASSERT(a.states.size() == a.sequences.size());
 
-    std::vector<float> emb(static_cast<size_t>(T * width));
-    for (int64_t t = 0; t < T; ++t) {
-        const std::vector<int64_t> rows = ple_rows(s, a.state.tokens.data(), a.tokens[t]);
-        for (int64_t h = 0; h < s.n_heads(); ++h) cpu::get_row(w.table, rows[h], emb.data() + t * width + h * P);
-        if (N > 1) {
-            std::copy(a.state.tokens.begin() + 1, a.state.tokens.end(), a.state.tokens.begin());
-            a.state.tokens.back() = a.tokens[t];
+    float* emb = a.scratch.take<float>(T * width);
+    int64_t* rows = a.scratch.take<int64_t>(s.n_heads());
+    for (int64_t i = 0; i < n_seq; ++i) {
+        const SequenceRows& seq = a.sequences[static_cast<size_t>(i)];
+        std::vector<int32_t>& history = a.states[static_cast<size_t>(i)]->tokens;
+        for (int64_t t = seq.begin; t < seq.begin + seq.count; ++t) {
+            ple_rows_into(s, history.data(), a.tokens[t], rows);
+            for (int64_t h = 0; h < s.n_heads(); ++h) cpu::get_row(w.table, rows[h], emb + t * width + h * P);
+            if (N > 1) {
+                std::copy(history.begin() + 1, history.end(), history.begin());
+                history.back() = a.tokens[t];
+            }
         }
     }
-    std::vector<float> key(static_cast<size_t>(T * HC)), value(static_cast<size_t>(T * H));
-    cpu::matmul({.w = w.key, .x = emb.data(), .y = key.data(), .n_tokens = T, .pool = a.pool});
-    cpu::matmul({.w = w.value, .x = emb.data(), .y = value.data(), .n_tokens = T, .pool = a.pool});
+    float* key = a.scratch.take<float>(T * HC);
+    float* value = a.scratch.take<float>(T * H);
+    cpu::matmul({.w = w.key, .x = emb, .y = key, .n_tokens = T, .pool = a.pool});
+    cpu::matmul({.w = w.value, .x = emb, .y = value, .n_tokens = T, .pool = a.pool});
 
-    std::vector<float> query(static_cast<size_t>(HC)), gated(static_cast<size_t>(HC)), normed(static_cast<size_t>(HC)),
-        conv(static_cast<size_t>(HC));
+    // Gate and conv, one sequence at a time through its conv history (sequences in parallel).
+    float* work = a.scratch.take<float>(n_seq * 4 * HC);
     const float inv_sqrt_h = 1.0f / std::sqrt(static_cast<float>(H));
-    for (int64_t t = 0; t < T; ++t) {
-        float* k = key.data() + t * HC;
-        float* res = a.residual + t * HC;
-        cpu::rms_norm_grouped(k, hc, H, w.norm_key.data(), s.eps, k);
-        cpu::rms_norm_grouped(res, hc, H, w.norm_query.data(), s.eps, query.data());
-        for (int64_t st = 0; st < hc; ++st) {
-            float g = cpu::dot(k + st * H, query.data() + st * H, H) * inv_sqrt_h;
-            g = std::sqrt(std::max(std::fabs(g), 1e-6f)) * (g > 0.0f ? 1.0f : (g < 0.0f ? -1.0f : 0.0f));
-            const float gate = cpu::sigmoid(g);
-            for (int64_t j = 0; j < H; ++j) gated[st * H + j] = gate * value[t * H + j];
+    auto gate_and_conv = [&](int64_t seq_begin, int64_t seq_end) {
+        for (int64_t i = seq_begin; i < seq_end; ++i) {
+            const SequenceRows& seq = a.sequences[static_cast<size_t>(i)];
+            PleState& state = *a.states[static_cast<size_t>(i)];
+            float* query = work + i * 4 * HC;
+            float* gated = query + HC;
+            float* normed = gated + HC;
+            float* conv = normed + HC;
+            for (int64_t t = seq.begin; t < seq.begin + seq.count; ++t) {
+                float* k = key + t * HC;
+                float* res = a.residual + t * HC;
+                cpu::rms_norm_grouped(k, hc, H, w.norm_key.data(), s.eps, k);
+                cpu::rms_norm_grouped(res, hc, H, w.norm_query.data(), s.eps, query);
+                for (int64_t st = 0; st < hc; ++st) {
+                    float g = cpu::dot(k + st * H, query + st * H, H) * inv_sqrt_h;
+                    g = std::sqrt(std::max(std::fabs(g), 1e-6f)) * (g > 0.0f ? 1.0f : (g < 0.0f ? -1.0f : 0.0f));
+                    const float gate = cpu::sigmoid(g);
+                    for (int64_t j = 0; j < H; ++j) gated[st * H + j] = gate * value[t * H + j];
+                }
+                cpu::rms_norm_grouped(gated, hc, H, w.norm_conv.data(), s.eps, normed);
+                cpu::causal_conv_step({.x = normed,
+                                       .w = w.conv.data(),
+                                       .history = state.conv_history.data(),
+                                       .out = conv,
+                                       .channels = HC,
+                                       .kernel = s.conv_kernel,
+                                       .dilation = N});
+                for (int64_t j = 0; j < HC; ++j) res[j] += gated[j] + cpu::silu(conv[j]);
+            }
         }
-        cpu::rms_norm_grouped(gated.data(), hc, H, w.norm_conv.data(), s.eps, normed.data());
-        cpu::causal_conv_step({.x = normed.data(),
-                               .w = w.conv.data(),
-                               .history = a.state.conv_history.data(),
-                               .out = conv.data(),
-                               .channels = HC,
-                               .kernel = s.conv_kernel,
-                               .dilation = N});
-        for (int64_t i = 0; i < HC; ++i) res[i] += gated[i] + cpu::silu(conv[i]);
-    }
+    };
+    if (a.pool && n_seq > 1)
+        a.pool->parallel_for(n_seq, gate_and_conv);
+    else
+        gate_and_conv(0, n_seq);
 }
 
 }  // namespace strata

@@ -4,11 +4,14 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "model/batch_rows.h"
 #include "model/binding.h"
+#include "model/scratch.h"
 
 namespace strata {
 
@@ -48,14 +51,20 @@ struct PleState {
 
 // Table rows (one per head) of a token given its predecessors. history: the N - 1 previous tokens, oldest first.
 std::vector<int64_t> ple_rows(const PleShape& shape, const int32_t* history, int32_t token);
+// The same into rows[n_heads].
+void ple_rows_into(const PleShape& shape, const int32_t* history, int32_t token, int64_t* rows);
 
+// One pass over the rows of one or more sequences (batch_rows.h): table rows and the n-gram history and conv per
+// sequence, the projections over all rows at once.
 struct PleForwardArgs {
     const PleShape& shape;
     const PleWeights& weights;
-    PleState& state;
-    const int32_t* tokens;
-    float* residual;  // [n_tokens x HC], gets the PLE output added
+    std::span<PleState* const> states;        // one per sequence
+    std::span<const SequenceRows> sequences;  // their rows, same order
+    const int32_t* tokens;                    // [n_tokens], all rows
+    float* residual;                          // [n_tokens x HC], gets the PLE output added
     int64_t n_tokens = 1;
+    Scratch& scratch;
     ThreadPool* pool = nullptr;
 };
 void ple_forward(const PleForwardArgs& args);

@@ -139,79 +139,91 @@ class Qwen4ExpModel final : public HybridModel {
         }
     }
 
-    void trunk(HybridSequence& seq, std::span<const int32_t> tokens, float* hidden) const override {
-        const int64_t T = static_cast<int64_t>(tokens.size());
+    void trunk(const TrunkBatch& batch, float* hidden) const override {
+        const int64_t T = batch.n_rows();
         const int64_t H = info_.n_embd, hc = h_.hc.n_streams, HC = hc * H;
+        Scratch& scratch = batch.scratch;
 
         // The residual starts as hc copies of the token embedding.
-        std::vector<float> emb(static_cast<size_t>(T * H)), residual(static_cast<size_t>(T * HC));
-        embed(tokens, emb.data());
+        float* emb = scratch.take<float>(T * H);
+        float* residual = scratch.take<float>(T * HC);
+        embed(batch.tokens, emb);
         for (int64_t t = 0; t < T; ++t)
-            for (int64_t s = 0; s < hc; ++s) std::copy_n(emb.data() + t * H, H, residual.data() + (t * hc + s) * H);
+            for (int64_t s = 0; s < hc; ++s) std::copy_n(emb + t * H, H, residual + (t * hc + s) * H);
 
-        std::vector<float> mixed(static_cast<size_t>(T * H)), out(static_cast<size_t>(T * H));
-        std::vector<float> inject(static_cast<size_t>(T * hc));
+        float* mixed = scratch.take<float>(T * H);
+        float* out = scratch.take<float>(T * H);
+        float* inject = scratch.take<float>(T * hc);
         for (size_t il = 0; il < blocks_.size(); ++il) {
             const Qwen4ExpBlock& b = blocks_[il];
-            LayerState& state = seq.layers[il];
+            const ScratchFrame frame(scratch);  // this block's buffers are reused by the next
             if (b.has_ple)
                 ple_forward({.shape = h_.ple,
                              .weights = b.ple,
-                             .state = state.ple,
-                             .tokens = tokens.data(),
-                             .residual = residual.data(),
+                             .states = batch.states(il, &LayerState::ple),
+                             .sequences = batch.rows,
+                             .tokens = batch.tokens.data(),
+                             .residual = residual,
                              .n_tokens = T,
+                             .scratch = scratch,
                              .pool = pool()});
 
             hyper_connection_read({.shape = h_.hc,
                                    .weights = b.hc_attn,
-                                   .residual = residual.data(),
-                                   .mixed = mixed.data(),
-                                   .inject = inject.data(),
+                                   .residual = residual,
+                                   .mixed = mixed,
+                                   .inject = inject,
                                    .n_tokens = T,
+                                   .scratch = scratch,
                                    .pool = pool()});
             if (b.recurrent) {
                 gdn_forward({.shape = h_.gdn,
                              .weights = b.gdn,
-                             .state = state.gdn,
-                             .x = mixed.data(),
-                             .out = out.data(),
+                             .states = batch.states(il, &LayerState::gdn),
+                             .sequences = batch.rows,
+                             .x = mixed,
+                             .out = out,
                              .n_tokens = T,
+                             .scratch = scratch,
                              .pool = pool()});
             } else {
                 attention_forward({.shape = h_.attention,
                                    .indexer = &b.indexer,
                                    .weights = b.attention,
-                                   .cache = state.attention,
-                                   .x = mixed.data(),
-                                   .out = out.data(),
+                                   .caches = batch.states(il, &LayerState::attention),
+                                   .sequences = batch.rows,
+                                   .x = mixed,
+                                   .out = out,
                                    .n_tokens = T,
-                                   .pos0 = seq.n_past(),
+                                   .scratch = scratch,
                                    .pool = pool()});
             }
-            hyper_connection_write(h_.hc, residual.data(), out.data(), inject.data(), T);
+            hyper_connection_write(h_.hc, residual, out, inject, T);
 
             hyper_connection_read({.shape = h_.hc,
                                    .weights = b.hc_ffn,
-                                   .residual = residual.data(),
-                                   .mixed = mixed.data(),
-                                   .inject = inject.data(),
+                                   .residual = residual,
+                                   .mixed = mixed,
+                                   .inject = inject,
                                    .n_tokens = T,
+                                   .scratch = scratch,
                                    .pool = pool()});
             moe_forward({.shape = h_.moe,
                          .weights = b.moe,
-                         .x = mixed.data(),
-                         .out = out.data(),
+                         .x = mixed,
+                         .out = out,
                          .n_tokens = T,
+                         .scratch = scratch,
                          .pool = pool()});
-            hyper_connection_write(h_.hc, residual.data(), out.data(), inject.data(), T);
+            hyper_connection_write(h_.hc, residual, out, inject, T);
         }
         hyper_connection_read({.shape = h_.hc,
                                .weights = output_hc_,
-                               .residual = residual.data(),
+                               .residual = residual,
                                .mixed = hidden,
                                .inject = nullptr,
                                .n_tokens = T,
+                               .scratch = scratch,
                                .pool = pool()});
     }
 

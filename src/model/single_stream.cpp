@@ -72,49 +72,55 @@ class SingleStreamModel final : public HybridModel {
         }
     }
 
-    void trunk(HybridSequence& seq, std::span<const int32_t> tokens, float* hidden) const override {
-        const int64_t T = static_cast<int64_t>(tokens.size());
+    void trunk(const TrunkBatch& batch, float* hidden) const override {
+        const int64_t T = batch.n_rows();
         const int64_t H = info_.n_embd;
-        std::vector<float> residual(static_cast<size_t>(T * H)), normed(residual.size()), out(residual.size());
-        embed(tokens, residual.data());
+        Scratch& scratch = batch.scratch;
+        float* residual = scratch.take<float>(T * H);
+        float* normed = scratch.take<float>(T * H);
+        float* out = scratch.take<float>(T * H);
+        embed(batch.tokens, residual);
         for (size_t il = 0; il < blocks_.size(); ++il) {
             const SingleStreamBlock& b = blocks_[il];
-            LayerState& state = seq.layers[il];
+            const ScratchFrame frame(scratch);  // this block's buffers are reused by the next
             for (int64_t t = 0; t < T; ++t)
-                cpu::rms_norm(residual.data() + t * H, H, b.attn_norm.data(), h_.eps, normed.data() + t * H);
+                cpu::rms_norm(residual + t * H, H, b.attn_norm.data(), h_.eps, normed + t * H);
             if (b.recurrent) {
                 gdn_forward({.shape = h_.gdn,
                              .weights = b.gdn,
-                             .state = state.gdn,
-                             .x = normed.data(),
-                             .out = out.data(),
+                             .states = batch.states(il, &LayerState::gdn),
+                             .sequences = batch.rows,
+                             .x = normed,
+                             .out = out,
                              .n_tokens = T,
+                             .scratch = scratch,
                              .pool = pool()});
             } else {
                 attention_forward({.shape = h_.attention,
                                    .indexer = nullptr,
                                    .weights = b.attention,
-                                   .cache = state.attention,
-                                   .x = normed.data(),
-                                   .out = out.data(),
+                                   .caches = batch.states(il, &LayerState::attention),
+                                   .sequences = batch.rows,
+                                   .x = normed,
+                                   .out = out,
                                    .n_tokens = T,
-                                   .pos0 = seq.n_past(),
+                                   .scratch = scratch,
                                    .pool = pool()});
             }
-            for (size_t i = 0; i < residual.size(); ++i) residual[i] += out[i];
+            for (int64_t i = 0; i < T * H; ++i) residual[i] += out[i];
 
             for (int64_t t = 0; t < T; ++t)
-                cpu::rms_norm(residual.data() + t * H, H, b.post_attention_norm.data(), h_.eps, normed.data() + t * H);
+                cpu::rms_norm(residual + t * H, H, b.post_attention_norm.data(), h_.eps, normed + t * H);
             moe_forward({.shape = h_.moe,
                          .weights = b.moe,
-                         .x = normed.data(),
-                         .out = out.data(),
+                         .x = normed,
+                         .out = out,
                          .n_tokens = T,
+                         .scratch = scratch,
                          .pool = pool()});
-            for (size_t i = 0; i < residual.size(); ++i) residual[i] += out[i];
+            for (int64_t i = 0; i < T * H; ++i) residual[i] += out[i];
         }
-        for (int64_t t = 0; t < T; ++t)
-            cpu::rms_norm(residual.data() + t * H, H, output_norm_.data(), h_.eps, hidden + t * H);
+        for (int64_t t = 0; t < T; ++t) cpu::rms_norm(residual + t * H, H, output_norm_.data(), h_.eps, hidden + t * H);
     }
 
     SingleStreamHparams h_;

@@ -41,6 +41,18 @@ std::string written_files(const std::string& out_path) {
 }
 
 int run_convert(const Args& args) {
+    if (auto in = args.get("--gguf")) {
+        if (args.has("--hf")) throw Error("give either --hf DIR or --gguf FILE, not both");
+        if (!args.has("--no-mtp"))
+            throw Error("--gguf copies a GGUF without its MTP block: add --no-mtp (the only conversion it does)");
+        for (const char* flag : {"--outtype", "--vocab-placeholder", "--split-max-size"})
+            if (args.has(flag)) throw Error(std::string(flag) + " applies to --hf conversions, not to --gguf");
+        const std::string out = args.require("--out");
+        strip_mtp_gguf(*in, out);
+        std::printf("wrote %s (%s without its MTP block)\n", out.c_str(), in->c_str());
+        return 0;
+    }
+    if (!args.has("--hf")) throw Error("convert needs --hf DIR (or --gguf FILE --no-mtp)");
     ConvertOptions options{
         .hf_dir = args.require("--hf"),
         .out_path = args.require("--out"),
@@ -87,10 +99,12 @@ Command convert_command() {
                 .name = "convert",
                 .summary = "convert a Hugging Face save_pretrained folder to GGUF (llama.cpp names and keys)",
                 .usage = "strata convert --hf DIR --out FILE.gguf [--outtype f32|f16|bf16|q8_0] "
-                         "[--vocab-placeholder] [--no-mtp] [--split-max-size N[K|M|G]]",
+                         "[--vocab-placeholder] [--no-mtp] [--split-max-size N[K|M|G]]\n"
+                         "       strata convert --gguf IN.gguf --no-mtp --out FILE.gguf",
                 .flags =
                     {
                         {"--hf", "DIR", "folder with config.json, *.safetensors and (if present) tokenizer.json"},
+                        {"--gguf", "IN.gguf", "with --no-mtp: copy a GGUF without its MTP (nextn) block"},
                         {"--out", "FILE.gguf", "output file (written under a temporary name, then renamed)"},
                         {"--outtype", "TYPE",
                          "f32, f16 (default), bf16 or q8_0 for the matrices; norms, conv "

@@ -23,6 +23,10 @@ struct ConvertOptions {
 // Throws Error with one line naming the problem (missing config, unknown architecture, missing tensor, shape ...).
 void convert_hf_to_gguf(const ConvertOptions& options);
 
+// A copy of a GGUF without its MTP (nextn) blocks: block_count and per-block arrays shortened, nextn_predict_layers
+// dropped, tensors copied byte for byte. Throws Error when the file has no MTP block.
+void strip_mtp_gguf(const std::string& in_path, const std::string& out_path);
+
 struct SynthOptions {
     std::string preset = "tiny";
     std::string arch;                  // empty: the preset's own

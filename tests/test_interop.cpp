@@ -279,3 +279,32 @@ TEST(Interop, TinyPresetExists) {
 }
 
 }  // namespace
+
+// The bundled model (docs/bundled-model.md): the shipped file keeps its MTP block, which llama.cpp v0.4.0 refuses, so
+// the check runs on the copy `strata convert --gguf ... --no-mtp` writes, over the held-out tokens of
+// tests/data/bundled/goldens.bin (transformers' argmax there decides where llama.cpp's QSA selection departs).
+TEST(Interop, BundledModelWithoutMtpLoadsAndArgmaxAgrees) {
+    REQUIRE_LLAMA_CPP();
+    const fs::path shipped = fs::path(STRATA_SOURCE_DIR) / "assets" / "strata-code-19m.gguf";
+    const std::string raw = read_text(fs::path(STRATA_TEST_DATA) / "bundled" / "goldens.bin");
+    ASSERT_GT(raw.size(), 12u);
+    int32_t n = 0, v = 0;
+    std::memcpy(&n, raw.data() + 4, 4);
+    std::memcpy(&v, raw.data() + 8, 4);
+    ASSERT_EQ(raw.size(), 12 + 8 * static_cast<size_t>(n) + 4 * static_cast<size_t>(n) * static_cast<size_t>(v));
+    std::vector<int32_t> ids(static_cast<size_t>(n)), hf_argmax(static_cast<size_t>(n));
+    std::memcpy(ids.data(), raw.data() + 12, 4 * ids.size());
+    std::memcpy(hf_argmax.data(), raw.data() + 12 + 4 * ids.size(), 4 * ids.size());
+
+    const strata::testing::TempDir scratch_dir;
+    const fs::path copy = fs::path(scratch_dir.path()) / "no-mtp.gguf";
+    const auto converted = strata::testing::run_strata("convert --gguf " + shell_quote(shipped) + " --no-mtp --out " +
+                                                       shell_quote(copy));
+    ASSERT_EQ(converted.status, 0) << converted.err;
+
+    LlamaResult llama = llama_argmax(copy, ids);
+    ASSERT_TRUE(llama.error.empty()) << "llama.cpp refused the bundled model without MTP: " << llama.error;
+    int64_t n_vocab = 0;
+    const std::vector<float> logits = strata_logits(shipped, ids, &n_vocab);
+    expect_agreement("bundled strata-code-19m", compare(logits, n_vocab, llama.argmax, hf_argmax));
+}

@@ -284,7 +284,7 @@ Command bench_command() {
                 .flags =
                     {
                         {"--model", "FILE.gguf",
-                         "the model (default: models/tiny.gguf from 'strata synth --preset tiny')"},
+                         kDefaultModelHelp},
                         {"-p", "P", "prompt test ppP: P tokens in one forward call (default 512; 0 skips it)"},
                         {"-n", "N", "decode test tgN: N single-token steps (default 128; 0 skips it)"},
                         {"-d", "DEPTH", "run both tests after DEPTH tokens of context (untimed; names get @dDEPTH)"},

@@ -53,7 +53,7 @@ double seconds_since(Clock::time_point t) {
 // Flags shared by run and chat.
 
 const std::vector<FlagSpec> kModelFlags = {
-    {"--model", "FILE.gguf", "the model (default: models/tiny.gguf from 'strata synth --preset tiny')"},
+    {"--model", "FILE.gguf", kDefaultModelHelp},
     {"--threads", "N", "worker threads (default: all cores)"},
     {"--ctx", "N",
      "context size in tokens (default: run, the prompt plus -n; chat, 4096 or the training context if smaller)"},

@@ -142,11 +142,12 @@ const std::vector<FlagSpec> kTokenFlags = {
 
 }  // namespace
 
-// models/tiny.gguf in the working folder, else beside the build folder of this executable (build/strata ->
-// models/tiny.gguf), so `scripts/run.sh` and a run from the repository root both find it.
+// The bundled model (assets/strata-code-19m.gguf, docs/bundled-model.md) in the working folder, else beside the build
+// folder of this executable (build/strata -> assets/...), so `scripts/run.sh` and a run from the repository root both
+// find it.
 std::string default_model_path() {
     namespace fs = std::filesystem;
-    const fs::path relative = fs::path("models") / "tiny.gguf";
+    const fs::path relative = kBundledModelPath;
     std::error_code ec;
     if (fs::is_regular_file(relative, ec)) return relative.string();
     fs::path exe = fs::read_symlink("/proc/self/exe", ec);
@@ -154,9 +155,9 @@ std::string default_model_path() {
         fs::path beside = exe.parent_path().parent_path() / relative;
         if (fs::is_regular_file(beside, ec)) return beside.string();
     }
-    throw Error(
-        "no --model given and models/tiny.gguf does not exist: make it with 'strata synth --preset tiny "
-        "--out models/tiny.gguf' (random weights) or pass --model FILE.gguf");
+    throw Error(std::string("no --model given and the bundled model ") + kBundledModelPath +
+                " is not in the working folder or beside the build folder: run from the repository root or pass "
+                "--model FILE.gguf");
 }
 
 Command logits_command() {
@@ -188,7 +189,7 @@ Command logits_command() {
 
 Command generate_command() {
     std::vector<FlagSpec> flags = {
-        {"--model", "FILE.gguf", "the model (default: models/tiny.gguf from 'strata synth --preset tiny')"}};
+        {"--model", "FILE.gguf", kDefaultModelHelp}};
     flags.insert(flags.end(), kTokenFlags.begin(), kTokenFlags.end());
     flags.insert(flags.end(),
                  {

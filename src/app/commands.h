@@ -30,6 +30,8 @@ Command tokenize_command();
 // cmd_chat.cpp
 Command run_command();
 Command chat_command();
+// cmd_serve.cpp
+Command serve_command();
 
 // Shared helpers (common.cpp).
 
@@ -60,7 +62,10 @@ class AtomicFile {
     std::string temp_path_;
     std::FILE* file_ = nullptr;
 };
-// cmd_run.cpp: models/tiny.gguf in the working folder or beside the build folder; Error saying how to make it.
+// The bundled model, the default of run, chat, generate, serve and bench (docs/bundled-model.md).
+inline constexpr const char* kBundledModelPath = "assets/strata-code-19m.gguf";
+inline constexpr const char* kDefaultModelHelp = "the model (default: the bundled assets/strata-code-19m.gguf)";
+// cmd_run.cpp: kBundledModelPath in the working folder or beside the build folder; Error otherwise.
 std::string default_model_path();
 // "1.50 GiB", "12.0 MiB", "512 B".
 std::string format_bytes(uint64_t n);

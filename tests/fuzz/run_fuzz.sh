@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets in a separate clang build dir and fuzzes for SECONDS in total (split evenly between
-# the targets). Usage: tests/fuzz/run_fuzz.sh SECONDS [fuzz_gguf] [fuzz_safetensors] [fuzz_jinja]
+# the targets). Usage: tests/fuzz/run_fuzz.sh SECONDS [fuzz_gguf] [fuzz_safetensors] [fuzz_jinja] [fuzz_token_constraint]
 # The seed corpus (tests/fuzz/corpus/TARGET) is copied into the build dir, so new inputs never land in the repo.
 # A crash leaves its input in BUILD/artifacts/TARGET/ and makes the script exit non-zero.
 # Env: STRATA_FUZZ_BUILD (build dir, default build-fuzz), STRATA_FUZZ_JOBS (parallel jobs per target, default 1).
@@ -9,7 +9,7 @@ set -euo pipefail
 seconds=${1:?usage: run_fuzz.sh SECONDS [fuzz_gguf] [fuzz_safetensors] [fuzz_jinja]}
 shift
 targets=("$@")
-if [ ${#targets[@]} -eq 0 ]; then targets=(fuzz_gguf fuzz_safetensors fuzz_jinja); fi
+if [ ${#targets[@]} -eq 0 ]; then targets=(fuzz_gguf fuzz_safetensors fuzz_jinja fuzz_token_constraint); fi
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 src=$(cd "$here/../.." && pwd)

@@ -348,6 +348,12 @@ std::vector<Preset> presets() {
                       {"image_token_id", 248056},
                       {"full_attention_interval", 4}}),
                  DType::F16});
+    // tiny's shape at hidden 256 and expert width 256: every expert row fills whole 256-element k-quant and i-quant
+    // super-blocks, so `--type q4_k` etc. quantize the experts (tiny's 64-wide rows cannot hold one).
+    json small_k = tiny;
+    small_k.update({{"hidden_size", 256}, {"moe_intermediate_size", 256}, {"shared_expert_intermediate_size", 256}});
+    p.push_back({"small-k", "qwen4exp: tiny at hidden 256 with 256-wide experts (whole k-quant blocks), vocab 512",
+                 qwen4exp_config(small_k), DType::F32});
     json q35 = moe_tiny;
     q35["architectures"] = {"Qwen3_5MoeForCausalLM"};
     q35["rope_parameters"] = tiny_rope;
@@ -358,6 +364,42 @@ std::vector<Preset> presets() {
     q3n["rope_parameters"] = {{"rope_theta", 10000000.0}, {"partial_rotary_factor", 0.5}};
     p.push_back({"qwen3next-tiny", "qwen3next: hidden 64, 4 layers, vocab 512, 8 experts top-2", q3n, DType::F32});
     return p;
+}
+
+// llama_ftype (llama.h) of a file whose experts are quantized to t, for the quant types synth writes beyond the
+// converter's own (f32, f16, bf16, q8_0); nullopt for those.
+std::optional<uint32_t> quant_ftype(DType t) {
+    switch (t) {
+        case DType::Q4_0: return 2;
+        case DType::Q2_K: return 10;
+        case DType::Q3_K: return 12;  // Q3_K_M
+        case DType::Q4_K: return 15;  // Q4_K_M
+        case DType::Q5_K: return 17;  // Q5_K_M
+        case DType::Q6_K: return 18;
+        case DType::IQ4_NL: return 25;
+        case DType::IQ4_XS: return 30;
+        default: return std::nullopt;
+    }
+}
+
+// An expert type synth can write for this shape: the converter's types, or a quant type with a reference quantizer
+// whose block divides at least one expert row width (hidden size for gate/up, expert intermediate size for down).
+void check_expert_type(DType t, const HfConfig& c, const std::string& preset) {
+    if (!quant_ftype(t)) {
+        if (traits(t).can_compute && t != DType::F32 && t != DType::F16 && t != DType::BF16 && t != DType::Q8_0)
+            throw Error(std::string("synth: expert type ") + dtype_name(t) +
+                        " is not supported yet: strata can read it but has no quantizer for it (writable: f32, f16, "
+                        "bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs)");
+        return check_output_type(t);
+    }
+    // A matrix whose rows do not fill whole blocks falls back to f16 (planned_type, as llama-quantize falls back);
+    // when that would leave no expert matrix in the requested type, the file would not be what was asked for.
+    const int64_t block = traits(t).block_size;
+    if (c.hidden_size % block != 0 && c.moe_intermediate_size % block != 0)
+        throw Error(std::string("synth: expert type ") + dtype_name(t) + " is not supported for preset '" + preset +
+                    "': its expert rows (" + std::to_string(c.hidden_size) + " and " +
+                    std::to_string(c.moe_intermediate_size) + " wide) hold no whole " + std::to_string(block) +
+                    "-element block (use a preset with wider rows, e.g. small-k)");
 }
 
 }  // namespace
@@ -376,7 +418,7 @@ SynthModel build_synth(const SynthOptions& o) {
     if (!o.arch.empty() && o.arch != gguf_arch_name(m.config.arch))
         throw Error("synth: preset '" + o.preset + "' is " + gguf_arch_name(m.config.arch) + ", not " + o.arch +
                     " (known presets: " + names + ")");
-    if (o.expert_type) check_output_type(*o.expert_type);
+    if (o.expert_type) check_expert_type(*o.expert_type, m.config, preset->name);
 
     auto source = std::make_unique<SynthSource>(o.seed);
     add_hf_tensors(*source, m.config);
@@ -392,7 +434,15 @@ SynthModel build_synth(const SynthOptions& o) {
 }
 
 void add_synth_keys(gguf::Writer& writer, const SynthModel& m) {
-    add_model_keys(writer, m.plan, m.name, m.types.expert_type ? *m.types.expert_type : m.types.out_type);
+    const std::optional<uint32_t> quant_file_type =
+        m.types.expert_type ? quant_ftype(*m.types.expert_type) : std::nullopt;
+    if (quant_file_type) {
+        // The converter's key writer knows the plain output types only; a quantized-expert file names its expert type.
+        add_model_keys(writer, m.plan, m.name, m.types.out_type);
+        writer.set("general.file_type", gguf::Value::of_u32(*quant_file_type));
+    } else {
+        add_model_keys(writer, m.plan, m.name, m.types.expert_type ? *m.types.expert_type : m.types.out_type);
+    }
     std::optional<int64_t> eos;
     if (!m.config.eos_token_ids.empty()) eos = m.config.eos_token_ids.front();
     add_vocab_keys(writer, placeholder_vocab(m.config.vocab_size, eos));

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/quant_blocks.h"
 
 namespace strata {
 namespace {
@@ -20,19 +21,19 @@ struct Entry {
 // Block sizes and bytes from the GGUF format (ggml's type table).
 constexpr std::array kTypes{
     Entry{0, {"f32", 1, 4, true}},         Entry{1, {"f16", 1, 2, true}},
-    Entry{2, {"q4_0", 32, 18, false}},     Entry{3, {"q4_1", 32, 20, false}},
+    Entry{2, {"q4_0", 32, 18, true}},      Entry{3, {"q4_1", 32, 20, false}},
     Entry{6, {"q5_0", 32, 22, false}},     Entry{7, {"q5_1", 32, 24, false}},
     Entry{8, {"q8_0", 32, 34, true}},      Entry{9, {"q8_1", 32, 36, false}},
-    Entry{10, {"q2_k", 256, 84, false}},   Entry{11, {"q3_k", 256, 110, false}},
-    Entry{12, {"q4_k", 256, 144, false}},  Entry{13, {"q5_k", 256, 176, false}},
-    Entry{14, {"q6_k", 256, 210, false}},  Entry{15, {"q8_k", 256, 292, false}},
-    Entry{16, {"iq2_xxs", 256, 66, false}}, Entry{17, {"iq2_xs", 256, 74, false}},
-    Entry{18, {"iq3_xxs", 256, 98, false}}, Entry{19, {"iq1_s", 256, 50, false}},
-    Entry{20, {"iq4_nl", 32, 18, false}},  Entry{21, {"iq3_s", 256, 110, false}},
-    Entry{22, {"iq2_s", 256, 82, false}},  Entry{23, {"iq4_xs", 256, 136, false}},
+    Entry{10, {"q2_k", 256, 84, true}},    Entry{11, {"q3_k", 256, 110, true}},
+    Entry{12, {"q4_k", 256, 144, true}},   Entry{13, {"q5_k", 256, 176, true}},
+    Entry{14, {"q6_k", 256, 210, true}},   Entry{15, {"q8_k", 256, 292, true}},
+    Entry{16, {"iq2_xxs", 256, 66, false}}, Entry{17, {"iq2_xs", 256, 74, true}},
+    Entry{18, {"iq3_xxs", 256, 98, true}}, Entry{19, {"iq1_s", 256, 50, false}},
+    Entry{20, {"iq4_nl", 32, 18, true}},   Entry{21, {"iq3_s", 256, 110, true}},
+    Entry{22, {"iq2_s", 256, 82, false}},  Entry{23, {"iq4_xs", 256, 136, true}},
     Entry{24, {"i8", 1, 1, false}},        Entry{25, {"i16", 1, 2, false}},
     Entry{26, {"i32", 1, 4, false}},       Entry{27, {"i64", 1, 8, false}},
-    Entry{28, {"f64", 1, 8, false}},       Entry{29, {"iq1_m", 256, 56, false}},
+    Entry{28, {"f64", 1, 8, false}},       Entry{29, {"iq1_m", 256, 56, true}},
     Entry{30, {"bf16", 1, 2, true}},
 };
 
@@ -165,6 +166,7 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
             return;
         }
         default:
+            if (auto fn = quant::row_functions(t).to_f32) return fn(src, dst, n);
             throw Error(std::string("tensor type ") + dtype_name(t) + " is not supported by this build yet");
     }
 }
@@ -201,6 +203,7 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n) {
             return;
         }
         default:
+            if (auto fn = quant::row_functions(t).from_f32) return fn(src, dst, n);
             throw Error(std::string("cannot quantize to ") + dtype_name(t) + " yet");
     }
 }

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs what building and testing Strata needs on Debian/Ubuntu, skipping whatever is already there:
-#   build:   cmake ninja-build g++ pkg-config libgtest-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev
-#   extras:  clang libclang-rt-14-dev (fuzz smoke run), nodejs npm (llama.cpp interop test)
+#   build:   cmake ninja-build g++ pkg-config libgtest-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev
+#   extras:  clang libclang-rt-14-dev (fuzz smoke run), nodejs npm (llama.cpp interop and server end-to-end tests),
+#            chromium (the web app test)
 # With --with-interop it also installs node-llama-cpp 3.21.1 (pinned in tests/interop/package-lock.json; only the
-# prebuilt CPU binary, nothing is compiled) into tests/interop/node_modules.
+# prebuilt CPU binary, nothing is compiled) into tests/interop/node_modules, and the server tests' official clients
+# (openai, @anthropic-ai/sdk, playwright-core, ajv; pinned in tests/e2e/package-lock.json) into tests/e2e/node_modules.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,12 +30,14 @@ have_cmd g++ || required+=(g++)
 have_cmd pkg-config || required+=(pkg-config)
 [ -f /usr/include/pcre2.h ] || required+=(libpcre2-dev)
 [ -f /usr/include/utf8proc.h ] || required+=(libutf8proc-dev)
+[ -f /usr/include/httplib.h ] || required+=(libcpp-httplib-dev)
 optional=()
 have_cmd clang || optional+=(clang)
 have_pkg libclang-rt-14-dev || optional+=(libclang-rt-14-dev)
 have_cmd node || optional+=(nodejs)
 # NodeSource's nodejs bundles npm (and conflicts with Debian's npm package): ask for npm only when it is missing.
 have_cmd npm || optional+=(npm)
+[ -x /usr/bin/chromium ] || optional+=(chromium)
 
 if (( ${#required[@]} + ${#optional[@]} )); then
   if ! have_cmd apt-get; then
@@ -65,5 +69,6 @@ if (( with_interop )); then
   # --omit=optional: only the CPU build of llama.cpp (listed as a direct dependency), not the CUDA/Vulkan ones;
   # --ignore-scripts: its postinstall step would try to download or build llama.cpp.
   (cd tests/interop && npm ci --omit=optional --ignore-scripts --no-audit --no-fund)
+  (cd tests/e2e && npm ci --no-audit --no-fund)
 fi
 echo "setup.sh: dependencies ready"

@@ -1,0 +1,90 @@
+// `strata serve`: the OpenAI- and Anthropic-compatible HTTP server and web app (src/server). This file turns flags and
+// the environment (STRATA_API_KEY) into one ServeOptions and starts it.
+#include <cstdlib>
+#include <string>
+
+#include "app/commands.h"
+#include "core/error.h"
+#include "server/server.h"
+
+namespace strata::app {
+
+namespace {
+
+int run_serve(const Args& args) {
+    server::ServeOptions o;
+    if (auto m = args.get("--model")) {
+        o.model_path = *m;
+        require_file(o.model_path, "--model");
+    } else {
+        o.model_path = default_model_path();
+    }
+    if (auto h = args.get("--host")) {
+        if (h->empty()) throw Error("--host expects an address, got ''");
+        o.host = *h;
+    }
+    if (auto p = args.get_int("--port", 0, 65535)) o.port = static_cast<int>(*p);
+    o.n_threads = thread_count(args);
+    if (auto n = args.get_int("--parallel", 1, 256)) o.engine.n_slots = static_cast<int>(*n);
+    if (auto n = args.get_int("--ctx-size", 16, int64_t{1} << 24)) o.engine.ctx_per_slot = *n;
+    else o.engine.ctx_per_slot = 0;  // the server picks min(training context, 4096)
+    if (auto n = args.get_int("--queue", 0, 100000)) o.engine.queue_limit = static_cast<int>(*n);
+    if (auto n = args.get_int("--chunk-size", 1, 1 << 20)) o.engine.chunk_size = *n;
+    o.engine.prefix_cache = !args.has("--no-prefix-cache");
+    if (auto n = args.get_int("--http-threads", 1, 4096)) o.http_threads = static_cast<int>(*n);
+    if (auto s = args.get("--max-body")) {
+        auto bytes = parse_size(*s);
+        if (!bytes || *bytes < 1024 || *bytes > (uint64_t{1} << 30))
+            throw Error("--max-body expects a size between 1K and 1G (e.g. 1M), got '" + *s + "'");
+        o.max_body = static_cast<size_t>(*bytes);
+    }
+    if (auto k = args.get("--api-key")) {
+        if (k->empty()) throw Error("--api-key is empty");
+        o.api_key = *k;
+    } else if (const char* env = std::getenv("STRATA_API_KEY"); env != nullptr && *env != '\0') {
+        o.api_key = env;
+    }
+    o.cors_origins = args.get_all("--cors-origin");
+    o.aliases = args.get_all("--alias");
+    return server::serve(o);
+}
+
+}  // namespace
+
+Command serve_command() {
+    return {
+        .spec =
+            {
+                .name = "serve",
+                .summary = "OpenAI- and Anthropic-compatible HTTP server with a web app (batched parallel slots)",
+                .usage = "strata serve [--model FILE.gguf] [--host 127.0.0.1] [--port 8080] [--parallel N] "
+                         "[--ctx-size N] [--api-key KEY]",
+                .flags =
+                    {
+                        {"--model", "FILE.gguf", kDefaultModelHelp},
+                        {"--host", "ADDR", "address to listen on (default 127.0.0.1; others need an API key)"},
+                        {"--port", "N", "port (default 8080; 0: any free port, printed at start)"},
+                        {"--parallel", "N", "requests decoded together, one slot each (default 4)"},
+                        {"--ctx-size", "N", "context per slot in tokens (default: 4096 or the training context)"},
+                        {"--threads", "N", "worker threads (default: all cores)"},
+                        {"--api-key", "KEY", "require this key (Authorization: Bearer KEY or x-api-key); also STRATA_API_KEY"},
+                        {"--queue", "N", "requests that may wait for a slot before 503 (default 64)"},
+                        {"--chunk-size", "N", "prompt tokens per slot and step (default 256)"},
+                        {"--no-prefix-cache", "", "never reuse a slot's earlier tokens (every prompt computed in full)"},
+                        {"--cors-origin", "ORIGIN", "also allow browser requests from ORIGIN (http://host:port, or *)", true},
+                        {"--alias", "NAME", "another name the 'model' field may use", true},
+                        {"--max-body", "SIZE", "largest request body (default 1M)"},
+                        {"--http-threads", "N", "connection threads (default: parallel + queue + 8)"},
+                    },
+                .notes =
+                    "Endpoints: POST /v1/chat/completions, /v1/completions, /v1/messages (Anthropic), /tokenize,\n"
+                    "/detokenize; GET /v1/models, /health, /metrics (Prometheus), /v1/status, and the web app at /.\n"
+                    "Listens on 127.0.0.1 unless --host says otherwise; any other address needs --api-key or\n"
+                    "STRATA_API_KEY. Browser requests from other origins are refused (403) unless --cors-origin\n"
+                    "allows them. SIGINT or SIGTERM stops it: running requests end, then the process exits 0.",
+            },
+        .run = run_serve,
+    };
+}
+
+}  // namespace strata::app

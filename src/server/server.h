@@ -1,0 +1,29 @@
+// `strata serve`: an OpenAI- and Anthropic-compatible HTTP server with a web app, in process (cpp-httplib).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "server/engine.h"
+
+namespace strata::server {
+
+struct ServeOptions {
+    std::string model_path;
+    std::string host = "127.0.0.1";
+    int port = 8080;                    // 0: any free port (printed at start)
+    int n_threads = 0;                  // 0: all cores
+    EngineOptions engine;
+    std::string api_key;                // empty: no key (loopback binds only)
+    std::vector<std::string> cors_origins;
+    std::vector<std::string> aliases;   // more names the `model` field may use
+    size_t max_body = 1 << 20;
+    int http_threads = 0;               // 0: slots + queue + 8
+};
+
+// Loads the model, starts the engine and listens until SIGINT or SIGTERM; then finishes what runs and returns 0.
+// Throws Error for problems at start (no API key on a non-loopback bind, a port in use, a model that cannot load).
+int serve(const ServeOptions& options);
+
+}  // namespace strata::server

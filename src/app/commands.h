@@ -32,6 +32,8 @@ Command run_command();
 Command chat_command();
 // cmd_serve.cpp
 Command serve_command();
+// cmd_quantize.cpp
+Command quantize_command();
 
 // Shared helpers (common.cpp).
 

@@ -19,7 +19,8 @@ std::vector<strata::app::Command> all_commands() {
     using namespace strata::app;
     return {run_command(),      chat_command(),     tokenize_command(), generate_command(), logits_command(),
             convert_command(),  synth_command(),    info_command(),     bench_command(),
-            serve_command()};
+            serve_command(),
+            quantize_command()};
 }
 
 void print_overview(const std::vector<strata::app::Command>& commands) {

@@ -9,8 +9,10 @@ scripts/setup.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 ninja -C build strata
 
-echo "\$ build/strata run -n 60 --seed 1 \"def fibonacci(n):\""
-build/strata run -n 60 --seed 1 "def fibonacci(n):"
+# A raw continuation (no chat template): the bundled model is a small base model of Python code.
+prompt=$'import os\nimport sys\n\n\ndef main():'
+echo "\$ build/strata run --raw -n 60 --seed 1 --repeat-penalty 1.1 \"import os ... def main():\""
+build/strata run --raw -n 60 --seed 1 --repeat-penalty 1.1 "$prompt"
 echo
 port=${STRATA_PORT:-8080}
 echo "\$ build/strata serve --port $port     # web app: http://127.0.0.1:$port/  (OpenAI API: /v1, Anthropic: /v1/messages)"

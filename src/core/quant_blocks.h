@@ -3,6 +3,7 @@
 // must agree with.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -175,6 +176,19 @@ inline int nearest_int(float x) {
     uint32_t bits = 0;
     __builtin_memcpy(&bits, &shifted, 4);
     return static_cast<int>(bits & 0x007fffff) - 0x00400000;
+}
+
+// The value of largest magnitude (the first one on ties, sign kept): ggml's quantizers start their scales from it.
+inline float signed_absmax(const float* x, int n) {
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; ++i) {
+        const float ax = std::fabs(x[i]);
+        if (ax > amax) {
+            amax = ax;
+            max = x[i];
+        }
+    }
+    return max;
 }
 
 }  // namespace quant

@@ -54,19 +54,13 @@ void quantize_iq4_super_block(int super_block, const float* x, uint16_t* dh, uin
     std::memset(q4, 0, static_cast<size_t>(super_block / 2));
     std::memset(L, 0, sizeof L);
     *dh = f32_to_f16(0.f);
-    float max_scale = 0, amax_scale = 0;
     const int n_blocks = super_block / kBlock;
     for (int ib = 0; ib < n_blocks; ++ib) {
         const float* xb = x + ib * kBlock;
         uint8_t* Lb = L + ib * kBlock;
         for (int j = 0; j < kBlock; ++j) weight[j] = xb[j] * xb[j];
-        float amax = 0, max = 0;
-        for (int j = 0; j < kBlock; ++j)
-            if (std::fabs(xb[j]) > amax) {
-                amax = std::fabs(xb[j]);
-                max = xb[j];
-            }
-        if (amax < kGroupMaxEps) {
+        const float max = signed_absmax(xb, kBlock);
+        if (std::fabs(max) < kGroupMaxEps) {
             scales[ib] = 0;
             continue;
         }
@@ -96,11 +90,8 @@ void quantize_iq4_super_block(int super_block, const float* x, uint16_t* dh, uin
             }
         }
         scales[ib] = d;
-        if (std::fabs(d) > amax_scale) {
-            amax_scale = std::fabs(d);
-            max_scale = d;
-        }
     }
+    const float max_scale = signed_absmax(scales, n_blocks);
     if (n_blocks > 1) {
         *scales_h = 0;
         const float d = -max_scale / 32;

@@ -32,15 +32,8 @@ Block* blocks_out(void* dst, int64_t n, int64_t block) {
 // Symmetric levels in [-nmax, nmax-1] with a scale chosen by a small search that maximizes the weighted fit
 // (ggml's make_qx_quants, weights x^2 when rmse_type == 1). L receives level + nmax.
 float fit_symmetric(int n, int nmax, const float* x, int8_t* L, int rmse_type) {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; ++i) {
-        const float ax = std::fabs(x[i]);
-        if (ax > amax) {
-            amax = ax;
-            max = x[i];
-        }
-    }
-    if (amax < kGroupMaxEps) {
+    const float max = signed_absmax(x, n);
+    if (std::fabs(max) < kGroupMaxEps) {
         std::fill(L, L + n, 0);
         return 0.0f;
     }
@@ -94,15 +87,8 @@ float fit_symmetric(int n, int nmax, const float* x, int8_t* L, int rmse_type) {
 // Q3_K's group fit (ggml's make_q3_quants with do_rmse): start from the max-based scale, then move single levels
 // while the x^2-weighted fit improves. L receives level + nmax.
 float fit_q3(int n, int nmax, const float* x, int8_t* L) {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; ++i) {
-        const float ax = std::fabs(x[i]);
-        if (ax > amax) {
-            amax = ax;
-            max = x[i];
-        }
-    }
-    if (amax < kGroupMaxEps) {
+    const float max = signed_absmax(x, n);
+    if (std::fabs(max) < kGroupMaxEps) {
         std::fill(L, L + n, 0);
         return 0.0f;
     }
@@ -316,13 +302,7 @@ void quantize_q4_0(const float* src, void* dst, int64_t n) {
     auto* b = blocks_out<BlockQ4_0>(dst, n, kQ4_0Block);
     for (int64_t i = 0; i < n / kQ4_0Block; ++i, src += kQ4_0Block) {
         // The signed extreme maps to level 0 (-8) exactly; the other side gets at most +7.
-        float amax = 0, max = 0;
-        for (int j = 0; j < 32; ++j)
-            if (amax < std::fabs(src[j])) {
-                amax = std::fabs(src[j]);
-                max = src[j];
-            }
-        const float d = max / -8;
+        const float d = signed_absmax(src, kQ4_0Block) / -8;
         const float id = d ? 1.0f / d : 0.0f;
         b[i].d = f32_to_f16(d);
         for (int j = 0; j < 16; ++j) {
@@ -410,15 +390,8 @@ void quantize_q3_k(const float* src, void* dst, int64_t n) {
         const float* x = src;
         int8_t L[kQK_K];
         float scales[16];
-        float max_scale = 0, amax = 0;
-        for (int j = 0; j < 16; ++j) {
-            scales[j] = fit_q3(16, 4, x + 16 * j, L + 16 * j);
-            const float scale = std::fabs(scales[j]);
-            if (scale > amax) {
-                amax = scale;
-                max_scale = scales[j];
-            }
-        }
+        for (int j = 0; j < 16; ++j) scales[j] = fit_q3(16, 4, x + 16 * j, L + 16 * j);
+        const float max_scale = signed_absmax(scales, 16);
         BlockQ3_K& y = b[i];
         std::memset(y.scales, 0, sizeof y.scales);
         if (max_scale) {
@@ -598,14 +571,9 @@ void dequantize_q8_k(const void* src, float* dst, int64_t n) {
 void quantize_q8_k(const float* src, void* dst, int64_t n) {
     auto* b = blocks_out<BlockQ8_K>(dst, n, kQK_K);
     for (int64_t i = 0; i < n / kQK_K; ++i, src += kQK_K) {
-        float max = 0, amax = 0;
-        for (int j = 0; j < kQK_K; ++j)
-            if (std::fabs(src[j]) > amax) {
-                amax = std::fabs(src[j]);
-                max = src[j];
-            }
+        const float max = signed_absmax(src, kQK_K);
         BlockQ8_K& y = b[i];
-        if (!amax) {
+        if (max == 0) {
             std::memset(&y, 0, sizeof y);
             continue;
         }

@@ -12,30 +12,11 @@ namespace strata::server {
 
 namespace {
 
-std::string block_text(const Json& content, const std::string& where) {
-    if (content.is_string()) return content.get<std::string>();
-    if (content.is_null()) return "";
-    if (!content.is_array()) throw ApiError(400, where + " must be a string or a list of content blocks", "messages");
-    std::string text;
-    for (const auto& b : content) {
-        if (!b.is_object() || !b.contains("type") || !b["type"].is_string())
-            throw ApiError(400, where + ": content blocks must be objects with a 'type'", "messages");
-        if (b["type"] != "text")
-            throw ApiError(400, where + ": blocks of type '" + b["type"].get<std::string>().substr(0, 40) +
-                                    "' are not supported here (text only)",
-                           "messages");
-        if (!b.contains("text") || !b["text"].is_string())
-            throw ApiError(400, where + ": a text block needs a string 'text'", "messages");
-        text += b["text"].get<std::string>();
-    }
-    return text;
-}
-
 // Anthropic messages and system prompt -> the OpenAI-style messages the chat templates take.
 Json convert_messages(const ServerContext& ctx, const Json& body) {
     Json out = Json::array();
     if (auto it = body.find("system"); it != body.end() && !it->is_null())
-        out.push_back({{"role", "system"}, {"content", block_text(*it, "system")}});
+        out.push_back({{"role", "system"}, {"content", text_of_content(*it, "system")}});
     auto it = body.find("messages");
     if (it == body.end() || !it->is_array()) throw ApiError(400, "messages: a list of messages is required", "messages");
     if (it->empty()) throw ApiError(400, "messages: at least one message is required", "messages");
@@ -82,7 +63,7 @@ Json convert_messages(const ServerContext& ctx, const Json& body) {
                                       {"function", {{"name", b["name"]}, {"arguments", input}}}});
             } else if (type == "tool_result" && role == "user") {
                 Json tool = {{"role", "tool"},
-                             {"content", block_text(b.contains("content") ? b["content"] : Json(""), bw + ".content")}};
+                             {"content", text_of_content(b.contains("content") ? b["content"] : Json(""), bw + ".content")}};
                 if (b.contains("tool_use_id") && b["tool_use_id"].is_string()) tool["tool_call_id"] = b["tool_use_id"];
                 out.push_back(std::move(tool));
             } else {

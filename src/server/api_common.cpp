@@ -179,6 +179,26 @@ void check_json_schema(const Json& schema, const std::string& param, const std::
         if (!e->is_array()) throw ApiError(400, path + ".enum must be a list", param);
 }
 
+std::string text_of_content(const Json& content, const std::string& where) {
+    if (content.is_null()) return "";
+    if (content.is_string()) return content.get<std::string>();
+    if (!content.is_array())
+        throw ApiError(400, where + " must be a string or a list of content parts", "messages");
+    std::string text;
+    for (const auto& part : content) {
+        if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+            throw ApiError(400, where + " parts must be objects with a 'type'", "messages");
+        const std::string type = part["type"].get<std::string>();
+        if (type != "text" && type != "input_text")
+            throw ApiError(400, where + ": parts of type '" + type.substr(0, 40) + "' are not supported (text only)",
+                           "messages");
+        if (!part.contains("text") || !part["text"].is_string())
+            throw ApiError(400, where + ": a text part needs a string 'text'", "messages");
+        text += part["text"].get<std::string>();
+    }
+    return text;
+}
+
 void check_model(const ServerContext& ctx, const Json& body) {
     auto name = get_string(body, "model");
     if (!name || name->empty() || *name == ctx.model_id) return;

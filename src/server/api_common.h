@@ -97,6 +97,9 @@ void check_json_schema(const Json& schema, const std::string& param, const std::
 
 // `model` must be absent, the served id or an alias; 404 model_not_found otherwise.
 void check_model(const ServerContext& ctx, const Json& body);
+// The text of a message's content: a string, null (""), or a list of {type: "text"|"input_text", text} parts (OpenAI
+// "content parts", Anthropic "content blocks"); anything else is a 400 naming `where` (the path of the content field).
+std::string text_of_content(const Json& content, const std::string& where);
 
 // Sampling fields shared by the APIs (temperature, top_p, top_k, min_p, penalties, seed, logit_bias).
 SamplingParams parse_sampling(const ServerContext& ctx, const Json& body);

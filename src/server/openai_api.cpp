@@ -42,26 +42,6 @@ int64_t parse_max_tokens(const ServerContext& ctx, const Json& body, int64_t fal
 
 // ---- chat request -----------------------------------------------------------------------------------------------
 
-std::string text_of_content(const Json& content, const std::string& where) {
-    if (content.is_null()) return "";
-    if (content.is_string()) return content.get<std::string>();
-    if (!content.is_array())
-        throw ApiError(400, where + ".content must be a string or a list of content parts", "messages");
-    std::string text;
-    for (const auto& part : content) {
-        if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
-            throw ApiError(400, where + ".content parts must be objects with a 'type'", "messages");
-        const std::string type = part["type"].get<std::string>();
-        if (type != "text" && type != "input_text")
-            throw ApiError(400, where + ".content: parts of type '" + type.substr(0, 40) + "' are not supported (text only)",
-                           "messages");
-        if (!part.contains("text") || !part["text"].is_string())
-            throw ApiError(400, where + ".content: a text part needs a string 'text'", "messages");
-        text += part["text"].get<std::string>();
-    }
-    return text;
-}
-
 Json normalize_tools(const ServerContext& ctx, const Json& tools) {
     if (!tools.is_array()) throw ApiError(400, "'tools' must be a list", "tools");
     if (tools.size() > ctx.limits.max_tools)
@@ -110,7 +90,7 @@ Json normalize_messages(const ServerContext& ctx, const Json& body) {
         const Json content = m.contains("content") ? m["content"] : Json();
         // Only an assistant message (one that calls tools) may go without content.
         if (content.is_null() && role != "assistant") throw ApiError(400, where + ".content is required", "messages");
-        Json n = {{"role", role}, {"content", text_of_content(content, where)}};
+        Json n = {{"role", role}, {"content", text_of_content(content, where + ".content")}};
         if (role == "assistant") {
             if (m.contains("reasoning_content") && m["reasoning_content"].is_string())
                 n["reasoning_content"] = m["reasoning_content"];

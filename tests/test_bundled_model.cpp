@@ -17,6 +17,7 @@
 
 #include "format/gguf.h"
 #include "model/model.h"
+#include "interop_util.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -30,30 +31,8 @@ const fs::path kSource = STRATA_SOURCE_DIR;
 const fs::path kModel = kSource / "assets" / "strata-code-19m.gguf";
 const fs::path kData = fs::path(STRATA_TEST_DATA) / "bundled";
 
-struct Goldens {
-    int32_t n_tokens = 0, n_vocab = 0;
-    std::vector<int32_t> ids, argmax;
-    std::vector<float> logits;
-};
-
-Goldens read_goldens() {
-    const std::string raw = read_text(kData / "goldens.bin");
-    Goldens g;
-    EXPECT_GE(raw.size(), 12u);
-    if (raw.size() < 12 || raw.compare(0, 4, "STGL") != 0) return g;
-    std::memcpy(&g.n_tokens, raw.data() + 4, 4);
-    std::memcpy(&g.n_vocab, raw.data() + 8, 4);
-    const size_t n = static_cast<size_t>(g.n_tokens), v = static_cast<size_t>(g.n_vocab);
-    EXPECT_EQ(raw.size(), 12 + 8 * n + 4 * n * v) << "goldens.bin size";
-    if (raw.size() != 12 + 8 * n + 4 * n * v) return Goldens{};
-    g.ids.resize(n);
-    g.argmax.resize(n);
-    g.logits.resize(n * v);
-    std::memcpy(g.ids.data(), raw.data() + 12, 4 * n);
-    std::memcpy(g.argmax.data(), raw.data() + 12 + 4 * n, 4 * n);
-    std::memcpy(g.logits.data(), raw.data() + 12 + 8 * n, 4 * n * v);
-    return g;
-}
+using Goldens = strata::testing::BundledGoldens;
+using strata::testing::read_bundled_goldens;
 
 struct Comparison {
     double max_relative = 0;  // max |strata - oracle| / max |oracle|
@@ -88,7 +67,7 @@ std::vector<float> strata_logits(const strata::Model& model, const std::vector<i
 }
 
 TEST(BundledModel, LogitsMatchTheTrainingCodesForward) {
-    const Goldens g = read_goldens();
+    const Goldens g = read_bundled_goldens();
     ASSERT_GT(g.n_tokens, 64) << "the goldens must reach past the QSA selection budget (64 tokens)";
     auto model = strata::load_model(kModel.string());
     ASSERT_EQ(model->info().n_vocab, g.n_vocab);

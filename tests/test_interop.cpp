@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "interop_util.h"
 #include "test_util.h"
 #include "convert/convert.h"
 #include "format/gguf.h"
@@ -26,76 +27,17 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using strata::testing::LlamaResult;
+using strata::testing::llama_argmax;
+using strata::testing::parse_ids;
 using strata::testing::read_text;
-using strata::testing::run_shell;
 using strata::testing::shell_quote;
-
-const fs::path kInteropDir = fs::path(STRATA_SOURCE_DIR) / "tests" / "interop";
 
 // A position agrees when llama.cpp's argmax is also strata's maximum up to this relative rounding margin; exact
 // matches are counted separately. Both engines compute in float32 from the same f32 weights, but in different
 // orders, so a true near-tie may flip.
 constexpr double kTieMargin = 1e-4;
 constexpr double kMinAgreement = 0.99;
-
-// Why llama.cpp cannot be asked here, or empty when it can.
-std::string oracle_missing() {
-    if (std::system("node --version >/dev/null 2>&1") != 0) return "node is not installed";
-    if (!fs::exists(kInteropDir / "node_modules" / "node-llama-cpp" / "package.json"))
-        return "tests/interop/node_modules is missing (run: cd tests/interop && npm ci --omit=optional "
-               "--ignore-scripts)";
-    return "";
-}
-
-// CI installs node and node-llama-cpp (.ci/run), so there a missing oracle is a failure, not a skip.
-#define REQUIRE_LLAMA_CPP()                                                      \
-    do {                                                                         \
-        if (std::string why = oracle_missing(); !why.empty()) {                  \
-            if (std::getenv("CI")) {                                             \
-                FAIL() << "llama.cpp interop oracle unavailable in CI: " << why; \
-            }                                                                    \
-            GTEST_SKIP() << "llama.cpp interop oracle unavailable: " << why;     \
-        }                                                                        \
-    } while (0)
-
-std::vector<int32_t> parse_ids(const std::string& text) {
-    std::vector<int32_t> ids;
-    std::string cleaned = text;
-    std::replace_if(
-        cleaned.begin(), cleaned.end(), [](char c) { return c == ',' || c == '[' || c == ']'; }, ' ');
-    std::istringstream in(cleaned);
-    long long v = 0;
-    while (in >> v) ids.push_back(static_cast<int32_t>(v));
-    return ids;
-}
-
-std::string join_ids(const std::vector<int32_t>& ids) {
-    std::string s;
-    for (int32_t id : ids) {
-        if (!s.empty()) s += ' ';
-        s += std::to_string(id);
-    }
-    return s;
-}
-
-struct LlamaResult {
-    std::vector<int32_t> argmax;  // per position
-    std::string error;            // llama.cpp's own words when it refused the file
-};
-
-LlamaResult llama_argmax(const fs::path& model, const std::vector<int32_t>& ids) {
-    auto r = run_shell("node " + shell_quote(kInteropDir / "argmax.mjs") + " " + shell_quote(model) + " " +
-                       shell_quote(join_ids(ids)));
-    LlamaResult result;
-    if (r.status != 0) {
-        result.error = "exit status " + std::to_string(r.status) + ": " + r.err;
-        return result;
-    }
-    result.argmax = parse_ids(r.out);
-    if (result.argmax.size() != ids.size())
-        result.error = "expected " + std::to_string(ids.size()) + " argmax lines, got: " + r.out + r.err;
-    return result;
-}
 
 std::vector<float> strata_logits(const fs::path& model_path, const std::vector<int32_t>& ids, int64_t* n_vocab) {
     auto model = strata::load_model(model_path.string());
@@ -286,15 +228,10 @@ TEST(Interop, TinyPresetExists) {
 TEST(Interop, BundledModelWithoutMtpLoadsAndArgmaxAgrees) {
     REQUIRE_LLAMA_CPP();
     const fs::path shipped = fs::path(STRATA_SOURCE_DIR) / "assets" / "strata-code-19m.gguf";
-    const std::string raw = read_text(fs::path(STRATA_TEST_DATA) / "bundled" / "goldens.bin");
-    ASSERT_GT(raw.size(), 12u);
-    int32_t n = 0, v = 0;
-    std::memcpy(&n, raw.data() + 4, 4);
-    std::memcpy(&v, raw.data() + 8, 4);
-    ASSERT_EQ(raw.size(), 12 + 8 * static_cast<size_t>(n) + 4 * static_cast<size_t>(n) * static_cast<size_t>(v));
-    std::vector<int32_t> ids(static_cast<size_t>(n)), hf_argmax(static_cast<size_t>(n));
-    std::memcpy(ids.data(), raw.data() + 12, 4 * ids.size());
-    std::memcpy(hf_argmax.data(), raw.data() + 12 + 4 * ids.size(), 4 * ids.size());
+    const strata::testing::BundledGoldens g = strata::testing::read_bundled_goldens();
+    ASSERT_GT(g.n_tokens, 0);
+    const std::vector<int32_t>& ids = g.ids;
+    const std::vector<int32_t>& hf_argmax = g.argmax;
 
     const strata::testing::TempDir scratch_dir;
     const fs::path copy = fs::path(scratch_dir.path()) / "no-mtp.gguf";

@@ -25,6 +25,7 @@
 #include "core/quant_blocks.h"
 #include "format/gguf.h"
 #include "model/model.h"
+#include "interop_util.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -32,10 +33,9 @@ namespace fs = std::filesystem;
 namespace {
 
 using strata::DType;
+using strata::testing::kInteropDir;
 using strata::testing::run_shell;
 using strata::testing::shell_quote;
-
-const fs::path kInteropDir = fs::path(STRATA_SOURCE_DIR) / "tests" / "interop";
 
 // As in test_interop.cpp, a position agrees when llama.cpp's argmax is strata's maximum up to a relative margin; but
 // here llama.cpp also rounds the activations to 8 bits (Q8_K for k- and i-quants, Q8_0 for Q4_0 / IQ4_NL) before
@@ -48,47 +48,6 @@ constexpr double kMinAgreement = 0.99;
 constexpr double kMinExact = 0.95;
 constexpr int kPrompts = 4;         // prompts per type
 constexpr int64_t kPromptLen = 16;  // within small-k's QSA budget, where llama.cpp and transformers keep the same cells
-
-std::string oracle_missing() {
-    if (std::system("node --version >/dev/null 2>&1") != 0) return "node is not installed";
-    if (!fs::exists(kInteropDir / "node_modules" / "node-llama-cpp" / "package.json"))
-        return "tests/interop/node_modules is missing (run: cd tests/interop && npm ci --omit=optional "
-               "--ignore-scripts)";
-    return "";
-}
-
-#define REQUIRE_LLAMA_CPP()                                                      \
-    do {                                                                         \
-        if (std::string why = oracle_missing(); !why.empty()) {                  \
-            if (std::getenv("CI")) {                                             \
-                FAIL() << "llama.cpp interop oracle unavailable in CI: " << why; \
-            }                                                                    \
-            GTEST_SKIP() << "llama.cpp interop oracle unavailable: " << why;     \
-        }                                                                        \
-    } while (0)
-
-std::vector<int32_t> parse_ids(const std::string& text) {
-    std::vector<int32_t> ids;
-    std::istringstream in(text);
-    long long v = 0;
-    while (in >> v) ids.push_back(static_cast<int32_t>(v));
-    return ids;
-}
-
-// llama.cpp's argmax per position, or an error message.
-std::vector<int32_t> llama_argmax(const fs::path& model, const std::vector<int32_t>& ids, std::string* error) {
-    std::string joined;
-    for (int32_t id : ids) joined += (joined.empty() ? "" : " ") + std::to_string(id);
-    auto r = run_shell("node " + shell_quote(kInteropDir / "argmax.mjs") + " " + shell_quote(model) + " " +
-                       shell_quote(joined));
-    if (r.status != 0) {
-        *error = "exit status " + std::to_string(r.status) + ": " + r.err;
-        return {};
-    }
-    std::vector<int32_t> out = parse_ids(r.out);
-    if (out.size() != ids.size()) *error = "expected " + std::to_string(ids.size()) + " argmax lines, got: " + r.out;
-    return out;
-}
 
 struct Agreement {
     size_t exact = 0, within_tie = 0, n = 0;
@@ -128,9 +87,9 @@ void expect_llama_agrees(const fs::path& gguf, const std::string& what) {
         std::vector<int32_t> prompt;
         for (int64_t i = 0; i < kPromptLen; ++i)
             prompt.push_back(static_cast<int32_t>((i * 7919 + p * 104729 + 3) % n_vocab));
-        std::string error;
-        const std::vector<int32_t> llama = llama_argmax(gguf, prompt, &error);
-        ASSERT_TRUE(error.empty()) << "llama.cpp refused the " << what << " file: " << error;
+        const strata::testing::LlamaResult llama_result = strata::testing::llama_argmax(gguf, prompt);
+        ASSERT_TRUE(llama_result.error.empty()) << "llama.cpp refused the " << what << " file: " << llama_result.error;
+        const std::vector<int32_t>& llama = llama_result.argmax;
         auto seq = model->new_sequence(kPromptLen);
         std::vector<float> logits(static_cast<size_t>(kPromptLen * n_vocab));
         model->forward(*seq, prompt, logits);

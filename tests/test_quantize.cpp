@@ -15,6 +15,7 @@
 #include "core/dtype.h"
 #include "format/gguf.h"
 #include "model/model.h"
+#include "interop_util.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -27,7 +28,6 @@ using strata::testing::run_shell;
 using strata::testing::run_strata;
 using strata::testing::shell_quote;
 
-const fs::path kInteropDir = fs::path(STRATA_SOURCE_DIR) / "tests" / "interop";
 const fs::path kBundled = fs::path(STRATA_SOURCE_DIR) / "assets" / "strata-code-19m.gguf";
 constexpr size_t kPositions = 32;
 
@@ -56,13 +56,8 @@ const std::string& synth_f32() {
 
 // The held-out token ids of tests/data/bundled/goldens.bin (i32 magic, n, vocab, then n ids ...).
 std::vector<int32_t> golden_ids(int64_t n_vocab) {
-    const std::string raw = read_text(fs::path(STRATA_TEST_DATA) / "bundled" / "goldens.bin");
-    EXPECT_GT(raw.size(), 12u);
-    if (raw.size() <= 12) return {};
-    int32_t n = 0;
-    std::memcpy(&n, raw.data() + 4, 4);
-    std::vector<int32_t> ids(std::min<size_t>(kPositions, static_cast<size_t>(n)));
-    std::memcpy(ids.data(), raw.data() + 12, 4 * ids.size());
+    std::vector<int32_t> ids = strata::testing::read_bundled_goldens().ids;
+    ids.resize(std::min(kPositions, ids.size()));
     for (int32_t& id : ids) id = static_cast<int32_t>(id % n_vocab);  // the synth vocabulary is smaller
     return ids;
 }
@@ -267,16 +262,7 @@ TEST(QuantizeErrors, AreOneLineUserErrors) {
 // there, and its argmax matches strata's on the same file. Both engines read identical quantized weights, so only
 // accumulation order (and llama.cpp quantizing activations to q8 for its k-quant dot products) differs: >= 95%.
 TEST(QuantizeInterop, LlamaCppLoadsTheQ4KFileAndAgrees) {
-    std::string why;
-    if (std::system("node --version >/dev/null 2>&1") != 0)
-        why = "node is not installed";
-    else if (!fs::exists(kInteropDir / "node_modules" / "node-llama-cpp" / "package.json"))
-        why =
-            "tests/interop/node_modules is missing (run: cd tests/interop && npm ci --omit=optional --ignore-scripts)";
-    if (!why.empty()) {
-        if (std::getenv("CI")) FAIL() << "llama.cpp interop oracle unavailable in CI: " << why;
-        GTEST_SKIP() << "llama.cpp interop oracle unavailable: " << why;
-    }
+    REQUIRE_LLAMA_CPP();
     const std::string stripped = tmp("bundled-no-mtp.gguf");
     const auto s =
         run_strata("convert --gguf " + shell_quote(kBundled.string()) + " --no-mtp --out " + shell_quote(stripped));
@@ -285,18 +271,10 @@ TEST(QuantizeInterop, LlamaCppLoadsTheQ4KFileAndAgrees) {
     quantize(stripped, q4, "q4_k");
 
     const auto ids = golden_ids(vocab_of(q4));
-    std::string id_text;
-    for (int32_t id : ids) id_text += (id_text.empty() ? "" : " ") + std::to_string(id);
-    const auto r = run_shell("node " + shell_quote((kInteropDir / "argmax.mjs").string()) + " " + shell_quote(q4) +
-                             " " + shell_quote(id_text));
-    ASSERT_EQ(r.status, 0) << "llama.cpp refused the q4_k file: " << r.err;
-    std::vector<int32_t> llama;
-    for (size_t pos = 0, next = 0; pos < r.out.size(); pos = next + 1) {
-        next = r.out.find('\n', pos);
-        if (next == std::string::npos) next = r.out.size();
-        if (next > pos) llama.push_back(std::atoi(r.out.substr(pos, next - pos).c_str()));
-    }
-    ASSERT_EQ(llama.size(), ids.size()) << r.out;
+    const strata::testing::LlamaResult llama_result = strata::testing::llama_argmax(q4, ids);
+    ASSERT_TRUE(llama_result.error.empty()) << "llama.cpp refused the q4_k file: " << llama_result.error;
+    const std::vector<int32_t>& llama = llama_result.argmax;
+    ASSERT_EQ(llama.size(), ids.size());
     const double a = agreement(strata_argmax(q4, ids), llama);
     std::printf("[quantize] llama.cpp vs strata on the q4_k bundled model: %.1f%% over %zu positions\n", 100 * a,
                 ids.size());

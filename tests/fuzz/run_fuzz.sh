@@ -24,6 +24,7 @@ ninja -C "$build" "${targets[@]}"
 per_target=$(( seconds / ${#targets[@]} ))
 if [ "$per_target" -lt 1 ]; then per_target=1; fi
 status=0
+failed=()
 for t in "${targets[@]}"; do
     corpus="$build/corpus/$t"
     artifacts="$build/artifacts/$t"
@@ -33,10 +34,22 @@ for t in "${targets[@]}"; do
     echo "== $t: ${per_target}s"
     parallel=()
     if [ "$jobs" -gt 1 ]; then parallel=(-fork="$jobs"); fi
+    log="$build/logs/$t.log"
+    mkdir -p "$build/logs"
     if ! "$build/tests/fuzz/$t" "$corpus" -dict="$dict" -max_total_time="$per_target" -timeout=10 -rss_limit_mb=2048 \
-        -max_len=65536 -print_final_stats=1 -artifact_prefix="$artifacts/" "${parallel[@]}"; then
-        echo "== $t FAILED: inputs in $artifacts" >&2
+        -max_len=65536 -print_final_stats=1 -artifact_prefix="$artifacts/" "${parallel[@]}" 2>&1 | tee "$log"; then
+        failed+=("$t")
         status=1
     fi
+done
+# The end of the output is what a CI log keeps: say there which target failed, why, and with what input.
+for t in "${failed[@]}"; do
+    echo "== $t FAILED; its report without the progress lines:"
+    grep -v -E '^#[0-9]+|^\s*"|Uses: [0-9]+|NEW_FUNC' "$build/logs/$t.log" | tail -n 60
+    for f in "$build/artifacts/$t"/*; do
+        [ -f "$f" ] || continue
+        echo "== input $f ($(stat -c %s "$f") bytes), base64 of the first 2 KB:"
+        head -c 2048 "$f" | base64
+    done
 done
 exit $status

@@ -1,66 +1,91 @@
 #include "core/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define STRATA_CPU_RELAX() _mm_pause()
+#else
+#define STRATA_CPU_RELAX() ((void)0)
+#endif
 
 namespace strata {
 
+namespace {
+// How long an idle worker spins before it sleeps: long enough to cover the gap between two jobs of one forward pass
+// (tens of microseconds), short enough not to burn a core between requests.
+constexpr auto kSpin = std::chrono::microseconds(2000);
+}  // namespace
+
 ThreadPool::ThreadPool(int n_threads) {
-    for (int i = 1; i < std::max(1, n_threads); ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+    for (int i = 1; i < std::max(1, n_threads); ++i) workers_.emplace_back([this] { worker_loop(); });
 }
 
 ThreadPool::~ThreadPool() {
-    {
-        std::lock_guard lock(mutex_);
-        stop_ = true;
-    }
-    wake_.notify_all();
+    stop_.store(true);
+    generation_.fetch_add(1, std::memory_order_release);
+    generation_.notify_all();
     for (auto& w : workers_) w.join();
 }
 
-static void run_share(const std::function<void(int64_t, int64_t)>& fn, int64_t n, int index, int count) {
-    const int64_t begin = n * index / count;
-    const int64_t end = n * (index + 1) / count;
-    if (begin < end) fn(begin, end);
+void ThreadPool::work_on_current_job() {
+    for (;;) {
+        const int64_t begin = next_.fetch_add(grain_, std::memory_order_relaxed);
+        if (begin >= n_) return;
+        call_(ctx_, begin, std::min(n_, begin + grain_));
+    }
 }
 
-void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+void ThreadPool::run(int64_t n, int64_t grain, Trampoline call, void* ctx) {
     if (n <= 0) return;
-    if (workers_.empty() || n == 1) {
-        fn(0, n);
+    if (grain <= 0) grain = std::max<int64_t>(1, n / (4 * size()));
+    if (workers_.empty() || n <= grain) {
+        call(ctx, 0, n);
         return;
     }
-    {
-        std::lock_guard lock(mutex_);
-        job_ = &fn;
-        job_n_ = n;
-        pending_ = static_cast<int>(workers_.size());
-        ++generation_;
+    call_ = call;
+    ctx_ = ctx;
+    n_ = n;
+    grain_ = grain;
+    next_.store(0, std::memory_order_relaxed);
+    unfinished_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
+    generation_.notify_all();
+    work_on_current_job();
+    // A worker that is late is usually descheduled (more runnable threads than cores): after a short spin, give the
+    // core away instead of burning the time slice it needs.
+    for (int spins = 0; unfinished_.load(std::memory_order_acquire) != 0; ++spins) {
+        if (spins < 4096) {
+            STRATA_CPU_RELAX();
+        } else {
+            std::this_thread::yield();
+        }
     }
-    wake_.notify_all();
-    run_share(fn, n, 0, size());
-    std::unique_lock lock(mutex_);
-    done_.wait(lock, [this] { return pending_ == 0; });
-    job_ = nullptr;
 }
 
-void ThreadPool::worker_loop(int index) {
-    uint64_t seen = 0;
+void ThreadPool::worker_loop() {
+    uint64_t seen = 0;  // the generation at construction: a job submitted before this thread got here is still seen
     for (;;) {
-        const std::function<void(int64_t, int64_t)>* job;
-        int64_t n;
-        {
-            std::unique_lock lock(mutex_);
-            wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
-            if (stop_) return;
-            seen = generation_;
-            job = job_;
-            n = job_n_;
+        uint64_t now = generation_.load(std::memory_order_acquire);
+        if (now == seen) {
+            const auto until = std::chrono::steady_clock::now() + kSpin;
+            int spins = 0;
+            while ((now = generation_.load(std::memory_order_acquire)) == seen) {
+                STRATA_CPU_RELAX();
+                if (++spins % 256 == 0) {
+                    if (std::chrono::steady_clock::now() > until) {
+                        generation_.wait(seen, std::memory_order_acquire);
+                    } else {
+                        std::this_thread::yield();  // let a runnable thread have the core while we wait
+                    }
+                }
+            }
         }
-        run_share(*job, n, index, size());
-        {
-            std::lock_guard lock(mutex_);
-            if (--pending_ == 0) done_.notify_one();
-        }
+        seen = now;
+        if (stop_.load()) return;
+        work_on_current_job();
+        unfinished_.fetch_sub(1, std::memory_order_acq_rel);
     }
 }
 

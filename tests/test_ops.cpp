@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu/quant_dot.h"
 #include "core/dtype.h"
 #include "model/attention.h"
 #include "model/ple.h"
@@ -91,11 +92,26 @@ TEST(Ops, QuantizedWeightsReadAsTheirDequantizedValues) {
         QuantWeight q = make_weight(type, wv, in, out);
         std::vector<float> deq(in * out);
         for (int64_t r = 0; r < out; ++r) dequantize_row(type, q.tensor.row(r), deq.data() + r * in, in);
-        QuantWeight f = make_weight(DType::F32, deq, in, out);
-        std::vector<float> yq(out * T), yf(out * T);
+        // The matmul reads the weights as their dequantized values and the activations as their quantized form in
+        // the weight type's activation type (llama.cpp's vec_dot_type): equal to that double-precision product up
+        // to float summation order.
+        const DType act = cpu::activation_type(type);
+        std::vector<uint8_t> xq(row_bytes(act, in));
+        std::vector<float> xd(in * T);
+        for (int64_t t = 0; t < T; ++t) {
+            cpu::quantize_activations(act, x.data() + t * in, xq.data(), in);
+            dequantize_row(act, xq.data(), xd.data() + t * in, in);
+        }
+        std::vector<double> exact(out * T);
+        for (int64_t t = 0; t < T; ++t)
+            for (int64_t o = 0; o < out; ++o) {
+                double sum = 0;
+                for (int64_t i = 0; i < in; ++i) sum += static_cast<double>(deq[o * in + i]) * xd[t * in + i];
+                exact[t * out + o] = sum;
+            }
+        std::vector<float> yq(out * T);
         cpu::matmul({.w = q.tensor, .x = x.data(), .y = yq.data(), .n_tokens = T});
-        cpu::matmul({.w = f.tensor, .x = x.data(), .y = yf.data(), .n_tokens = T});
-        EXPECT_EQ(yq, yf) << dtype_name(type);
+        EXPECT_LT(rel_err(yq, exact), 1e-6) << dtype_name(type);
         // And close to the unquantized product (Q8_0 keeps ~2-3 significant digits per weight).
         std::vector<double> ref(out * T);
         for (int64_t t = 0; t < T; ++t)
@@ -351,4 +367,109 @@ TEST(Ops, QsaSelectKeepsTopBlocksAndTail) {
     // Fewer complete blocks than the budget: everything visible.
     const auto all = qsa_select(s, q.data(), pooled.data(), 6);
     EXPECT_EQ(all, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6}));
+}
+
+namespace {
+
+// n tokens of one head through the recurrent formula in double precision (transformers'
+// torch_recurrent_gated_delta_rule), with q, k, v rows `stride` floats apart; returns the outputs, updates state.
+std::vector<double> delta_rule_reference(std::vector<double>& state, const std::vector<float>& q,
+                                         const std::vector<float>& k, const std::vector<float>& v,
+                                         const std::vector<float>& g, const std::vector<float>& beta, int64_t n,
+                                         int64_t dk, int64_t dv, int64_t stride) {
+    std::vector<double> out(static_cast<size_t>(n * dv), 0.0);
+    for (int64_t t = 0; t < n; ++t) {
+        for (double& s : state) s *= std::exp(static_cast<double>(g[t]));
+        std::vector<double> delta(dv, 0.0);
+        for (int64_t j = 0; j < dv; ++j) {
+            double kv = 0;
+            for (int64_t i = 0; i < dk; ++i) kv += state[i * dv + j] * k[t * stride + i];
+            delta[j] = (v[t * stride + j] - kv) * beta[t];
+        }
+        for (int64_t i = 0; i < dk; ++i)
+            for (int64_t j = 0; j < dv; ++j) state[i * dv + j] += k[t * stride + i] * delta[j];
+        for (int64_t j = 0; j < dv; ++j)
+            for (int64_t i = 0; i < dk; ++i) out[t * dv + j] += state[i * dv + j] * q[t * stride + i];
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST(Ops, ChunkedGatedDeltaRuleMatchesRecurrentFormula) {
+    // The chunked (WY) form against the token-by-token recurrence, over lengths below, at and across the chunk size,
+    // from a non-zero incoming state, with strong and weak decay. Tolerance: both are exact formulas for the same
+    // quantity; only float rounding (over up to kDeltaChunk-term sums) separates them, so 1e-4 relative.
+    std::mt19937 rng(21);
+    for (const int64_t n : {1, 5, 63, 64, 65, 150}) {
+        for (const float decay_floor : {-3.0f, -0.05f}) {
+            const int64_t dk = 16, dv = 24, stride = 48;
+            std::vector<float> q(n * stride), k(n * stride), v(n * stride), g(n), beta(n);
+            std::uniform_real_distribution<float> ug(decay_floor, 0.0f), ub(0.0f, 1.0f);
+            for (int64_t t = 0; t < n; ++t) {
+                auto qt = random_vec(rng, dk), kt = random_vec(rng, dk), vt = random_vec(rng, dv);
+                cpu::l2_norm(qt.data(), dk, 1e-6f, qt.data());
+                cpu::l2_norm(kt.data(), dk, 1e-6f, kt.data());
+                std::copy(qt.begin(), qt.end(), q.begin() + t * stride);
+                std::copy(kt.begin(), kt.end(), k.begin() + t * stride);
+                std::copy(vt.begin(), vt.end(), v.begin() + t * stride);
+                g[t] = ug(rng);
+                beta[t] = ub(rng);
+            }
+            const auto init = random_vec(rng, dk * dv, 0.3f);
+            std::vector<float> state = init;
+            std::vector<double> ref_state(init.begin(), init.end());
+            const auto ref = delta_rule_reference(ref_state, q, k, v, g, beta, n, dk, dv, stride);
+            std::vector<float> out(n * dv, -1.0f);
+            cpu::gated_delta_chunked({.state = state.data(),
+                                      .q = q.data(),
+                                      .k = k.data(),
+                                      .v = v.data(),
+                                      .q_stride = stride,
+                                      .k_stride = stride,
+                                      .v_stride = stride,
+                                      .g = g.data(),
+                                      .beta = beta.data(),
+                                      .n = n,
+                                      .dk = dk,
+                                      .dv = dv,
+                                      .out = out.data(),
+                                      .out_stride = dv});
+            EXPECT_LT(rel_err(out, ref), 1e-4) << "n " << n << " decay floor " << decay_floor;
+            EXPECT_LT(rel_err(state, ref_state), 1e-4) << "state, n " << n << " decay floor " << decay_floor;
+        }
+    }
+}
+
+TEST(Ops, QsaRadixSelectMatchesSortingOnTiesAndRandomScores) {
+    // The radix select against a full sort (best score first, lower block first on ties) on pooled keys built to
+    // produce many exact ties (repeated rows) and on random ones; the chosen cells must be the same set, ascending.
+    std::mt19937 rng(22);
+    for (int trial = 0; trial < 40; ++trial) {
+        IndexerShape s{.n_head = 2, .head_dim = 8, .budget = 4 * (1 + trial % 7), .ratio = 4};
+        const int64_t pos = 20 + trial * 13;
+        const int64_t n_blocks = (pos + 1) / s.ratio;
+        const auto q = random_vec(rng, s.n_head * s.head_dim);
+        auto pooled = random_vec(rng, n_blocks * s.head_dim);
+        if (trial % 2 == 0)  // every block a copy of one of three rows: ties everywhere, some at zero score
+            for (int64_t b = 0; b < n_blocks; ++b)
+                std::copy_n(pooled.begin() + (b % 3) * s.head_dim, s.head_dim, pooled.begin() + b * s.head_dim);
+        std::vector<std::pair<float, int64_t>> scored;
+        for (int64_t b = 0; b < n_blocks; ++b) {
+            float sum = 0.0f;
+            for (int64_t h = 0; h < s.n_head; ++h)
+                sum += std::max(0.0f, cpu::dot(q.data() + h * s.head_dim, pooled.data() + b * s.head_dim, s.head_dim));
+            scored.push_back({-(sum * (1.0f / std::sqrt(static_cast<float>(s.head_dim)))), b});
+        }
+        std::sort(scored.begin(), scored.end());
+        const int64_t k = std::min<int64_t>(s.budget / s.ratio, n_blocks);
+        std::vector<int64_t> blocks;
+        for (int64_t j = 0; j < k; ++j) blocks.push_back(scored[j].second);
+        std::sort(blocks.begin(), blocks.end());
+        std::vector<int32_t> expect;
+        for (int64_t b : blocks)
+            for (int64_t i = 0; i < s.ratio; ++i) expect.push_back(static_cast<int32_t>(b * s.ratio + i));
+        for (int64_t c = n_blocks * s.ratio; c <= pos; ++c) expect.push_back(static_cast<int32_t>(c));
+        EXPECT_EQ(qsa_select(s, q.data(), pooled.data(), pos), expect) << "trial " << trial;
+    }
 }

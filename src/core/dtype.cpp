@@ -197,8 +197,14 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n) {
                 const float d = amax / 127.0f;
                 const float id = d != 0.0f ? 1.0f / d : 0.0f;
                 b[i].d = f32_to_f16(d);
-                for (int64_t j = 0; j < kQ8_0Block; ++j)
-                    b[i].qs[j] = static_cast<int8_t>(std::lround(x[j] * id));
+                // roundf (half away from zero) without a libm call per value: |x * id| <= 127 truncates exactly to
+                // an int, and the fraction left decides the step away from zero. The loop vectorizes.
+                for (int64_t j = 0; j < kQ8_0Block; ++j) {
+                    const float v = x[j] * id;
+                    const int q = static_cast<int>(v);
+                    const float frac = v - static_cast<float>(q);
+                    b[i].qs[j] = static_cast<int8_t>(q + (frac >= 0.5f) - (frac <= -0.5f));
+                }
             }
             return;
         }

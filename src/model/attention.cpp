@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <numeric>
 
@@ -55,29 +56,68 @@ void AttentionCache::init(const AttentionShape& s, const IndexerShape* ix, int64
     n_pooled = 0;
 }
 
+namespace {
+
+// Order-preserving map of a float to an unsigned key (larger float, larger key; -0 counts as +0).
+uint32_t float_key(float f) {
+    f += 0.0f;
+    uint32_t bits = 0;
+    std::memcpy(&bits, &f, 4);
+    return (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
+}
+
+// Marks the k largest keys of [0, n) (ties: lower index first) by a most-significant-digit radix select: four
+// histogram passes over 8-bit digits find the k-th largest key, then one ascending scan takes every key above it and
+// the first `ties` equal to it. O(n), and the chosen indices come out in ascending order.
+int64_t top_k_ascending(const uint32_t* keys, int64_t n, int64_t k, int32_t* chosen) {
+    uint32_t prefix = 0, mask = 0;
+    int64_t remaining = k;  // how many still to take at or below the current prefix
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        int64_t count[256] = {};
+        for (int64_t i = 0; i < n; ++i)
+            if ((keys[i] & mask) == prefix) ++count[(keys[i] >> shift) & 255];
+        int digit = 255;
+        for (; digit > 0 && count[digit] < remaining; --digit) remaining -= count[digit];
+        prefix |= static_cast<uint32_t>(digit) << shift;
+        mask |= 255u << shift;
+    }
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        if (keys[i] > prefix || (keys[i] == prefix && remaining-- > 0)) chosen[m++] = static_cast<int32_t>(i);
+    }
+    return m;
+}
+
+}  // namespace
+
 int64_t qsa_select_into(const IndexerShape& s, const float* q, const float* pooled, int64_t pos, int32_t* cells,
-                        float* scores, std::vector<int32_t>& order) {
+                        float* scores, std::vector<uint32_t>& keys) {
     const int64_t n_visible = pos + 1;
     const int64_t n_blocks = n_visible / s.ratio;
     int64_t n = 0;
     if (n_blocks > 0) {
         const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
-        for (int64_t b = 0; b < n_blocks; ++b) {
-            float sum = 0.0f;
-            for (int64_t h = 0; h < s.n_head; ++h)
-                sum += std::max(0.0f, cpu::dot(q + h * s.head_dim, pooled + b * s.head_dim, s.head_dim));
-            scores[b] = sum * scale;
-        }
-        // The k best blocks (ties: lower index first, as cpu::top_k), then in ascending order.
         const int64_t k = std::min(s.budget / s.ratio, n_blocks);
-        order.resize(static_cast<size_t>(n_blocks));
-        std::iota(order.begin(), order.end(), 0);
-        std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-            return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
-        });
-        std::sort(order.begin(), order.begin() + k);
-        for (int64_t j = 0; j < k; ++j)
-            for (int64_t i = 0; i < s.ratio; ++i) cells[n++] = static_cast<int32_t>(order[j] * s.ratio + i);
+        if (k == n_blocks) {
+            for (int64_t c = 0; c < n_blocks * s.ratio; ++c) cells[n++] = static_cast<int32_t>(c);
+        } else {
+            keys.resize(static_cast<size_t>(n_blocks));
+            for (int64_t b = 0; b < n_blocks; ++b) {
+                float sum = 0.0f;
+                for (int64_t h = 0; h < s.n_head; ++h)
+                    sum += std::max(0.0f, cpu::dot(q + h * s.head_dim, pooled + b * s.head_dim, s.head_dim));
+                scores[b] = sum * scale;
+                keys[static_cast<size_t>(b)] = float_key(scores[b]);
+            }
+            // The chosen block ids go to the end of `cells` (room for k of them there: k * ratio >= k), then expand
+            // in place from the front, which never overtakes the ids still to be read.
+            int32_t* chosen = cells + k * (s.ratio - 1);
+            const int64_t m = top_k_ascending(keys.data(), n_blocks, k, chosen);
+            for (int64_t j = 0; j < m; ++j) {
+                const int32_t block = chosen[j];
+                for (int64_t i = 0; i < s.ratio; ++i) cells[n++] = static_cast<int32_t>(block * s.ratio + i);
+            }
+        }
     }
     for (int64_t c = n_blocks * s.ratio; c < n_visible; ++c) cells[n++] = static_cast<int32_t>(c);
     return n;
@@ -86,8 +126,8 @@ int64_t qsa_select_into(const IndexerShape& s, const float* q, const float* pool
 std::vector<int32_t> qsa_select(const IndexerShape& s, const float* q, const float* pooled, int64_t pos) {
     std::vector<int32_t> cells(static_cast<size_t>(qsa_max_cells(s)));
     std::vector<float> scores(static_cast<size_t>((pos + 1) / s.ratio + 1));
-    std::vector<int32_t> order;
-    cells.resize(static_cast<size_t>(qsa_select_into(s, q, pooled, pos, cells.data(), scores.data(), order)));
+    std::vector<uint32_t> keys;
+    cells.resize(static_cast<size_t>(qsa_select_into(s, q, pooled, pos, cells.data(), scores.data(), keys)));
     return cells;
 }
 
@@ -150,9 +190,10 @@ void attention_forward(const AttentionForwardArgs& a) {
     float* qg = scratch.take<float>(T * 2 * hd * nh);
     float* k_new = scratch.take<float>(T * kv_width);
     float* v_new = scratch.take<float>(T * kv_width);
-    cpu::matmul({.w = w.q, .x = a.x, .y = qg, .n_tokens = T, .pool = a.pool});
-    cpu::matmul({.w = w.k, .x = a.x, .y = k_new, .n_tokens = T, .pool = a.pool});
-    cpu::matmul({.w = w.v, .x = a.x, .y = v_new, .n_tokens = T, .pool = a.pool});
+    const cpu::MatmulJob qkv[] = {{.w = &w.q, .x = a.x, .y = qg, .n_tokens = T},
+                                  {.w = &w.k, .x = a.x, .y = k_new, .n_tokens = T},
+                                  {.w = &w.v, .x = a.x, .y = v_new, .n_tokens = T}};
+    cpu::matmul_many(qkv, a.pool);
     // Which sequence each row belongs to and its position; the rows' keys and values go to their caches.
     int32_t* row_seq = scratch.take<int32_t>(T);
     int64_t max_pos = 0;
@@ -196,13 +237,13 @@ void attention_forward(const AttentionForwardArgs& a) {
         n_cells = scratch.take<int64_t>(T);
         run(a.pool, T, [&](int64_t begin, int64_t end) {
             thread_local std::vector<float> scores;
-            thread_local std::vector<int32_t> order;
+            thread_local std::vector<uint32_t> keys;
             for (int64_t t = begin; t < end; ++t) {
                 const int64_t pos = row_pos(t);
                 scores.resize(static_cast<size_t>((pos + 1) / ix.ratio + 1));
                 n_cells[t] = qsa_select_into(ix, index_q + t * ix.n_head * ix.head_dim,
                                              a.caches[static_cast<size_t>(row_seq[t])]->index_pooled.data(), pos,
-                                             cells + t * cells_stride, scores.data(), order);
+                                             cells + t * cells_stride, scores.data(), keys);
             }
         });
     } else {

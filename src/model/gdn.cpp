@@ -59,14 +59,20 @@ GdnInputs project(const GdnForwardArgs& args) {
                  .z = scratch.take<float>(T * s.value_dim()),
                  .b = scratch.take<float>(T * nv),
                  .a = scratch.take<float>(T * nv)};
-    auto mm = [&](const Tensor& t, float* y) {
-        cpu::matmul({.w = t, .x = args.x, .y = y, .n_tokens = T, .pool = args.pool});
+    // The projections run together in one parallel pass once all are listed (flush).
+    cpu::MatmulJob jobs[4];
+    size_t n_jobs = 0;
+    auto mm = [&](const Tensor& t, float* y) { jobs[n_jobs++] = {.w = &t, .x = args.x, .y = y, .n_tokens = T}; };
+    auto flush = [&] {
+        cpu::matmul_many({jobs, n_jobs}, args.pool);
+        n_jobs = 0;
     };
     if (w.projection == GdnProjection::LegacyFused) {
         // ssm_in: per key group g [q (dk) | k (dk) | v (per_group*dv) | z (per_group*dv)].
         const int64_t group_width = 2 * s.k_head_dim + 2 * per_group * s.v_head_dim;
         float* fused = scratch.take<float>(T * nk * group_width);
         mm(*w.ssm_in, fused);
+        flush();
         const int64_t gv = per_group * s.v_head_dim;
         for (int64_t t = 0; t < T; ++t)
             for (int64_t g = 0; g < nk; ++g) {
@@ -84,10 +90,12 @@ GdnInputs project(const GdnForwardArgs& args) {
     if (w.projection == GdnProjection::Separate) {
         mm(*w.beta, in.b);
         mm(*w.alpha, in.a);
+        flush();
     } else {
         // ssm_ba: per key group g [beta (per_group) | alpha (per_group)]; value head g * per_group + j.
         float* ba = scratch.take<float>(T * 2 * nv);
         mm(*w.ba, ba);
+        flush();
         for (int64_t t = 0; t < T; ++t)
             for (int64_t g = 0; g < nk; ++g)
                 for (int64_t j = 0; j < per_group; ++j) {

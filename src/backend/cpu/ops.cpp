@@ -31,24 +31,6 @@ Tensor matrix_view(const Tensor& w, int64_t slice, int64_t row_begin, int64_t n_
     return v;
 }
 
-void matmul(const MatmulArgs& a) {
-    const int64_t in = a.w.ne[0];
-    const int64_t out = a.w.ne[1];
-    STRATA_ASSERT(a.w.ne[2] == 1 && a.w.ne[3] == 1);
-    auto rows = [&](int64_t begin, int64_t end) {
-        std::vector<float> wrow(static_cast<size_t>(in));
-        for (int64_t o = begin; o < end; ++o) {
-            dequantize_row(a.w.type, a.w.row(o), wrow.data(), in);
-            for (int64_t t = 0; t < a.n_tokens; ++t) a.y[t * out + o] = dot(wrow.data(), a.x + t * in, in);
-        }
-    };
-    if (a.pool && out * in * a.n_tokens >= 32768) {
-        a.pool->parallel_for(out, rows);
-    } else {
-        rows(0, out);
-    }
-}
-
 void get_row(const Tensor& t, int64_t row, float* out) {
     STRATA_ASSERT(row >= 0 && row < t.n_rows());
     dequantize_row(t.type, t.row(row), out, t.ne[0]);
@@ -136,7 +118,9 @@ void causal_conv_step(const ConvStepArgs& a) {
 
 void gated_delta_step(const DeltaStepArgs& a) {
     const float decay = std::exp(a.g);
-    std::vector<float> delta(static_cast<size_t>(a.dv), 0.0f);
+    thread_local std::vector<float> delta_buffer;  // grows once; no allocation per token
+    delta_buffer.assign(static_cast<size_t>(a.dv), 0.0f);
+    float* delta = delta_buffer.data();
     for (int64_t i = 0; i < a.dk; ++i)
         for (int64_t j = 0; j < a.dv; ++j) a.state[i * a.dv + j] *= decay;
     for (int64_t i = 0; i < a.dk; ++i)
@@ -151,7 +135,8 @@ void gated_delta_step(const DeltaStepArgs& a) {
 
 void attend(const AttendArgs& a) {
     const int64_t n = static_cast<int64_t>(a.cells.size());
-    std::vector<float> scores(static_cast<size_t>(n));
+    thread_local std::vector<float> scores;  // grows with the context; no allocation per token after that
+    scores.resize(static_cast<size_t>(n));
     for (int64_t c = 0; c < n; ++c)
         scores[c] = a.scale * dot(a.q, a.keys + static_cast<int64_t>(a.cells[c]) * a.row_stride, a.head_dim);
     softmax(scores.data(), n);

@@ -33,8 +33,11 @@ float dot(const float* a, const float* b, int64_t n);
 // a tensor of up to 3 dims. The view shares the tensor's data.
 Tensor matrix_view(const Tensor& w, int64_t slice, int64_t row_begin, int64_t n_rows);
 
-// y[t, o] = sum_i W[o, i] * x[t, i] for t < n_tokens, W {in, out} (ggml order, any dequantizable type). x rows are
-// `in` floats apart, y rows `out` floats apart. Parallel over output rows when a pool is given.
+// y[t, o] = sum_i W[o, i] * x[t, i] for t < n_tokens, W {in, out} (ggml order, any computable type). x rows are
+// `in` floats apart, y rows `out` floats apart. The activations are first quantized to the weight type's activation
+// type (backend/cpu/quant_dot.h: llama.cpp's numerics), then every output is one dot-product kernel call, so y[t] does
+// not depend on n_tokens, on the thread count or on which other products share the call. Parallel over output rows
+// when a pool is given. Allocates only when a call needs more activation buffer than any call before on this thread.
 struct MatmulArgs {
     const Tensor& w;
     const float* x;
@@ -43,6 +46,16 @@ struct MatmulArgs {
     ThreadPool* pool = nullptr;
 };
 void matmul(const MatmulArgs& args);
+
+// Independent products computed in one parallel pass (one wake-up of the pool for all): the experts of a MoE layer,
+// q/k/v projections. Jobs that read the same x quantize it once.
+struct MatmulJob {
+    const Tensor* w;
+    const float* x;
+    float* y;
+    int64_t n_tokens = 1;
+};
+void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool);
 
 // Row `row` of a 2-D tensor {n, rows} as floats (token embeddings, PLE rows).
 void get_row(const Tensor& t, int64_t row, float* out);
@@ -101,6 +114,28 @@ struct DeltaStepArgs {
     float* out;
 };
 void gated_delta_step(const DeltaStepArgs& args);
+
+// The same rule over n consecutive tokens of one head at once, in the chunked (WY) form of transformers'
+// torch_chunk_gated_delta_rule: per chunk of up to kDeltaChunk tokens, the intra-chunk interactions become small dense
+// products and the state is read and written once per chunk instead of four times per token. Equal to n
+// gated_delta_step calls up to float rounding. The CPU model runs the per-token step (bench/NOTES.md: at 64 x 64
+// heads this form measured 5x slower here, and the step keeps results independent of how a prompt is split); this is
+// the reference for the GPU backend's chunked kernel. Token i's q, k, v start at q + i * q_stride (floats) and so on; g and
+// beta are per token; out rows are out_stride apart.
+constexpr int64_t kDeltaChunk = 64;
+struct DeltaChunkArgs {
+    float* state;
+    const float* q;
+    const float* k;
+    const float* v;
+    int64_t q_stride = 0, k_stride = 0, v_stride = 0;
+    const float* g;
+    const float* beta;
+    int64_t n = 0, dk = 0, dv = 0;
+    float* out;
+    int64_t out_stride = 0;
+};
+void gated_delta_chunked(const DeltaChunkArgs& args);
 
 // Softmax attention of one query head over the given cells: keys and values are rows `row_stride` floats apart,
 // head data at key_head/value_head offset already applied. out (head_dim) = sum_c softmax(scale * q.k_c) v_c.

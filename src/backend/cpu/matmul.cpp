@@ -1,0 +1,159 @@
+// Matrix products over quantized dot-product kernels: activations quantized once per call, output rows split into
+// units that the pool's threads claim, and within a unit up to kDotCols tokens per kernel call so that the weight
+// unpacking is shared by several tokens of a prompt.
+#include <algorithm>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "backend/cpu/quant_dot.h"
+#include "core/error.h"
+
+namespace strata::cpu {
+
+namespace {
+
+// Tokens whose quantized activations are walked per pass over a unit's rows: they stay in L2 while the unit's rows
+// (in L1) are reused against them.
+constexpr int64_t kTokenBlock = 64;
+
+struct PreparedJob {
+    const Tensor* w = nullptr;
+    float* y = nullptr;
+    int64_t n_tokens = 0;
+    DotFn kernel = nullptr;
+    size_t act_offset = 0;  // into the activation buffer
+    size_t act_stride = 0;  // bytes per token
+    int64_t rows_per_unit = 0;
+    int64_t first_unit = 0;
+};
+
+struct QuantizeTask {
+    DType act;
+    const float* x;
+    int64_t in;
+    int64_t n_tokens;
+    size_t offset;
+    size_t stride;
+};
+
+// Per calling thread, reused from call to call.
+struct MatmulBuffers {
+    std::vector<PreparedJob> jobs;
+    std::vector<QuantizeTask> quantize;
+    std::vector<uint8_t> activations;
+};
+thread_local MatmulBuffers t_buffers;
+
+// Rows per claimed unit: enough work to amortise the claim, small enough that the rows stay in L1 and that a decode
+// step spreads evenly over the threads.
+int64_t rows_per_unit(const Tensor& w, int64_t n_tokens, int n_threads) {
+    const int64_t out = w.ne[1];
+    const int64_t by_cache = std::max<int64_t>(1, static_cast<int64_t>(16384 / std::max<size_t>(1, w.nb[1])));
+    const int64_t by_balance = std::max<int64_t>(1, out / (8 * n_threads));
+    const int64_t rows = n_tokens >= kDotCols ? std::min<int64_t>(16, by_cache) : std::min<int64_t>(64, by_balance);
+    return std::clamp<int64_t>(rows, 1, out);
+}
+
+void run_unit(const PreparedJob& j, const uint8_t* activations, int64_t row_begin, int64_t row_end) {
+    const Tensor& w = *j.w;
+    const int64_t in = w.ne[0], out = w.ne[1];
+    const uint8_t* act = activations + j.act_offset;
+    float tile[kDotCols];
+    for (int64_t t0 = 0; t0 < j.n_tokens; t0 += kTokenBlock) {
+        const int64_t t_end = std::min(j.n_tokens, t0 + kTokenBlock);
+        for (int64_t t = t0; t < t_end; t += kDotCols) {
+            const int cols = static_cast<int>(std::min<int64_t>(kDotCols, t_end - t));
+            const uint8_t* a = act + static_cast<size_t>(t) * j.act_stride;
+            for (int64_t r = row_begin; r < row_end; ++r) {
+                j.kernel(in, w.row(r), a, j.act_stride, tile, cols);
+                for (int c = 0; c < cols; ++c) j.y[(t + c) * out + r] = tile[c];
+            }
+        }
+    }
+}
+
+}  // namespace
+
+void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
+    MatmulBuffers& b = t_buffers;
+    b.jobs.clear();
+    b.quantize.clear();
+    const Isa isa = active_isa();
+    const int n_threads = pool ? pool->size() : 1;
+    size_t act_bytes = 0;
+    int64_t units = 0;
+    double work = 0;
+    for (const MatmulJob& job : jobs) {
+        const Tensor& w = *job.w;
+        STRATA_ASSERT(w.ne[2] == 1 && w.ne[3] == 1);
+        if (job.n_tokens <= 0 || w.ne[1] == 0) continue;
+        const int64_t in = w.ne[0];
+        const DType act = activation_type(w.type);
+        PreparedJob p{.w = &w, .y = job.y, .n_tokens = job.n_tokens, .kernel = dot_kernel(w.type, isa)};
+        p.act_stride = row_bytes(act, in);
+        // Products that read the same activations (gate and up, q/k/v) share one quantized copy.
+        bool shared = false;
+        for (const QuantizeTask& q : b.quantize) {
+            if (q.x == job.x && q.act == act && q.in == in && q.n_tokens >= job.n_tokens) {
+                p.act_offset = q.offset;
+                shared = true;
+                break;
+            }
+        }
+        if (!shared) {
+            act_bytes = (act_bytes + 63) / 64 * 64;
+            p.act_offset = act_bytes;
+            b.quantize.push_back({act, job.x, in, job.n_tokens, act_bytes, p.act_stride});
+            act_bytes += p.act_stride * static_cast<size_t>(job.n_tokens);
+        }
+        p.rows_per_unit = rows_per_unit(w, job.n_tokens, n_threads);
+        p.first_unit = units;
+        units += (w.ne[1] + p.rows_per_unit - 1) / p.rows_per_unit;
+        work += static_cast<double>(w.ne[0]) * static_cast<double>(w.ne[1]) * static_cast<double>(job.n_tokens);
+        b.jobs.push_back(p);
+    }
+    if (b.jobs.empty()) return;
+    if (b.activations.size() < act_bytes) b.activations.resize(act_bytes);
+    uint8_t* activations = b.activations.data();
+    const bool parallel = pool && pool->size() > 1 && work >= 65536.0;
+
+    // Quantize the activations: one item per (task, token).
+    int64_t quantize_items = 0;
+    for (const QuantizeTask& q : b.quantize) quantize_items += q.n_tokens;
+    auto quantize_range = [&](int64_t begin, int64_t end) {
+        int64_t base = 0;
+        for (const QuantizeTask& q : b.quantize) {
+            for (int64_t t = std::max(begin - base, int64_t{0}); t < std::min(end - base, q.n_tokens); ++t)
+                quantize_activations(q.act, q.x + t * q.in, activations + q.offset + static_cast<size_t>(t) * q.stride,
+                                     q.in);
+            base += q.n_tokens;
+        }
+    };
+    if (parallel && quantize_items >= 8) {
+        pool->parallel_for(quantize_items, quantize_range);
+    } else {
+        quantize_range(0, quantize_items);
+    }
+
+    auto unit_range = [&](int64_t begin, int64_t end) {
+        size_t j = 0;
+        for (int64_t u = begin; u < end; ++u) {
+            while (j + 1 < b.jobs.size() && b.jobs[j + 1].first_unit <= u) ++j;
+            const PreparedJob& p = b.jobs[j];
+            const int64_t row_begin = (u - p.first_unit) * p.rows_per_unit;
+            run_unit(p, activations, row_begin, std::min(p.w->ne[1], row_begin + p.rows_per_unit));
+        }
+    };
+    if (parallel) {
+        pool->parallel_for(units, unit_range, 1);
+    } else {
+        unit_range(0, units);
+    }
+}
+
+void matmul(const MatmulArgs& a) {
+    const MatmulJob job{.w = &a.w, .x = a.x, .y = a.y, .n_tokens = a.n_tokens};
+    matmul_many({&job, 1}, a.pool);
+}
+
+}  // namespace strata::cpu

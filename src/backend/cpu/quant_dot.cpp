@@ -1,0 +1,156 @@
+#include "backend/cpu/quant_dot.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+#include <vector>
+
+#include "backend/cpu/dot_kernels.h"
+#include "backend/cpu/ops.h"
+#include "core/error.h"
+
+namespace strata::cpu {
+
+const char* isa_name(Isa isa) {
+    switch (isa) {
+        case Isa::Scalar: return "scalar";
+        case Isa::Avx2: return "avx2";
+        case Isa::Avx512: return "avx512";
+    }
+    return "?";
+}
+
+Isa detected_isa() {
+    static const Isa isa = [] {
+        __builtin_cpu_init();
+        // The wide kernel files are compiled with -mavx2 -mfma -mf16c -mbmi2: all four must be there.
+        const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+        if (!avx2) return Isa::Scalar;
+        const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                            __builtin_cpu_supports("avx512vnni");
+        return avx512 ? Isa::Avx512 : Isa::Avx2;
+    }();
+    return isa;
+}
+
+Isa active_isa() {
+    static const Isa isa = [] {
+        const Isa best = detected_isa();
+        const char* env = std::getenv("STRATA_ISA");
+        if (!env || !*env) return best;
+        const std::string_view want(env);
+        Isa cap = best;
+        if (want == "scalar") cap = Isa::Scalar;
+        else if (want == "avx2") cap = Isa::Avx2;
+        else if (want == "avx512") cap = Isa::Avx512;
+        return static_cast<int>(cap) < static_cast<int>(best) ? cap : best;
+    }();
+    return isa;
+}
+
+DType activation_type(DType weight) {
+    switch (weight) {
+        case DType::F32:
+        case DType::F16:
+        case DType::BF16: return DType::F32;
+        case DType::Q8_0:
+        case DType::Q4_0:
+        case DType::IQ4_NL: return DType::Q8_0;
+        default: return DType::Q8_K;
+    }
+}
+
+void quantize_activations(DType act, const float* x, void* dst, int64_t n) {
+    if (act == DType::F32) {
+        std::memcpy(dst, x, static_cast<size_t>(n) * sizeof(float));
+        return;
+    }
+    quantize_row(act, x, dst, n);
+}
+
+namespace {
+
+// Last resort for a type without an integer kernel: dequantize both rows and dot in f32.
+void dot_by_dequantizing(DType w_type, int64_t n, const void* w, const void* a, size_t a_stride, float* out,
+                         int n_cols) {
+    thread_local std::vector<float> wf, af;
+    wf.resize(static_cast<size_t>(n));
+    af.resize(static_cast<size_t>(n));
+    dequantize_row(w_type, w, wf.data(), n);
+    const DType act = activation_type(w_type);
+    for (int c = 0; c < n_cols; ++c) {
+        const void* row = static_cast<const uint8_t*>(a) + c * a_stride;
+        dequantize_row(act, row, af.data(), n);
+        out[c] = dot(wf.data(), af.data(), n);
+    }
+}
+
+template <DType T>
+void dequantizing_kernel(int64_t n, const void* w, const void* a, size_t a_stride, float* out, int n_cols) {
+    dot_by_dequantizing(T, n, w, a, a_stride, out, n_cols);
+}
+
+struct Registry {
+    DotTable native[kIsaCount];
+    DotTable fallback;
+    Registry() {
+        register_dots_basic_scalar(native[0]);
+        register_dots_kquant_scalar(native[0]);
+        register_dots_klow_scalar(native[0]);
+        register_dots_iq2_scalar(native[0]);
+        register_dots_iq3_scalar(native[0]);
+        register_dots_basic_avx2(native[1]);
+        register_dots_kquant_avx2(native[1]);
+        register_dots_klow_avx2(native[1]);
+        register_dots_iq2_avx2(native[1]);
+        register_dots_iq3_avx2(native[1]);
+        register_dots_basic_avx512(native[2]);
+        register_dots_kquant_avx512(native[2]);
+        register_dots_klow_avx512(native[2]);
+        register_dots_iq2_avx512(native[2]);
+        register_dots_iq3_avx512(native[2]);
+#define STRATA_FALLBACK(T) fallback.set(DType::T, dequantizing_kernel<DType::T>)
+        STRATA_FALLBACK(F32);
+        STRATA_FALLBACK(F16);
+        STRATA_FALLBACK(BF16);
+        STRATA_FALLBACK(Q8_0);
+        STRATA_FALLBACK(Q4_0);
+        STRATA_FALLBACK(Q2_K);
+        STRATA_FALLBACK(Q3_K);
+        STRATA_FALLBACK(Q4_K);
+        STRATA_FALLBACK(Q5_K);
+        STRATA_FALLBACK(Q6_K);
+        STRATA_FALLBACK(IQ4_NL);
+        STRATA_FALLBACK(IQ4_XS);
+        STRATA_FALLBACK(IQ2_XS);
+        STRATA_FALLBACK(IQ3_XXS);
+        STRATA_FALLBACK(IQ3_S);
+        STRATA_FALLBACK(IQ1_M);
+#undef STRATA_FALLBACK
+    }
+};
+
+const Registry& registry() {
+    static const Registry r;
+    return r;
+}
+
+}  // namespace
+
+bool has_native_dot(DType w, Isa isa) {
+    const int id = static_cast<int>(w);
+    return id < kMaxDTypeId && registry().native[static_cast<int>(isa)].fn[id] != nullptr;
+}
+
+DotFn dot_kernel(DType w, Isa isa) {
+    const int id = static_cast<int>(w);
+    if (id >= kMaxDTypeId) throw Error(std::string("no dot product for type ") + dtype_name(w));
+    for (int i = static_cast<int>(isa); i >= 0; --i)
+        if (DotFn f = registry().native[i].fn[id]) return f;
+    if (DotFn f = registry().fallback.fn[id]) return f;
+    throw Error(std::string("no dot product for type ") + dtype_name(w));
+}
+
+}  // namespace strata::cpu

@@ -1,0 +1,43 @@
+// Dot products of quantized weight rows with quantized activation rows: the kernels behind every CPU matmul.
+// Each weight type has llama.cpp's activation type (Q8_K for k- and i-quants, Q8_0 for Q8_0 / Q4_0 / IQ4_NL, F32 for
+// float weights), so results agree with llama.cpp's. Kernels exist per instruction set (scalar, AVX2, AVX-512 with
+// VNNI); the best one this CPU supports is picked at run time by CPUID.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace strata::cpu {
+
+enum class Isa : int { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+constexpr int kIsaCount = 3;
+const char* isa_name(Isa isa);
+
+// The best instruction set this CPU and OS support (AVX2 needs AVX2, FMA, F16C and BMI2; AVX-512 adds F, BW, DQ, VL
+// and VNNI).
+Isa detected_isa();
+// The set the matmuls use: detected_isa(), lowered by STRATA_ISA=scalar|avx2|avx512 in the environment.
+Isa active_isa();
+
+// llama.cpp's vec_dot_type of a weight type.
+DType activation_type(DType weight);
+// Quantizes n floats (a multiple of the activation type's block) into activation type `act` (F32: a copy). The
+// numerics are llama.cpp's reference quantizers, byte for byte.
+void quantize_activations(DType act, const float* x, void* dst, int64_t n);
+
+// out[c] = dot(weight row w, activation row c) for c < n_cols, where activation row c starts at
+// a + c * a_stride bytes; n elements, a multiple of the weight's block. n_cols is 1..kDotCols.
+// Contract: out[c] is bit-identical to what a call with n_cols = 1 on that column alone returns, so results never
+// depend on how tokens are grouped.
+constexpr int kDotCols = 4;
+using DotFn = void (*)(int64_t n, const void* w, const void* a, size_t a_stride, float* out, int n_cols);
+
+// The kernel for weight type w on instruction set isa: the best registered one at or below isa; never null for a
+// type this build can compute (the last resort dequantizes both rows and dots in f32).
+DotFn dot_kernel(DType w, Isa isa);
+// Whether a kernel written for exactly this (type, isa) pair is registered (tests report the others as skipped).
+bool has_native_dot(DType w, Isa isa);
+
+}  // namespace strata::cpu

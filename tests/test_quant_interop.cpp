@@ -5,8 +5,9 @@
 // own quantized kernels, so agreement says that both read every block the same way.
 //
 // Types with a reference quantizer are written by `strata synth --preset small-k --type T` (the production path).
-// The grid types (IQ2_XS, IQ3_XXS, IQ3_S, IQ1_M) have no quantizer yet: their expert tensors are filled with random
-// blocks (every bit pattern is a valid block), scaled to the magnitude of the f32 weights they replace.
+// GridExpertsInterop fills the grid types' (IQ2_XS, IQ3_XXS, IQ3_S, IQ1_M) expert tensors with random blocks (every
+// bit pattern is a valid block), scaled to the magnitude of the f32 weights they replace: it checks the layouts
+// independently of strata's grid quantizers, which QuantGridVsLlamaCpp compares with llama.cpp's.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -387,8 +388,68 @@ TEST(QuantInterop, SynthRefusesTypesThatDoNotFitThePreset) {
     } catch (const strata::Error& e) {
         EXPECT_NE(std::string(e.what()).find("small-k"), std::string::npos) << e.what();
     }
-    EXPECT_THROW(strata::synth_model({.preset = "small-k", .expert_type = DType::IQ2_XS, .out_path = out}),
+    EXPECT_THROW(strata::synth_model({.preset = "small-k", .expert_type = DType::IQ2_XXS, .out_path = out}),
                  strata::Error);
 }
+
+// ---- grid types: strata's quantizers against llama.cpp's (uniform importance matrix) ----
+
+// Gaussian rows with a few outliers, as weights look.
+std::vector<float> weight_like_rows(int64_t n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> gauss;
+    std::vector<float> x(static_cast<size_t>(n));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = gauss(rng) * (i % 211 == 7 ? 8.0f : 1.0f) * 0.02f;
+    return x;
+}
+
+double rmse_of(DType t, const std::string& bytes, const std::vector<float>& x) {
+    std::vector<float> y(x.size());
+    strata::dequantize_row(t, bytes.data(), y.data(), static_cast<int64_t>(x.size()));
+    double e = 0;
+    for (size_t i = 0; i < x.size(); ++i) e += (static_cast<double>(y[i]) - x[i]) * (static_cast<double>(y[i]) - x[i]);
+    return std::sqrt(e / static_cast<double>(x.size()));
+}
+
+// Our RMSE may exceed llama.cpp's (uniform importance, which is what ours uses without an imatrix) by at most 10%;
+// and llama.cpp's dequantizer must read our bytes to exactly our floats.
+constexpr double kMaxRmseRatio = 1.10;
+
+TEST(QuantGridVsLlamaCpp, RoundTripRmseAndFormatAgreement) {
+    REQUIRE_GGML_QUANTS(oracle);
+    const int64_t n = 256 * 64;
+    const std::vector<float> x = weight_like_rows(n, 99);
+    const std::string input(reinterpret_cast<const char*>(x.data()), x.size() * sizeof(float));
+    for (DType t : {DType::IQ2_XS, DType::IQ3_XXS, DType::IQ3_S, DType::IQ1_M}) {
+        SCOPED_TRACE(strata::dtype_name(t));
+        std::string ours(strata::row_bytes(t, n), '\0');
+        strata::quantize_row(t, x.data(), ours.data(), n);
+        const std::string theirs = run_oracle(oracle, t, n, 'w', input);
+        ASSERT_EQ(theirs.size(), ours.size());
+        const double e_ours = rmse_of(t, ours, x), e_theirs = rmse_of(t, theirs, x);
+        std::printf("[quant-grid] %-8s RMSE strata %.6f  llama.cpp %.6f  ratio %.3f\n", strata::dtype_name(t), e_ours,
+                    e_theirs, e_ours / e_theirs);
+        EXPECT_LE(e_ours, kMaxRmseRatio * e_theirs);
+        const std::string their_floats = run_oracle(oracle, t, n, 'd', ours);
+        std::string our_floats(static_cast<size_t>(n) * sizeof(float), '\0');
+        strata::dequantize_row(t, ours.data(), reinterpret_cast<float*>(our_floats.data()), n);
+        EXPECT_TRUE(their_floats == our_floats) << "llama.cpp reads strata's bytes differently";
+    }
+}
+
+// A file whose experts strata quantized to a grid type: llama.cpp loads it and agrees on the argmax.
+class GridQuantizedExpertsInterop : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GridQuantizedExpertsInterop, SynthFileArgmaxMatchesLlamaCpp) {
+    REQUIRE_LLAMA_CPP();
+    const DType type = *strata::dtype_from_name(GetParam());
+    const strata::testing::TempDir scratch;
+    const fs::path gguf = fs::path(scratch.path()) / ("small-k-" + GetParam() + ".gguf");
+    strata::synth_model({.preset = "small-k", .expert_type = type, .out_path = gguf.string(), .seed = 7});
+    expect_expert_type(gguf, type);
+    expect_llama_agrees(gguf, "small-k quantized " + GetParam() + " experts");
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, GridQuantizedExpertsInterop, ::testing::Values("iq2_xs", "iq3_xxs", "iq3_s", "iq1_m"));
 
 }  // namespace

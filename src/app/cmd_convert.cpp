@@ -83,7 +83,7 @@ int run_synth(const Args& args) {
     if (args.has("--type"))
         options.expert_type = parse_type(args, "--type",
                                          {"f32", "f16", "bf16", "q8_0", "q4_0", "q2_k", "q3_k", "q4_k", "q5_k",
-                                          "q6_k", "iq4_nl", "iq4_xs"});
+                                          "q6_k", "iq4_nl", "iq4_xs", "iq2_xs", "iq3_xxs", "iq3_s", "iq1_m"});
     if (auto seed = args.get_u64("--seed")) options.seed = *seed;
     synth_model(options);
     std::printf("wrote %s (preset %s, random weights)\n", options.out_path.c_str(), options.preset.c_str());
@@ -139,7 +139,7 @@ Command synth_command() {
                         {"--arch", "ARCH", "qwen4exp, qwen35moe or qwen3next (default: the preset's own)"},
                         {"--type", "T",
                          "type of the routed expert matrices: f32, f16, bf16, q8_0, q4_0, q2_k, "
-                         "q3_k, q4_k, q5_k, q6_k, iq4_nl or iq4_xs"},
+                         "q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, iq2_xs, iq3_xxs, iq3_s or iq1_m"},
                         {"--out", "FILE.gguf", "output file"},
                         {"--seed", "S", "random seed (default 1): the same seed writes the same file"},
                     },

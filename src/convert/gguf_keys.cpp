@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "convert/gguf_plan.h"
+#include "convert/quantize.h"
 #include "core/error.h"
 
 namespace strata {
@@ -27,7 +28,11 @@ DType planned_type(const PlannedTensor& t, const TensorTypes& types) {
         return planned_type(as_matrix, *types.table_type);
     }
     if (types.expert_type && t.name.find("_exps.") != std::string::npos) return planned_type(t, *types.expert_type);
-    return planned_type(t, types.out_type);
+    const DType plain = planned_type(t, types.out_type);
+    if (types.mix.empty() || !types.expert_type || plain == DType::F32) return plain;
+    const DType wanted = quantize_choose_type(t.name, static_cast<int>(t.ne.size()), plain,
+                                              *types.expert_type, types.mix);
+    return quantize_fit_type(wanted, t.ne.empty() ? 1 : t.ne[0]);
 }
 
 uint32_t file_type_of(DType out_type) {

@@ -64,11 +64,14 @@ void add_model_keys(gguf::Writer& writer, const ConversionPlan& plan, const std:
 void check_output_type(DType t);
 
 // Streams every planned tensor into the writer, converting rows in bounded chunks. Routed-expert tensors
-// (ffn_*_exps) take expert_type when given; the PLE table takes table_type when given (else it stays F32).
+// (ffn_*_exps) take expert_type when given; the PLE table takes table_type when given (else it stays F32). With a
+// mix named (quantize.h: "default"), every other tensor gets the type `strata quantize --type expert_type --mix`
+// would give it (attention and GDN matrices q8_0, output head and embeddings q6_k, routers and hc tensors f32).
 struct TensorTypes {
     DType out_type = DType::F16;
     std::optional<DType> expert_type;
     std::optional<DType> table_type;
+    std::string mix;
 };
 DType planned_type(const PlannedTensor& t, const TensorTypes& types);
 void add_planned_tensors(gguf::Writer& writer, const ConversionPlan& plan, const TensorTypes& types);

@@ -10,11 +10,15 @@
 //   routed experts  *_exps.weight                       T                          q6_k   T
 //   attention (q/k/v/o, gate), GDN ssm_* matrices       T                          q8_0   q8_0
 //     (incl. ssm_out), shared experts *_shexp,
-//     indexer/PLE/MTP projections, other matrices
+//     indexer/PLE/MTP projections, hyper-connection
+//     hc_* matrices, other matrices
 //   output head, token embeddings                       T                          q8_0   q6_k
 //   PLE table per_layer_token_embd                      its input type
-//   norms, conv kernels, routers ffn_gate_inp*,         f32
-//     hyper-connection hc_*, ssm_a, ssm_dt, 1-D tensors
+//   norms (incl. hc_*_norm), conv kernels, routers      f32
+//     ffn_gate_inp*, ssm_a, ssm_dt, 1-D tensors
+//
+// The hyper-connection matrices (hc_*_down/up/inject: 4 x hidden wide) are read for every token twice per layer; in
+// f32 they would be a third of what a Q4_K decode step reads, so they get q8_0 like the attention matrices.
 //
 // Mix `experts-only`: the routed experts get --type, every other tensor is copied as it is.
 //
@@ -46,11 +50,11 @@ struct TargetType {
 constexpr TargetType kTargets[] = {
     {DType::F32, 0},   {DType::F16, 1},   {DType::BF16, 32}, {DType::Q8_0, 7}, {DType::Q6_K, 18},   {DType::Q5_K, 17},
     {DType::Q4_K, 15}, {DType::Q3_K, 12}, {DType::Q2_K, 10}, {DType::Q4_0, 2}, {DType::IQ4_NL, 25}, {DType::IQ4_XS, 30},
+    {DType::IQ2_XS, 20}, {DType::IQ3_XXS, 23}, {DType::IQ3_S, 26}, {DType::IQ1_M, 31},
 };
 
 // Types this build reads but cannot write (their quantizers need importance-matrix search not written yet).
-constexpr DType kGridTypes[] = {DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S, DType::IQ3_XXS,
-                                DType::IQ3_S,   DType::IQ1_S,  DType::IQ1_M};
+constexpr DType kGridTypes[] = {DType::IQ2_XXS, DType::IQ2_S, DType::IQ1_S};
 
 bool ends_with(const std::string& s, const std::string& tail) {
     return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
@@ -70,7 +74,7 @@ bool is_routed_expert(const std::string& name) {
 bool stays_f32(const std::string& name, int n_dims) {
     const std::string base = base_name(name);
     return n_dims < 2 || ends_with(base, "norm.weight") || base.find("conv1d") != std::string::npos ||
-           base.find("ffn_gate_inp") != std::string::npos || base.find("hc_") != std::string::npos || base == "ssm_a" ||
+           base.find("ffn_gate_inp") != std::string::npos || base == "ssm_a" ||
            base.rfind("ssm_dt", 0) == 0;
 }
 
@@ -179,11 +183,11 @@ std::string quantize_type_names() {
 
 std::string quantize_mix_help() {
     return "mixes:\n"
-           "  default       routed experts (*_exps) at --type; attention, GDN ssm_* matrices, shared experts and\n"
-           "                other matrices at q8_0 (--type when it is f32/f16/bf16/q8_0); output head and token\n"
-           "                embeddings at q6_k (q8_0 for --type q6_k, --type itself for f32/f16/bf16/q8_0); the PLE\n"
-           "                table keeps its type; norms, conv kernels, routers, hc_* tensors, ssm_a, ssm_dt and\n"
-           "                1-D tensors are f32\n"
+           "  default       routed experts (*_exps) at --type; attention, GDN ssm_* matrices, shared experts,\n"
+           "                hyper-connection hc_* matrices and other matrices at q8_0 (--type when it is\n"
+           "                f32/f16/bf16/q8_0); output head and token embeddings at q6_k (q8_0 for --type q6_k, --type\n"
+           "                itself for f32/f16/bf16/q8_0); the PLE table keeps its type; norms, conv kernels,\n"
+           "                routers, ssm_a, ssm_dt and 1-D tensors are f32\n"
            "  experts-only  only the routed experts change; everything else is copied as it is\n"
            "A row length that is not a multiple of the chosen type's block falls back to q8_0, then f16.";
 }

@@ -378,6 +378,10 @@ std::optional<uint32_t> quant_ftype(DType t) {
         case DType::Q6_K: return 18;
         case DType::IQ4_NL: return 25;
         case DType::IQ4_XS: return 30;
+        case DType::IQ2_XS: return 20;
+        case DType::IQ3_XXS: return 23;
+        case DType::IQ3_S: return 26;
+        case DType::IQ1_M: return 31;
         default: return std::nullopt;
     }
 }
@@ -389,7 +393,7 @@ void check_expert_type(DType t, const HfConfig& c, const std::string& preset) {
         if (traits(t).can_compute && t != DType::F32 && t != DType::F16 && t != DType::BF16 && t != DType::Q8_0)
             throw Error(std::string("synth: expert type ") + dtype_name(t) +
                         " is not supported yet: strata can read it but has no quantizer for it (writable: f32, f16, "
-                        "bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs)");
+                        "bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, iq2_xs, iq3_xxs, iq3_s, iq1_m)");
         return check_output_type(t);
     }
     // A matrix whose rows do not fill whole blocks falls back to f16 (planned_type, as llama-quantize falls back);
@@ -429,6 +433,8 @@ SynthModel build_synth(const SynthOptions& o) {
     std::optional<DType> table_type = o.expert_type;
     if (!table_type && preset->dense_type != DType::F32) table_type = preset->dense_type;
     m.types = TensorTypes{.out_type = preset->dense_type, .expert_type = o.expert_type, .table_type = table_type};
+    // A quantized-expert file gets the rest by `strata quantize`'s default mix, as llama.cpp's presets would.
+    if (o.expert_type && quant_ftype(*o.expert_type)) m.types.mix = "default";
     m.name = std::string("strata-synth-") + preset->name;
     return m;
 }

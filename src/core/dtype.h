@@ -65,8 +65,9 @@ uint16_t f32_to_bf16(float f);  // round to nearest even, NaN stays NaN
 // Scalar reference conversions of n elements (n a multiple of the block size). Throws Error for a type this build
 // cannot compute.
 void dequantize_row(DType t, const void* src, float* dst, int64_t n);
-// quantize_row: F32, F16, BF16, Q8_0, Q4_0, Q2_K..Q6_K, Q8_K, IQ4_NL, IQ4_XS (llama.cpp's reference quantizers);
-// the grid i-quants (IQ2_XS, IQ3_XXS, IQ3_S, IQ1_M) dequantize only. Layouts: core/quant_blocks.h.
+// quantize_row: F32, F16, BF16, Q8_0, Q4_0, Q2_K..Q6_K, Q8_K, IQ4_NL, IQ4_XS (llama.cpp's reference quantizers) and
+// the grid i-quants IQ2_XS, IQ3_XXS, IQ3_S, IQ1_M (llama.cpp's search with uniform importance; not byte-identical).
+// Layouts: core/quant_blocks.h.
 void quantize_row(DType t, const float* src, void* dst, int64_t n);
 
 // Q8_0: 32 int8 values sharing one f16 scale.

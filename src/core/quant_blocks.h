@@ -133,7 +133,7 @@ using QuantizeFn = void (*)(const float* src, void* dst, int64_t n);
 
 struct RowFunctions {
     DequantizeFn to_f32 = nullptr;
-    QuantizeFn from_f32 = nullptr;  // null where only dequantization exists (grid types)
+    QuantizeFn from_f32 = nullptr;
 };
 
 // The reference row functions of the quant types in this file; both null for any other type.
@@ -164,6 +164,11 @@ void dequantize_iq3_s(const void* src, float* dst, int64_t n);
 void dequantize_iq1_m(const void* src, float* dst, int64_t n);
 void quantize_iq4_nl(const float* src, void* dst, int64_t n);
 void quantize_iq4_xs(const float* src, void* dst, int64_t n);
+// grid i-quants (quant_iq_grid.cpp): llama.cpp's search with an all-ones importance matrix, not byte-identical
+void quantize_iq2_xs(const float* src, void* dst, int64_t n);
+void quantize_iq3_xxs(const float* src, void* dst, int64_t n);
+void quantize_iq3_s(const float* src, void* dst, int64_t n);
+void quantize_iq1_m(const float* src, void* dst, int64_t n);
 
 // 6-bit scale j (0..7) and min of a Q4_K / Q5_K scales array (ggml's get_scale_min_k4 packing).
 void unpack_scale_min_k4(const uint8_t* scales, int j, uint8_t* scale, uint8_t* min);

@@ -1,6 +1,6 @@
 // Scalar reference dequantization of the i-quants (IQ4_NL, IQ4_XS, IQ2_XS, IQ3_XXS, IQ3_S, IQ1_M) and quantization
 // of the two non-grid ones (IQ4_NL, IQ4_XS), following ggml's definitions (ggml-quants.c); plus the table that maps
-// each quant type to its row functions.
+// each quant type to its row functions. The grid types' quantizers are in quant_iq_grid.cpp.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -290,13 +290,13 @@ RowFunctions row_functions(DType t) {
         case DType::IQ4_XS:
             return {dequantize_iq4_xs, quantize_iq4_xs};
         case DType::IQ2_XS:
-            return {dequantize_iq2_xs, nullptr};
+            return {dequantize_iq2_xs, quantize_iq2_xs};
         case DType::IQ3_XXS:
-            return {dequantize_iq3_xxs, nullptr};
+            return {dequantize_iq3_xxs, quantize_iq3_xxs};
         case DType::IQ3_S:
-            return {dequantize_iq3_s, nullptr};
+            return {dequantize_iq3_s, quantize_iq3_s};
         case DType::IQ1_M:
-            return {dequantize_iq1_m, nullptr};
+            return {dequantize_iq1_m, quantize_iq1_m};
         default:
             return {};
     }

@@ -3,7 +3,9 @@
 // from node-llama-cpp's gitRelease.bundle and compiles it together with this file; nothing of ggml is kept here.
 //
 //   ggml_quants_oracle TYPE N q   < N float32              > quantized row (llama-quantize's path: no imatrix)
-//   ggml_quants_oracle TYPE N d   < quantized row bytes    > N float32
+//   ggml_quants_oracle TYPE N w   < N float32              > quantized row with an importance matrix of all ones
+//                                                            (the grid types' quantizers require one)
+//   ggml_quants_oracle TYPE N d < quantized row bytes    > N float32
 //
 // TYPE is the ggml type id. Exit status 3 for a type this front end does not cover.
 #include <stdint.h>
@@ -70,6 +72,19 @@ int main(int argc, char** argv) {
             case GGML_TYPE_IQ4_XS: quantize_iq4_xs(x, q, 1, n, NULL); break;
             default: return 3;
         }
+        fwrite(q, 1, rb, stdout);
+    } else if (argv[3][0] == 'w') {
+        if (fread(x, sizeof(float), (size_t)n, stdin) != (size_t)n) return 4;
+        float* ones = malloc((size_t)n * sizeof(float));
+        for (int64_t i = 0; i < n; ++i) ones[i] = 1.0f;
+        switch (t) {
+            case GGML_TYPE_IQ2_XS: iq2xs_init_impl(t); quantize_iq2_xs(x, q, 1, n, ones); break;
+            case GGML_TYPE_IQ1_M: iq2xs_init_impl(t); quantize_iq1_m(x, q, 1, n, ones); break;
+            case GGML_TYPE_IQ3_XXS: iq3xs_init_impl(256); quantize_iq3_xxs(x, q, 1, n, ones); break;
+            case GGML_TYPE_IQ3_S: iq3xs_init_impl(512); quantize_iq3_s(x, q, 1, n, ones); break;
+            default: return 3;
+        }
+        free(ones);
         fwrite(q, 1, rb, stdout);
     } else {
         if (fread(q, 1, rb, stdin) != rb) return 4;

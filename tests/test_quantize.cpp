@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -37,7 +39,8 @@ std::string tmp(const std::string& name) {
 
 void quantize(const std::string& in, const std::string& out, const std::string& type, const std::string& mix = "") {
     if (fs::exists(out)) return;  // shared between tests of one program
-    const auto r = run_strata("quantize " + shell_quote(in) + " --out " + shell_quote(out) + " --type " + type +
+    // The form, IN OUT positional (QuantizeMix.BlockMisfitFallsBackAndIsReported uses --out).
+    const auto r = run_strata("quantize " + shell_quote(in) + " " + shell_quote(out) + " --type " + type +
                               (mix.empty() ? "" : " --mix " + mix));
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_NE(r.out.find("before:"), std::string::npos) << r.out;
@@ -62,16 +65,31 @@ std::vector<int32_t> golden_ids(int64_t n_vocab) {
     return ids;
 }
 
-std::vector<int32_t> strata_argmax(const std::string& path, const std::vector<int32_t>& ids) {
+// Per position: the argmax and how decided it is, the gap between the two best logits over the logits' standard
+// deviation at that position.
+struct Top1 {
+    std::vector<int32_t> ids;
+    std::vector<double> margin;
+};
+
+Top1 strata_argmax(const std::string& path, const std::vector<int32_t>& ids) {
     auto model = strata::load_model(path);
     const int64_t n_vocab = model->info().n_vocab;
     auto seq = model->new_sequence(static_cast<int64_t>(ids.size()));
     std::vector<float> logits(ids.size() * static_cast<size_t>(n_vocab));
     model->forward(*seq, ids, logits);
-    std::vector<int32_t> out;
+    Top1 out;
     for (size_t pos = 0; pos < ids.size(); ++pos) {
         const float* row = logits.data() + pos * static_cast<size_t>(n_vocab);
-        out.push_back(static_cast<int32_t>(std::max_element(row, row + n_vocab) - row));
+        std::vector<float> sorted(row, row + n_vocab);
+        std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+        double mean = 0, var = 0;
+        for (int64_t i = 0; i < n_vocab; ++i) mean += row[i];
+        mean /= static_cast<double>(n_vocab);
+        for (int64_t i = 0; i < n_vocab; ++i) var += (row[i] - mean) * (row[i] - mean);
+        const double sd = std::sqrt(var / static_cast<double>(n_vocab));
+        out.ids.push_back(static_cast<int32_t>(std::max_element(row, row + n_vocab) - row));
+        out.margin.push_back(sd > 0 ? (sorted[0] - sorted[1]) / sd : 0.0);
     }
     return out;
 }
@@ -99,7 +117,7 @@ DType expected_default(const strata::gguf::TensorInfo& t, DType target) {
     if (ends_with(n, "_exps.weight"))
         want = target;
     else if (t.n_dims < 2 || ends_with(n, "norm.weight") || n.find("conv1d") != std::string::npos ||
-             n.find("ffn_gate_inp") != std::string::npos || n.find("hc_") != std::string::npos)
+             n.find("ffn_gate_inp") != std::string::npos)
         return DType::F32;
     else if (n == "per_layer_token_embd.weight")
         return t.type;
@@ -169,18 +187,25 @@ TEST_P(Quantize, TypesFollowTheMixAndKvsAreCopied) {
     check_types_and_kvs(input_of(c), output_of(c), *strata::dtype_from_name(c.type));
 }
 
-// Top-1 agreement with the unquantized model over 32 positions. Thresholds: q8_0 keeps ~8 bits per weight and moves
-// logits far less than typical top-1/top-2 gaps (>= 95%); 4-bit experts perturb more, and random synth weights have
-// small gaps, so near-ties may flip (>= 85%).
+// Top-1 agreement with the unquantized model over 32 positions. The matmuls quantize activations as llama.cpp does
+// (8 bits: Q8_0 / Q8_K), so even q8_0 perturbs every logit a little. Thresholds: the bundled model is trained, its
+// top-1 is usually decided by a wide gap: >= 95% for q8_0, >= 90% for 4-bit experts. The synth model has random
+// weights: its logits at a position are near-Gaussian over 32,768 ids, where the gap between the two largest is
+// typically ~1/sqrt(2 ln V) = 0.22 standard deviations, i.e. every position is a near-tie; there the test only guards
+// against a broken type (which agrees at chance level, ~0%): >= 75%. The flipped positions and their margins are
+// printed.
 TEST_P(Quantize, ArgmaxAgreesWithTheInput) {
     const Case& c = GetParam();
     quantize(input_of(c), output_of(c), c.type);
     const auto ids = golden_ids(vocab_of(input_of(c)));
     ASSERT_EQ(ids.size(), kPositions);
-    const double a = agreement(strata_argmax(input_of(c), ids), strata_argmax(output_of(c), ids));
+    const Top1 want = strata_argmax(input_of(c), ids), got = strata_argmax(output_of(c), ids);
+    const double a = agreement(want.ids, got.ids);
     std::printf("[quantize] %s %s: top-1 agreement %.1f%% over %zu positions\n", c.model.c_str(), c.type.c_str(),
                 100 * a, ids.size());
-    EXPECT_GE(a, c.type == "q8_0" ? 0.95 : 0.85);
+    for (size_t i = 0; i < ids.size(); ++i)
+        if (want.ids[i] != got.ids[i]) std::printf("  flip at %zu, margin %.4f sd\n", i, want.margin[i]);
+    EXPECT_GE(a, c.model == "synth" ? 0.75 : c.type == "q8_0" ? 0.95 : 0.90);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, Quantize,
@@ -245,7 +270,7 @@ TEST(QuantizeErrors, AreOneLineUserErrors) {
         run_strata("quantize " + shell_quote(in) + " --out " + shell_quote(out) + " --type q9_9"),
         "unknown type 'q9_9'");
     strata::testing::expect_user_error(
-        run_strata("quantize " + shell_quote(in) + " --out " + shell_quote(out) + " --type iq2_xs"),
+        run_strata("quantize " + shell_quote(in) + " --out " + shell_quote(out) + " --type iq2_xxs"),
         "no quantizer yet");
     strata::testing::expect_user_error(
         run_strata("quantize " + shell_quote(in) + " --out " + shell_quote(in) + " --type q4_k"), "same file");
@@ -255,6 +280,10 @@ TEST(QuantizeErrors, AreOneLineUserErrors) {
     strata::testing::expect_user_error(
         run_strata("quantize " + shell_quote(in) + " --out " + shell_quote(out) + " --type q4_k --mix nonsense"),
         "unknown mix");
+    strata::testing::expect_user_error(
+        run_strata("quantize " + shell_quote(in) + " " + shell_quote(out) + " --out " + shell_quote(out) + " --type q4_k"),
+        "given twice");
+    strata::testing::expect_user_error(run_strata("quantize " + shell_quote(in) + " --type q4_k"), "no output file");
     EXPECT_FALSE(fs::exists(out));
 }
 
@@ -275,7 +304,7 @@ TEST(QuantizeInterop, LlamaCppLoadsTheQ4KFileAndAgrees) {
     ASSERT_TRUE(llama_result.error.empty()) << "llama.cpp refused the q4_k file: " << llama_result.error;
     const std::vector<int32_t>& llama = llama_result.argmax;
     ASSERT_EQ(llama.size(), ids.size());
-    const double a = agreement(strata_argmax(q4, ids), llama);
+    const double a = agreement(strata_argmax(q4, ids).ids, llama);
     std::printf("[quantize] llama.cpp vs strata on the q4_k bundled model: %.1f%% over %zu positions\n", 100 * a,
                 ids.size());
     EXPECT_GE(a, 0.95);

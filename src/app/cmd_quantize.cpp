@@ -1,4 +1,4 @@
-// `strata quantize IN.gguf --out OUT.gguf --type TYPE [--mix NAME]`: a GGUF rewritten in a smaller element type
+// `strata quantize IN.gguf OUT.gguf --type TYPE [--mix NAME]` (or --out OUT.gguf): a GGUF rewritten in a smaller element type
 // (convert/quantize.h), with a summary of what changed.
 #include <cstdio>
 
@@ -12,11 +12,16 @@ namespace strata::app {
 namespace {
 
 int run_quantize(const Args& args) {
-    if (args.positional().empty())
-        throw Error("quantize: no input file given (usage: strata quantize IN.gguf --out OUT.gguf --type TYPE)");
+    const auto& files = args.positional();
+    if (files.empty())
+        throw Error("quantize: no input file given (usage: strata quantize IN.gguf OUT.gguf --type TYPE)");
+    if (files.size() > 1 && args.has("--out"))
+        throw Error("quantize: the output file is given twice (as OUT.gguf and as --out); give one");
+    if (files.size() < 2 && !args.has("--out"))
+        throw Error("quantize: no output file given (usage: strata quantize IN.gguf OUT.gguf --type TYPE)");
     const QuantizeOptions options{
-        .in_path = args.positional().front(),
-        .out_path = args.require("--out"),
+        .in_path = files.front(),
+        .out_path = files.size() > 1 ? files[1] : args.require("--out"),
         .type = args.require("--type"),
         .mix = args.get("--mix").value_or("default"),
         .threads = thread_count(args) > 0 ? thread_count(args) : default_thread_count(),
@@ -49,15 +54,16 @@ Command quantize_command() {
             {
                 .name = "quantize",
                 .summary = "rewrite a GGUF with smaller weights (q8_0, q4_k, iq4_xs, ...) by a per-tensor mix",
-                .usage = "strata quantize IN.gguf --out OUT.gguf --type TYPE [--mix default|experts-only]",
+                .usage = "strata quantize IN.gguf OUT.gguf --type TYPE [--mix default|experts-only]",
                 .flags =
                     {
-                        {"--out", "OUT.gguf", "output file (written under a temporary name, then renamed)"},
+                        {"--out", "OUT.gguf", "the output file instead of the second argument"},
                         {"--type", "TYPE", "type of the routed experts: " + quantize_type_names()},
                         {"--mix", "NAME", "which tensors change and to what (default: default; see below)"},
                         {"--threads", "N", "worker threads (default: all cores)"},
                     },
-                .positional_name = "IN.gguf",
+                .positional_name = "IN.gguf OUT.gguf",
+                .max_positional = 2,
                 .notes = quantize_mix_help() +
                          "\ngeneral.file_type is set to llama.cpp's code for TYPE (q4_k: 15 = Q4_K_M, q8_0: 7, ...).",
             },

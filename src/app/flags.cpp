@@ -101,7 +101,7 @@ Args Args::parse(const CommandSpec& spec, const std::vector<std::string>& argv) 
         // A lone "-" or a negative number is a value, not a flag.
         bool looks_like_flag = a.size() > 1 && a[0] == '-' && !parse_int(a);
         if (!looks_like_flag) {
-            if (spec.positional_name.empty() || !args.positional_.empty())
+            if (spec.positional_name.empty() || static_cast<int>(args.positional_.size()) >= spec.max_positional)
                 throw Error(spec.name + ": unexpected argument '" + a + "'" + usage_hint);
             args.positional_.push_back(a);
             continue;

@@ -22,6 +22,7 @@ struct CommandSpec {
     std::string usage;    // "strata logits --model FILE.gguf ..."
     std::vector<FlagSpec> flags;
     std::string positional_name;  // e.g. "FILE.gguf"; empty: no positional argument accepted
+    int max_positional = 1;       // how many positional arguments are accepted when positional_name is set
     std::string notes;            // extra paragraphs for `strata <cmd> --help`
 };
 

@@ -129,7 +129,8 @@ TEST_P(QuantizedExpertsInterop, SynthFileArgmaxMatchesLlamaCpp) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, QuantizedExpertsInterop,
-                         ::testing::Values("q4_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"));
+                         ::testing::Values("q4_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs", "iq2_xs",
+                                           "iq3_xxs", "iq3_s", "iq1_m"));
 
 // ---- grid types: random blocks in place of the f32 experts ----
 
@@ -436,20 +437,5 @@ TEST(QuantGridVsLlamaCpp, RoundTripRmseAndFormatAgreement) {
         EXPECT_TRUE(their_floats == our_floats) << "llama.cpp reads strata's bytes differently";
     }
 }
-
-// A file whose experts strata quantized to a grid type: llama.cpp loads it and agrees on the argmax.
-class GridQuantizedExpertsInterop : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(GridQuantizedExpertsInterop, SynthFileArgmaxMatchesLlamaCpp) {
-    REQUIRE_LLAMA_CPP();
-    const DType type = *strata::dtype_from_name(GetParam());
-    const strata::testing::TempDir scratch;
-    const fs::path gguf = fs::path(scratch.path()) / ("small-k-" + GetParam() + ".gguf");
-    strata::synth_model({.preset = "small-k", .expert_type = type, .out_path = gguf.string(), .seed = 7});
-    expect_expert_type(gguf, type);
-    expect_llama_agrees(gguf, "small-k quantized " + GetParam() + " experts");
-}
-
-INSTANTIATE_TEST_SUITE_P(Types, GridQuantizedExpertsInterop, ::testing::Values("iq2_xs", "iq3_xxs", "iq3_s", "iq1_m"));
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "backend/cpu/dot_kernels.h"
+#include "backend/cpu/dot_scalar.h"
 #include "core/dtype.h"
 #include "core/quant_blocks.h"
 #include "core/quant_tables.h"
@@ -82,18 +83,11 @@ float dot_iq1_m_one(int64_t n, const BlockIQ1_M* x, const BlockQ8_K* y) {
     return sum;
 }
 
-template <typename Block, float (*One)(int64_t, const Block*, const BlockQ8_K*)>
-void dot_columns(int64_t n, const void* w, const void* a, size_t a_stride, float* out, int n_cols) {
-    const auto* x = static_cast<const Block*>(w);
-    for (int c = 0; c < n_cols; ++c)
-        out[c] = One(n, x, reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(a) + c * a_stride));
-}
-
 }  // namespace
 
 void register_dots_iq2_scalar(DotTable& t) {
-    t.set(DType::IQ2_XS, dot_columns<BlockIQ2_XS, dot_iq2_xs_one>);
-    t.set(DType::IQ1_M, dot_columns<BlockIQ1_M, dot_iq1_m_one>);
+    t.set(DType::IQ2_XS, scalar_q8k_columns<BlockIQ2_XS, dot_iq2_xs_one>);
+    t.set(DType::IQ1_M, scalar_q8k_columns<BlockIQ1_M, dot_iq1_m_one>);
 }
 
 }  // namespace strata::cpu

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "backend/cpu/dot_kernels.h"
+#include "backend/cpu/dot_scalar.h"
 #include "core/dtype.h"
 #include "core/quant_blocks.h"
 #include "core/quant_tables.h"
@@ -69,18 +70,11 @@ float dot_iq3_s_one(int64_t n, const BlockIQ3_S* x, const BlockQ8_K* y) {
     return sum;
 }
 
-template <typename Block, float (*One)(int64_t, const Block*, const BlockQ8_K*)>
-void dot_columns(int64_t n, const void* w, const void* a, size_t a_stride, float* out, int n_cols) {
-    const auto* x = static_cast<const Block*>(w);
-    for (int c = 0; c < n_cols; ++c)
-        out[c] = One(n, x, reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(a) + c * a_stride));
-}
-
 }  // namespace
 
 void register_dots_iq3_scalar(DotTable& t) {
-    t.set(DType::IQ3_XXS, dot_columns<BlockIQ3_XXS, dot_iq3_xxs_one>);
-    t.set(DType::IQ3_S, dot_columns<BlockIQ3_S, dot_iq3_s_one>);
+    t.set(DType::IQ3_XXS, scalar_q8k_columns<BlockIQ3_XXS, dot_iq3_xxs_one>);
+    t.set(DType::IQ3_S, scalar_q8k_columns<BlockIQ3_S, dot_iq3_s_one>);
 }
 
 }  // namespace strata::cpu

@@ -3,6 +3,7 @@
 // added up; the float scales multiply once per super-block. Q2_K's mins go through the activation's bsums (the sums
 // of each 16 activation values); Q3_K's "minus 4 where the high bit is clear" is applied to each value.
 #include "backend/cpu/dot_kernels.h"
+#include "backend/cpu/dot_scalar.h"
 #include "core/dtype.h"
 #include "core/quant_blocks.h"
 
@@ -53,18 +54,11 @@ float dot_q3_k_one(int64_t n, const BlockQ3_K* x, const BlockQ8_K* y) {
     return sum;
 }
 
-template <typename Block, float (*One)(int64_t, const Block*, const BlockQ8_K*)>
-void dot_columns(int64_t n, const void* w, const void* a, size_t a_stride, float* out, int n_cols) {
-    const auto* x = static_cast<const Block*>(w);
-    for (int c = 0; c < n_cols; ++c)
-        out[c] = One(n, x, reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(a) + c * a_stride));
-}
-
 }  // namespace
 
 void register_dots_klow_scalar(DotTable& t) {
-    t.set(DType::Q2_K, dot_columns<BlockQ2_K, dot_q2_k_one>);
-    t.set(DType::Q3_K, dot_columns<BlockQ3_K, dot_q3_k_one>);
+    t.set(DType::Q2_K, scalar_q8k_columns<BlockQ2_K, dot_q2_k_one>);
+    t.set(DType::Q3_K, scalar_q8k_columns<BlockQ3_K, dot_q3_k_one>);
 }
 
 }  // namespace strata::cpu

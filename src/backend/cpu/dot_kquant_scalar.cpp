@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "backend/cpu/dot_kernels.h"
+#include "backend/cpu/dot_scalar.h"
 #include "core/dtype.h"
 #include "core/quant_blocks.h"
 
@@ -93,19 +94,12 @@ float dot_q6_k_one(int64_t n, const BlockQ6_K* x, const BlockQ8_K* y) {
     return sum;
 }
 
-template <typename Block, float (*One)(int64_t, const Block*, const BlockQ8_K*)>
-void dot_columns(int64_t n, const void* w, const void* a, size_t a_stride, float* out, int n_cols) {
-    const auto* x = static_cast<const Block*>(w);
-    for (int c = 0; c < n_cols; ++c)
-        out[c] = One(n, x, reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(a) + c * a_stride));
-}
-
 }  // namespace
 
 void register_dots_kquant_scalar(DotTable& t) {
-    t.set(DType::Q4_K, dot_columns<BlockQ4_K, dot_q4_k_one>);
-    t.set(DType::Q5_K, dot_columns<BlockQ5_K, dot_q5_k_one>);
-    t.set(DType::Q6_K, dot_columns<BlockQ6_K, dot_q6_k_one>);
+    t.set(DType::Q4_K, scalar_q8k_columns<BlockQ4_K, dot_q4_k_one>);
+    t.set(DType::Q5_K, scalar_q8k_columns<BlockQ5_K, dot_q5_k_one>);
+    t.set(DType::Q6_K, scalar_q8k_columns<BlockQ6_K, dot_q6_k_one>);
 }
 
 }  // namespace strata::cpu

@@ -1,5 +1,6 @@
 #include "backend/cpu/quant_dot.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
@@ -35,7 +36,17 @@ Isa detected_isa() {
     return isa;
 }
 
+namespace {
+std::atomic<int> g_isa_override{-1};
+}  // namespace
+
+void override_active_isa(std::optional<Isa> isa) {
+    if (isa && static_cast<int>(*isa) > static_cast<int>(detected_isa())) isa = detected_isa();
+    g_isa_override.store(isa ? static_cast<int>(*isa) : -1);
+}
+
 Isa active_isa() {
+    if (const int o = g_isa_override.load(std::memory_order_relaxed); o >= 0) return static_cast<Isa>(o);
     static const Isa isa = [] {
         const Isa best = detected_isa();
         const char* env = std::getenv("STRATA_ISA");

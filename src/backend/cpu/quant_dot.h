@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "core/dtype.h"
 
@@ -20,6 +21,9 @@ const char* isa_name(Isa isa);
 Isa detected_isa();
 // The set the matmuls use: detected_isa(), lowered by STRATA_ISA=scalar|avx2|avx512 in the environment.
 Isa active_isa();
+// Tests: make active_isa() return `isa` (capped at detected_isa()) until called with nullopt, so one process can run
+// the matmuls on every instruction set.
+void override_active_isa(std::optional<Isa> isa);
 
 // llama.cpp's vec_dot_type of a weight type.
 DType activation_type(DType weight);

@@ -1,12 +1,14 @@
 // Scalar reference dot products of the basic weight types: llama.cpp's generic algorithms.
-// F32 / F16 / BF16 weights against F32 activations: a plain float sum in element order.
+// F32 / F16 / BF16 weights against F32 activations: cpu::dot (eight interleaved partial sums, fixed order).
 // Q8_0 / Q4_0 / IQ4_NL against Q8_0 activations: an exact integer sum per block of 32, multiplied once by the product
 // of the two f16 block scales and added to a float sum.
 // IQ4_XS against Q8_K: per super-block, the exact integer sums of the 8 sub-blocks weighted by their integer scales
 // (ls - 32), then one multiply by the f16 weight scale and the activation's float scale.
 #include <cstdint>
+#include <vector>
 
 #include "backend/cpu/dot_kernels.h"
+#include "backend/cpu/ops.h"
 #include "core/dtype.h"
 #include "core/quant_blocks.h"
 #include "core/quant_tables.h"
@@ -15,22 +17,24 @@ namespace strata::cpu {
 
 namespace {
 
-float dot_f32_one(int64_t n, const float* w, const float* a) {
-    float sum = 0;
-    for (int64_t i = 0; i < n; ++i) sum += w[i] * a[i];
-    return sum;
+// Float weights: the row converted to f32 once per call (through dequantize_row's table), then cpu::dot's eight
+// interleaved partial sums for each column: a fixed order, the same whatever n_cols is, and without the serial
+// dependency of a single running sum.
+void dot_float_columns(DType type, int64_t n, const void* w, const void* a, size_t a_stride, float* out, int n_cols) {
+    const float* row = static_cast<const float*>(w);
+    thread_local std::vector<float> converted;  // grows once
+    if (type != DType::F32) {
+        converted.resize(static_cast<size_t>(n));
+        dequantize_row(type, w, converted.data(), n);
+        row = converted.data();
+    }
+    for (int c = 0; c < n_cols; ++c)
+        out[c] = dot(row, reinterpret_cast<const float*>(static_cast<const uint8_t*>(a) + c * a_stride), n);
 }
 
-float dot_f16_one(int64_t n, const uint16_t* w, const float* a) {
-    float sum = 0;
-    for (int64_t i = 0; i < n; ++i) sum += f16_to_f32(w[i]) * a[i];
-    return sum;
-}
-
-float dot_bf16_one(int64_t n, const uint16_t* w, const float* a) {
-    float sum = 0;
-    for (int64_t i = 0; i < n; ++i) sum += bf16_to_f32(w[i]) * a[i];
-    return sum;
+template <DType T>
+void float_columns(int64_t n, const void* w, const void* a, size_t a_stride, float* out, int n_cols) {
+    dot_float_columns(T, n, w, a, a_stride, out, n_cols);
 }
 
 float dot_q8_0_one(int64_t n, const BlockQ8_0* x, const BlockQ8_0* y) {
@@ -98,9 +102,9 @@ void each_column(int64_t n, const void* w, const void* a, size_t a_stride, float
 }  // namespace
 
 void register_dots_basic_scalar(DotTable& t) {
-    t.set(DType::F32, each_column<float, float, dot_f32_one>);
-    t.set(DType::F16, each_column<uint16_t, float, dot_f16_one>);
-    t.set(DType::BF16, each_column<uint16_t, float, dot_bf16_one>);
+    t.set(DType::F32, float_columns<DType::F32>);
+    t.set(DType::F16, float_columns<DType::F16>);
+    t.set(DType::BF16, float_columns<DType::BF16>);
     t.set(DType::Q8_0, each_column<BlockQ8_0, BlockQ8_0, dot_q8_0_one>);
     t.set(DType::Q4_0, each_column<BlockQ4_0, BlockQ8_0, dot_q4_0_one>);
     t.set(DType::IQ4_NL, each_column<BlockIQ4_NL, BlockQ8_0, dot_iq4_nl_one>);

@@ -1,6 +1,7 @@
 #include "backend/cpu/quant_dot.h"
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
@@ -56,6 +57,9 @@ Isa active_isa() {
         if (want == "scalar") cap = Isa::Scalar;
         else if (want == "avx2") cap = Isa::Avx2;
         else if (want == "avx512") cap = Isa::Avx512;
+        else
+            std::fprintf(stderr, "strata: ignoring STRATA_ISA=%s (known: scalar, avx2, avx512); using %s\n", env,
+                         isa_name(best));
         return static_cast<int>(cap) < static_cast<int>(best) ? cap : best;
     }();
     return isa;

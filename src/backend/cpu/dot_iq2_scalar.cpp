@@ -15,16 +15,6 @@ namespace strata::cpu {
 
 namespace {
 
-// sum_j grid_byte(entry, j) * (+-a[j]) over the 8 elements of one IQ2_XS group; bit j of signs negates element j.
-int32_t signed_grid_dot(uint64_t entry, uint32_t signs, const int8_t* a) {
-    int32_t s = 0;
-    for (int j = 0; j < 8; ++j) {
-        const int32_t v = quant::grid_byte(entry, j) * a[j];
-        s += (signs >> j) & 1 ? -v : v;
-    }
-    return s;
-}
-
 float dot_iq2_xs_one(int64_t n, const BlockIQ2_XS* x, const BlockQ8_K* y) {
     float sum = 0;
     for (int64_t i = 0; i < n / kQK_K; ++i) {
@@ -34,7 +24,7 @@ float dot_iq2_xs_one(int64_t n, const BlockIQ2_XS* x, const BlockQ8_K* y) {
             int32_t s = 0;
             for (int l = 0; l < 2; ++l, a += 8) {
                 const uint16_t q = x[i].qs[2 * ib16 + l];
-                s += signed_grid_dot(quant::kIQ2XSGrid[q & 511], quant::even_signs(q >> 9), a);
+                s += signed_grid_dot(quant::kIQ2XSGrid[q & 511], 8, quant::even_signs(q >> 9), a);
             }
             // Scale nibble ib16 % 2 of byte ib16 / 2.
             const int32_t ls = (x[i].scales[ib16 / 2] >> (4 * (ib16 % 2))) & 0xF;

@@ -14,16 +14,6 @@ namespace strata::cpu {
 
 namespace {
 
-// sum_j grid_byte(entry, j) * (+-a[j]) for the 4 elements of one grid entry; bit j of signs negates element j.
-int32_t signed_grid_dot(uint32_t entry, uint32_t signs, const int8_t* a) {
-    int32_t s = 0;
-    for (int j = 0; j < 4; ++j) {
-        const int32_t v = quant::grid_byte(entry, j) * a[j];
-        s += (signs >> j) & 1 ? -v : v;
-    }
-    return s;
-}
-
 float dot_iq3_xxs_one(int64_t n, const BlockIQ3_XXS* x, const BlockQ8_K* y) {
     float sum = 0;
     for (int64_t i = 0; i < n / kQK_K; ++i) {
@@ -37,8 +27,8 @@ float dot_iq3_xxs_one(int64_t n, const BlockIQ3_XXS* x, const BlockQ8_K* y) {
             int32_t s = 0;
             for (int l = 0; l < 4; ++l, qs += 2, a += 8) {
                 const uint32_t signs = quant::even_signs(aux >> (7 * l));
-                s += signed_grid_dot(quant::kIQ3XXSGrid[qs[0]], signs, a);
-                s += signed_grid_dot(quant::kIQ3XXSGrid[qs[1]], signs >> 4, a + 4);
+                s += signed_grid_dot(quant::kIQ3XXSGrid[qs[0]], 4, signs, a);
+                s += signed_grid_dot(quant::kIQ3XXSGrid[qs[1]], 4, signs >> 4, a + 4);
             }
             isum += static_cast<int32_t>(2 * (aux >> 28) + 1) * s;
         }
@@ -60,7 +50,7 @@ float dot_iq3_s_one(int64_t n, const BlockIQ3_S* x, const BlockQ8_K* y) {
             for (int k = 0; k < 8; ++k, a += 4) {
                 // Grid entry k of this group: low 8 index bits in qs[k], the ninth is bit k of qh.
                 const uint32_t entry = quant::kIQ3SGrid[qs[k] | (((qh >> k) & 1) << 8)];
-                s += signed_grid_dot(entry, static_cast<uint32_t>(signs[k / 2] >> (4 * (k % 2))), a);
+                s += signed_grid_dot(entry, 4, static_cast<uint32_t>(signs[k / 2] >> (4 * (k % 2))), a);
             }
             const int32_t ls = (x[i].scales[ib32 / 2] >> (4 * (ib32 % 2))) & 0xF;
             isum += (2 * ls + 1) * s;

@@ -5,10 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
-#include <vector>
 
 #include "backend/cpu/dot_kernels.h"
-#include "backend/cpu/ops.h"
 #include "core/error.h"
 
 namespace strata::cpu {
@@ -87,29 +85,8 @@ void quantize_activations(DType act, const float* x, void* dst, int64_t n) {
 
 namespace {
 
-// Last resort for a type without an integer kernel: dequantize both rows and dot in f32.
-void dot_by_dequantizing(DType w_type, int64_t n, const void* w, const void* a, size_t a_stride, float* out,
-                         int n_cols) {
-    thread_local std::vector<float> wf, af;
-    wf.resize(static_cast<size_t>(n));
-    af.resize(static_cast<size_t>(n));
-    dequantize_row(w_type, w, wf.data(), n);
-    const DType act = activation_type(w_type);
-    for (int c = 0; c < n_cols; ++c) {
-        const void* row = static_cast<const uint8_t*>(a) + c * a_stride;
-        dequantize_row(act, row, af.data(), n);
-        out[c] = dot(wf.data(), af.data(), n);
-    }
-}
-
-template <DType T>
-void dequantizing_kernel(int64_t n, const void* w, const void* a, size_t a_stride, float* out, int n_cols) {
-    dot_by_dequantizing(T, n, w, a, a_stride, out, n_cols);
-}
-
 struct Registry {
     DotTable native[kIsaCount];
-    DotTable fallback;
     Registry() {
         register_dots_basic_scalar(native[0]);
         register_dots_kquant_scalar(native[0]);
@@ -126,24 +103,6 @@ struct Registry {
         register_dots_klow_avx512(native[2]);
         register_dots_iq2_avx512(native[2]);
         register_dots_iq3_avx512(native[2]);
-#define STRATA_FALLBACK(T) fallback.set(DType::T, dequantizing_kernel<DType::T>)
-        STRATA_FALLBACK(F32);
-        STRATA_FALLBACK(F16);
-        STRATA_FALLBACK(BF16);
-        STRATA_FALLBACK(Q8_0);
-        STRATA_FALLBACK(Q4_0);
-        STRATA_FALLBACK(Q2_K);
-        STRATA_FALLBACK(Q3_K);
-        STRATA_FALLBACK(Q4_K);
-        STRATA_FALLBACK(Q5_K);
-        STRATA_FALLBACK(Q6_K);
-        STRATA_FALLBACK(IQ4_NL);
-        STRATA_FALLBACK(IQ4_XS);
-        STRATA_FALLBACK(IQ2_XS);
-        STRATA_FALLBACK(IQ3_XXS);
-        STRATA_FALLBACK(IQ3_S);
-        STRATA_FALLBACK(IQ1_M);
-#undef STRATA_FALLBACK
     }
 };
 
@@ -164,7 +123,6 @@ DotFn dot_kernel(DType w, Isa isa) {
     if (id >= kMaxDTypeId) throw Error(std::string("no dot product for type ") + dtype_name(w));
     for (int i = static_cast<int>(isa); i >= 0; --i)
         if (DotFn f = registry().native[i].fn[id]) return f;
-    if (DotFn f = registry().fallback.fn[id]) return f;
     throw Error(std::string("no dot product for type ") + dtype_name(w));
 }
 

@@ -38,8 +38,8 @@ void quantize_activations(DType act, const float* x, void* dst, int64_t n);
 constexpr int kDotCols = 4;
 using DotFn = void (*)(int64_t n, const void* w, const void* a, size_t a_stride, float* out, int n_cols);
 
-// The kernel for weight type w on instruction set isa: the best registered one at or below isa; never null for a
-// type this build can compute (the last resort dequantizes both rows and dots in f32).
+// The kernel for weight type w on instruction set isa: the best registered one at or below isa (every computable
+// type has a scalar kernel); throws Error for a type without any.
 DotFn dot_kernel(DType w, Isa isa);
 // Whether a kernel written for exactly this (type, isa) pair is registered (tests report the others as skipped).
 bool has_native_dot(DType w, Isa isa);

@@ -49,6 +49,16 @@ FileMap& FileMap::operator=(FileMap&& other) noexcept {
     return *this;
 }
 
+void FileMap::drop_pages(const void* p, size_t n) const {
+    const auto* begin = static_cast<const uint8_t*>(p);
+    if (data_ == nullptr || begin < data_ || begin + n > data_ + size_) return;
+    const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const uintptr_t first = (reinterpret_cast<uintptr_t>(begin) + page - 1) / page * page;
+    const uintptr_t last = reinterpret_cast<uintptr_t>(begin + n) / page * page;
+    // The map is private and read-only, so its pages are clean copies of the file: dropping them loses nothing.
+    if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 void FileMap::release() {
     if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
     data_ = nullptr;

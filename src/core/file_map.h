@@ -21,6 +21,9 @@ public:
     const uint8_t* data() const { return data_; }
     size_t size() const { return size_; }
     const std::string& path() const { return path_; }
+    // Hands the whole pages inside [p, p + n) back to the page cache (they no longer count in this process's
+    // resident memory; a later read maps them in again). Nothing happens for a range outside this map.
+    void drop_pages(const void* p, size_t n) const;
 
 private:
     void release();

@@ -20,6 +20,9 @@ struct Tensor {
     size_t nb[4] = {0, 0, 0, 0};
     const void* data = nullptr;
     Device device = Device::Host;
+    // The CPU backend's copy of these weights with rows interleaved for its GEMM (backend/cpu/packed.h), or null.
+    // `data` stays valid either way: code that reads rows uses it, only the matmul reads `packed`.
+    const void* packed = nullptr;
 
     int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
     int64_t n_rows() const { return ne[1] * ne[2] * ne[3]; }

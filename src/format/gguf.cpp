@@ -690,6 +690,10 @@ const TensorInfo* File::find_tensor(const std::string& name) const {
     return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
 }
 
+void File::drop_pages(const void* p, size_t n) const {
+    for (const FileMap& map : maps_) map.drop_pages(p, n);
+}
+
 namespace {
 const Value& require(const File& f, const std::string& key) {
     const Value* v = f.find(key);

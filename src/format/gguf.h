@@ -95,6 +95,8 @@ public:
 
     const Value* find(const std::string& key) const;
     const TensorInfo* find_tensor(const std::string& name) const;
+    // FileMap::drop_pages on the map holding [p, p + n); nothing for a File parsed from memory.
+    void drop_pages(const void* p, size_t n) const;
 
     // Typed getters: throw Error ("<file>: key K missing" / "has type T, expected U") when absent or mistyped.
     std::string get_str(const std::string& key) const;

@@ -86,10 +86,23 @@ Tensor TensorBinder::check(const gguf::TensorInfo& info, std::initializer_list<i
     return t;
 }
 
-Tensor TensorBinder::require(const std::string& name, std::initializer_list<int64_t> shape) const {
+Tensor TensorBinder::find(const std::string& name, std::initializer_list<int64_t> shape) const {
     const gguf::TensorInfo* info = file_.find_tensor(name);
     if (!info) throw Error(file_.path() + ": tensor " + name + " is missing (expected shape " + shape_of(shape) + ")");
     return check(*info, shape);
+}
+
+Tensor TensorBinder::packed(Tensor t) const {
+    if (packer_ != nullptr && packer_->pack(t)) file_.drop_pages(t.data, t.n_bytes());
+    return t;
+}
+
+Tensor TensorBinder::require(const std::string& name, std::initializer_list<int64_t> shape) const {
+    return packed(find(name, shape));
+}
+
+Tensor TensorBinder::require_table(const std::string& name, std::initializer_list<int64_t> shape) const {
+    return find(name, shape);
 }
 
 Tensor TensorBinder::require_width(const std::string& name, int64_t ne0) const {
@@ -103,11 +116,11 @@ Tensor TensorBinder::require_width(const std::string& name, int64_t ne0) const {
 std::optional<Tensor> TensorBinder::optional(const std::string& name, std::initializer_list<int64_t> shape) const {
     const gguf::TensorInfo* info = file_.find_tensor(name);
     if (!info) return std::nullopt;
-    return check(*info, shape);
+    return packed(check(*info, shape));
 }
 
 std::vector<float> TensorBinder::require_f32(const std::string& name, std::initializer_list<int64_t> shape) const {
-    return cpu::to_f32(require(name, shape));
+    return cpu::to_f32(find(name, shape));
 }
 
 std::string block_tensor(int64_t block, const std::string& name) {

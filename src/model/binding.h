@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/packed.h"
 #include "core/tensor.h"
 #include "format/gguf.h"
 
@@ -35,13 +36,19 @@ class HparamReader {
     std::string arch_;
 };
 
-// Tensor lookup with exact shape checks (dims in ggml order, ne0 first).
+// Tensor lookup with exact shape checks (dims in ggml order, ne0 first). Given a PackedWeights, the weights that
+// require() and optional() return are also packed for the CPU's GEMM where it has a packed form (backend/cpu/packed.h),
+// and the file pages read to pack them are handed back to the page cache.
 class TensorBinder {
   public:
-    explicit TensorBinder(const gguf::File& file) : file_(file) {}
+    explicit TensorBinder(const gguf::File& file, cpu::PackedWeights* packer = nullptr)
+        : file_(file), packer_(packer) {}
 
+    // Matrices the model multiplies by.
     Tensor require(const std::string& name, std::initializer_list<int64_t> shape) const;
     std::optional<Tensor> optional(const std::string& name, std::initializer_list<int64_t> shape) const;
+    // A table read by rows (token embeddings): never packed.
+    Tensor require_table(const std::string& name, std::initializer_list<int64_t> shape) const;
     // A 2-D tensor whose row width must be ne0 and whose row count is free (tables padded past what is used).
     Tensor require_width(const std::string& name, int64_t ne0) const;
     bool has(const std::string& name) const { return file_.find_tensor(name) != nullptr; }
@@ -50,7 +57,10 @@ class TensorBinder {
 
   private:
     Tensor check(const gguf::TensorInfo& info, std::initializer_list<int64_t> shape) const;
+    Tensor find(const std::string& name, std::initializer_list<int64_t> shape) const;
+    Tensor packed(Tensor t) const;
     const gguf::File& file_;
+    cpu::PackedWeights* packer_;
 };
 
 // "blk.3.attn_q.weight"

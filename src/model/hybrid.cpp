@@ -94,7 +94,7 @@ void HybridModel::bind_embeddings(const TensorBinder& binder) {
     const gguf::TensorInfo* te = file_->find_tensor("token_embd.weight");
     if (!te) throw Error(file_->path() + ": tensor token_embd.weight is missing");
     info_.n_vocab = te->ne[1];
-    token_embd_ = binder.require("token_embd.weight", {info_.n_embd, info_.n_vocab});
+    token_embd_ = binder.require_table("token_embd.weight", {info_.n_embd, info_.n_vocab});
     output_ = binder.optional("output.weight", {info_.n_embd, info_.n_vocab}).value_or(token_embd_);
     HparamReader hp(*file_, info_.arch);
     if (hp.has("vocab_size") && hp.u32("vocab_size") != info_.n_vocab)

@@ -106,6 +106,7 @@ class HybridModel : public Model {
     int64_t n_block_all_ = 0;  // block_count, MTP blocks included
     Tensor token_embd_;
     Tensor output_;
+    cpu::PackedWeights packed_;  // the CPU GEMM's copies of the weights that have a packed form
 
   private:
     // batch.cpp. Checks every entry before anything is touched (the sequences land in scratch_); `single` words the

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "backend/cpu/gemm_packed.h"
 #include "backend/cpu/ops.h"
+#include "backend/cpu/packed.h"
 #include "backend/cpu/quant_dot.h"
 #include "core/error.h"
 
@@ -16,11 +18,14 @@ namespace {
 // (in L1) are reused against them.
 constexpr int64_t kTokenBlock = 64;
 
+// How a job's activations are laid out: the dot kernels' activation type, or the packed GEMM's biased Q8_0.
+enum class ActLayout { Kernel, BiasedQ8 };
+
 struct PreparedJob {
     const Tensor* w = nullptr;
     float* y = nullptr;
     int64_t n_tokens = 0;
-    DotFn kernel = nullptr;
+    DotFn kernel = nullptr;  // null: the packed GEMM
     size_t act_offset = 0;  // into the activation buffer
     size_t act_stride = 0;  // bytes per token
     int64_t rows_per_unit = 0;
@@ -29,6 +34,7 @@ struct PreparedJob {
 
 struct QuantizeTask {
     DType act;
+    ActLayout layout;
     const float* x;
     int64_t in;
     int64_t n_tokens;
@@ -46,12 +52,41 @@ thread_local MatmulBuffers t_buffers;
 
 // Rows per claimed unit: enough work to amortise the claim, small enough that the rows stay in L1 and that a decode
 // step spreads evenly over the threads.
-int64_t rows_per_unit(const Tensor& w, int64_t n_tokens, int n_threads) {
+int64_t rows_per_unit(const Tensor& w, int64_t n_tokens, int n_threads, bool packed) {
     const int64_t out = w.ne[1];
+    if (packed) {
+        // Whole groups; one group per unit for prompts (its rows stay in L1 across the token blocks).
+        const int64_t groups = (out + kPackRows - 1) / kPackRows;
+        const int64_t per_unit = n_tokens >= kPackedCols ? 1 : std::clamp<int64_t>(groups / (8 * n_threads), 1, 4);
+        return per_unit * kPackRows;
+    }
     const int64_t by_cache = std::max<int64_t>(1, static_cast<int64_t>(16384 / std::max<size_t>(1, w.nb[1])));
     const int64_t by_balance = std::max<int64_t>(1, out / (8 * n_threads));
     const int64_t rows = n_tokens >= kDotCols ? std::min<int64_t>(16, by_cache) : std::min<int64_t>(64, by_balance);
     return std::clamp<int64_t>(rows, 1, out);
+}
+
+void run_packed_unit(const PreparedJob& j, const uint8_t* activations, int64_t row_begin, int64_t row_end) {
+    const Tensor& w = *j.w;
+    const int64_t out = w.ne[1];
+    const size_t group_bytes = packed_group_bytes(w);
+    const uint8_t* act = activations + j.act_offset;
+    for (int64_t t0 = 0; t0 < j.n_tokens; t0 += kTokenBlock) {
+        const int64_t t_end = std::min(j.n_tokens, t0 + kTokenBlock);
+        for (int64_t r = row_begin; r < row_end; r += kPackRows) {
+            const uint8_t* group = static_cast<const uint8_t*>(w.packed) + group_bytes * static_cast<size_t>(r / kPackRows);
+            for (int64_t t = t0; t < t_end; t += kPackedCols) {
+                gemm_q8_0_packed({.group = group,
+                                  .n_blocks = w.ne[0] / 32,
+                                  .act = act + static_cast<size_t>(t) * j.act_stride,
+                                  .act_stride = j.act_stride,
+                                  .n_cols = static_cast<int>(std::min<int64_t>(kPackedCols, t_end - t)),
+                                  .y = j.y + t * out + r,
+                                  .y_stride = static_cast<size_t>(out),
+                                  .n_rows = static_cast<int>(std::min<int64_t>(kPackRows, row_end - r))});
+            }
+        }
+    }
 }
 
 void run_unit(const PreparedJob& j, const uint8_t* activations, int64_t row_begin, int64_t row_end) {
@@ -89,12 +124,14 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
         if (job.n_tokens <= 0 || w.ne[1] == 0) continue;
         const int64_t in = w.ne[0];
         const DType act = activation_type(w.type);
-        PreparedJob p{.w = &w, .y = job.y, .n_tokens = job.n_tokens, .kernel = dot_kernel(w.type, isa)};
-        p.act_stride = row_bytes(act, in);
+        const bool packed = w.packed != nullptr && isa == Isa::Avx512;
+        const ActLayout layout = packed ? ActLayout::BiasedQ8 : ActLayout::Kernel;
+        PreparedJob p{.w = &w, .y = job.y, .n_tokens = job.n_tokens, .kernel = packed ? nullptr : dot_kernel(w.type, isa)};
+        p.act_stride = packed ? static_cast<size_t>(in / 32) * kBiasedBlockBytes : row_bytes(act, in);
         // Products that read the same activations (gate and up, q/k/v) share one quantized copy.
         bool shared = false;
         for (const QuantizeTask& q : b.quantize) {
-            if (q.x == job.x && q.act == act && q.in == in && q.n_tokens >= job.n_tokens) {
+            if (q.x == job.x && q.act == act && q.layout == layout && q.in == in && q.n_tokens >= job.n_tokens) {
                 p.act_offset = q.offset;
                 shared = true;
                 break;
@@ -103,10 +140,10 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
         if (!shared) {
             act_bytes = (act_bytes + 63) / 64 * 64;
             p.act_offset = act_bytes;
-            b.quantize.push_back({act, job.x, in, job.n_tokens, act_bytes, p.act_stride});
+            b.quantize.push_back({act, layout, job.x, in, job.n_tokens, act_bytes, p.act_stride});
             act_bytes += p.act_stride * static_cast<size_t>(job.n_tokens);
         }
-        p.rows_per_unit = rows_per_unit(w, job.n_tokens, n_threads);
+        p.rows_per_unit = rows_per_unit(w, job.n_tokens, n_threads, packed);
         p.first_unit = units;
         units += (w.ne[1] + p.rows_per_unit - 1) / p.rows_per_unit;
         work += static_cast<double>(w.ne[0]) * static_cast<double>(w.ne[1]) * static_cast<double>(job.n_tokens);
@@ -123,9 +160,14 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
     auto quantize_range = [&](int64_t begin, int64_t end) {
         int64_t base = 0;
         for (const QuantizeTask& q : b.quantize) {
-            for (int64_t t = std::max(begin - base, int64_t{0}); t < std::min(end - base, q.n_tokens); ++t)
-                quantize_activations(q.act, q.x + t * q.in, activations + q.offset + static_cast<size_t>(t) * q.stride,
-                                     q.in);
+            for (int64_t t = std::max(begin - base, int64_t{0}); t < std::min(end - base, q.n_tokens); ++t) {
+                uint8_t* dst = activations + q.offset + static_cast<size_t>(t) * q.stride;
+                if (q.layout == ActLayout::BiasedQ8) {
+                    quantize_q8_0_biased(q.x + t * q.in, dst, q.in);
+                } else {
+                    quantize_activations(q.act, q.x + t * q.in, dst, q.in);
+                }
+            }
             base += q.n_tokens;
         }
     };
@@ -141,7 +183,12 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
             while (j + 1 < b.jobs.size() && b.jobs[j + 1].first_unit <= u) ++j;
             const PreparedJob& p = b.jobs[j];
             const int64_t row_begin = (u - p.first_unit) * p.rows_per_unit;
-            run_unit(p, activations, row_begin, std::min(p.w->ne[1], row_begin + p.rows_per_unit));
+            const int64_t row_end = std::min(p.w->ne[1], row_begin + p.rows_per_unit);
+            if (p.kernel) {
+                run_unit(p, activations, row_begin, row_end);
+            } else {
+                run_packed_unit(p, activations, row_begin, row_end);
+            }
         }
     };
     if (parallel) {

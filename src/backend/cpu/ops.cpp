@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "backend/cpu/packed.h"
 #include "core/error.h"
 
 namespace strata::cpu {
@@ -28,6 +29,7 @@ Tensor matrix_view(const Tensor& w, int64_t slice, int64_t row_begin, int64_t n_
     v.nb[3] = v.nb[2];
     v.data = static_cast<const uint8_t*>(w.data) + w.nb[2] * static_cast<size_t>(slice) +
              w.nb[1] * static_cast<size_t>(row_begin);
+    v.packed = packed_rows(w, slice, row_begin);
     return v;
 }
 

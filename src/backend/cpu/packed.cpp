@@ -1,0 +1,70 @@
+#include "backend/cpu/packed.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "backend/cpu/quant_dot.h"
+#include "core/error.h"
+#include "core/quant_blocks.h"
+
+namespace strata::cpu {
+
+bool packable(const Tensor& w) {
+    return w.type == DType::Q8_0 && w.ne[3] == 1 && w.ne[0] % 32 == 0 && w.ne[1] >= 1 && w.data != nullptr &&
+           active_isa() == Isa::Avx512;
+}
+
+size_t packed_group_bytes(const Tensor& w) { return static_cast<size_t>(w.ne[0] / 32) * kPackedBlockBytes; }
+
+size_t packed_slice_bytes(const Tensor& w) {
+    return static_cast<size_t>((w.ne[1] + kPackRows - 1) / kPackRows) * packed_group_bytes(w);
+}
+
+size_t packed_bytes(const Tensor& w) { return packed_slice_bytes(w) * static_cast<size_t>(w.ne[2]); }
+
+void pack_rows(const Tensor& w, uint8_t* dst) {
+    STRATA_ASSERT(w.type == DType::Q8_0 && w.ne[0] % 32 == 0);
+    const int64_t nb = w.ne[0] / 32, rows = w.ne[1];
+    std::memset(dst, 0, packed_bytes(w));
+    for (int64_t slice = 0; slice < w.ne[2]; ++slice) {
+        const uint8_t* base = static_cast<const uint8_t*>(w.data) + w.nb[2] * static_cast<size_t>(slice);
+        uint8_t* out_slice = dst + packed_slice_bytes(w) * static_cast<size_t>(slice);
+        for (int64_t r = 0; r < rows; ++r) {
+            const auto* row = reinterpret_cast<const BlockQ8_0*>(base + w.nb[1] * static_cast<size_t>(r));
+            uint8_t* group = out_slice + packed_group_bytes(w) * static_cast<size_t>(r / kPackRows);
+            const int lane = static_cast<int>(r % kPackRows);
+            for (int64_t b = 0; b < nb; ++b) {
+                uint8_t* block = group + static_cast<size_t>(b) * kPackedBlockBytes;
+                std::memcpy(block + 2 * lane, &row[b].d, 2);
+                int16_t sum = 0;
+                for (int j = 0; j < 32; ++j) sum = static_cast<int16_t>(sum + row[b].qs[j]);
+                std::memcpy(block + 32 + 2 * lane, &sum, 2);
+                // Quants j = 4k..4k+3 of lane l at 64 + 64k + 4l.
+                for (int k = 0; k < 8; ++k) std::memcpy(block + 64 + 64 * k + 4 * lane, row[b].qs + 4 * k, 4);
+            }
+        }
+    }
+}
+
+const void* packed_rows(const Tensor& w, int64_t slice, int64_t row_begin) {
+    if (w.packed == nullptr || row_begin % kPackRows != 0) return nullptr;
+    return static_cast<const uint8_t*>(w.packed) + packed_slice_bytes(w) * static_cast<size_t>(slice) +
+           packed_group_bytes(w) * static_cast<size_t>(row_begin / kPackRows);
+}
+
+void PackedWeights::Free::operator()(uint8_t* p) const { std::free(p); }
+
+bool PackedWeights::pack(Tensor& w) {
+    if (!packable(w)) return false;
+    const size_t n = (packed_bytes(w) + 63) / 64 * 64;
+    auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, n));
+    if (p == nullptr) throw std::bad_alloc();
+    buffers_.emplace_back(p);
+    pack_rows(w, p);
+    w.packed = p;
+    bytes_ += n;
+    return true;
+}
+
+}  // namespace strata::cpu

@@ -1,16 +1,21 @@
-// The CPU's packed Q8_0 GEMM (backend/cpu/packed.h) against its definition, computed here without the kernel:
-//   y[t, r] = fma(float(s_B), d_w B * d_a B, ... fma(float(s_0), d_w 0 * d_a 0, 0))
-// over the 32-element blocks b in order, where s_b is the exact integer dot of block b's weight quants with the
-// activation quants that llama.cpp's reference quantizer gives (quantize_row, itself checked against llama.cpp in
-// test_quant_interop). The products d_w * d_a of two f16 values and the sums s_b (|s_b| < 2^24) are exact in f32, so
-// the only rounding is the chain of FMAs, and the comparison is bit for bit. Also: the matmul gives the same bits for
-// any thread count and token grouping, and views of slices and row ranges read the right packed rows.
+// The CPU's packed GEMMs (backend/cpu/packed.h) against their definition (gemm_packed.h), computed here without the
+// kernels, from the format's fields:
+//   Q8_0: y[t, r] = fma(float(s_B), d_w B * d_a B, ... fma(float(s_0), d_w 0 * d_a 0, 0)) over the 32-element blocks,
+//         s_b the exact integer dot of block b's weight quants with the activation quants;
+//   Q4_K: per super-block, acc = fma(float(S), d * d_a, acc) then acc = fma(-float(M), dmin * d_a, acc), S the sum of
+//         each sub-block's 6-bit scale times its exact nibble dot, M the sum of each 6-bit min times the sub-block's
+//         activation quant sum;
+// where the activation quants are what llama.cpp's reference quantizers give (quantize_row, itself checked against
+// llama.cpp in test_quant_interop). Every integer is exact and the float operations are written out in order, so the
+// comparison is bit for bit. Also: the matmul gives the same bits for any thread count and token grouping, and views
+// of slices and row ranges read the right packed rows.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/gemm_packed.h"
@@ -40,20 +45,20 @@ std::vector<float> gaussian(int64_t n, std::mt19937& rng, float scale = 1.0f) {
     return v;
 }
 
-// A Q8_0 weight of `slices` matrices {n, rows}, quantized from gaussian values (a few rows all zero).
-std::vector<uint8_t> q8_weights(int64_t n, int64_t rows, int64_t slices, std::mt19937& rng) {
-    const size_t row_bytes = strata::row_bytes(DType::Q8_0, n);
+// A weight of type t and `slices` matrices {n, rows}, quantized from gaussian values (a few rows all zero).
+std::vector<uint8_t> weights(DType t, int64_t n, int64_t rows, int64_t slices, std::mt19937& rng) {
+    const size_t row_bytes = strata::row_bytes(t, n);
     std::vector<uint8_t> bytes(row_bytes * static_cast<size_t>(rows * slices));
     for (int64_t r = 0; r < rows * slices; ++r) {
         std::vector<float> x = gaussian(n, rng, 0.02f);
         if (r % 7 == 3) std::fill(x.begin(), x.end(), 0.0f);
-        strata::quantize_row(DType::Q8_0, x.data(), bytes.data() + row_bytes * static_cast<size_t>(r), n);
+        strata::quantize_row(t, x.data(), bytes.data() + row_bytes * static_cast<size_t>(r), n);
     }
     return bytes;
 }
 
-// The definition above, for one weight row and one activation row.
-float defined_dot(const strata::BlockQ8_0* w, const strata::BlockQ8_0* a, int64_t n_blocks) {
+// The definitions above, for one weight row and one quantized activation row.
+float defined_dot_q8_0(const strata::BlockQ8_0* w, const strata::BlockQ8_0* a, int64_t n_blocks) {
     float acc = 0.0f;
     for (int64_t b = 0; b < n_blocks; ++b) {
         int32_t s = 0;
@@ -64,16 +69,45 @@ float defined_dot(const strata::BlockQ8_0* w, const strata::BlockQ8_0* a, int64_
     return acc;
 }
 
+float defined_dot_q4_k(const strata::BlockQ4_K* w, const strata::BlockQ8_K* a, int64_t n_blocks) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        int32_t scaled = 0, mins = 0;
+        for (int j = 0; j < 8; ++j) {
+            uint8_t scale = 0, min = 0;
+            strata::quant::unpack_scale_min_k4(w[b].scales, j, &scale, &min);
+            int32_t dot = 0, sum = 0;
+            for (int l = 0; l < 32; ++l) {
+                const int q = (w[b].qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0xF;
+                dot += q * a[b].qs[32 * j + l];
+                sum += a[b].qs[32 * j + l];
+            }
+            scaled += scale * dot;
+            mins += min * sum;
+        }
+        acc = std::fma(static_cast<float>(scaled), strata::f16_to_f32(w[b].d) * a[b].d, acc);
+        acc = std::fma(-static_cast<float>(mins), strata::f16_to_f32(w[b].dmin) * a[b].d, acc);
+    }
+    return acc;
+}
+
 std::vector<float> defined_matmul(const Tensor& w, const float* x, int64_t n_tokens) {
     const int64_t n = w.ne[0], rows = w.ne[1];
-    std::vector<uint8_t> q(strata::row_bytes(DType::Q8_0, n));
+    const DType act = cpu::activation_type(w.type);
+    std::vector<uint8_t> q(strata::row_bytes(act, n));
     std::vector<float> y(static_cast<size_t>(rows * n_tokens));
     for (int64_t t = 0; t < n_tokens; ++t) {
-        strata::quantize_row(DType::Q8_0, x + t * n, q.data(), n);
-        for (int64_t r = 0; r < rows; ++r)
-            y[static_cast<size_t>(t * rows + r)] =
-                defined_dot(reinterpret_cast<const strata::BlockQ8_0*>(w.row(r)),
-                            reinterpret_cast<const strata::BlockQ8_0*>(q.data()), n / 32);
+        strata::quantize_row(act, x + t * n, q.data(), n);
+        for (int64_t r = 0; r < rows; ++r) {
+            float& out = y[static_cast<size_t>(t * rows + r)];
+            if (w.type == DType::Q8_0) {
+                out = defined_dot_q8_0(reinterpret_cast<const strata::BlockQ8_0*>(w.row(r)),
+                                       reinterpret_cast<const strata::BlockQ8_0*>(q.data()), n / 32);
+            } else {
+                out = defined_dot_q4_k(reinterpret_cast<const strata::BlockQ4_K*>(w.row(r)),
+                                       reinterpret_cast<const strata::BlockQ8_K*>(q.data()), n / strata::kQK_K);
+            }
+        }
     }
     return y;
 }
@@ -115,17 +149,25 @@ TEST(PackedGemm, BiasedActivationsAreTheReferenceQuantsPlus128) {
     }
 }
 
-TEST(PackedGemm, MatmulEqualsTheDefinitionForAnyThreadsAndGrouping) {
+class PackedType : public ::testing::TestWithParam<DType> {
+  protected:
+    int64_t block() const { return strata::traits(GetParam()).block_size; }
+};
+
+TEST_P(PackedType, MatmulEqualsTheDefinitionForAnyThreadsAndGrouping) {
     SKIP_WITHOUT_AVX512();
+    const DType type = GetParam();
     std::mt19937 rng(2);
     cpu::PackedWeights packer;
     // Row counts below, at and around the 16-row group; block counts 1, odd, and a model's width.
-    const std::pair<int64_t, int64_t> shapes[] = {{32, 1}, {96, 15}, {64, 16}, {160, 17}, {1024, 40}, {288, 100}};
+    const int64_t B = block();
+    const std::pair<int64_t, int64_t> shapes[] = {{B, 1},      {3 * B, 15}, {2 * B, 16},
+                                                  {5 * B, 17}, {1024, 40},  {9 * B, 100}};
     for (const auto& [n, rows] : shapes) {
         SCOPED_TRACE("W {" + std::to_string(n) + ", " + std::to_string(rows) + "}");
-        const std::vector<uint8_t> bytes = q8_weights(n, rows, 1, rng);
+        const std::vector<uint8_t> bytes = weights(type, n, rows, 1, rng);
         const int64_t ne[2] = {n, rows};
-        Tensor w = strata::make_tensor("w", DType::Q8_0, 2, ne, bytes.data());
+        Tensor w = strata::make_tensor("w", type, 2, ne, bytes.data());
         ASSERT_TRUE(packer.pack(w));
         constexpr int64_t kTokens = 19;  // two full 8-token tiles and a ragged one
         const std::vector<float> x = gaussian(n * kTokens, rng);
@@ -144,13 +186,13 @@ TEST(PackedGemm, MatmulEqualsTheDefinitionForAnyThreadsAndGrouping) {
     EXPECT_GT(packer.bytes(), size_t{0});
 }
 
-TEST(PackedGemm, ViewsOfSlicesAndRowRangesReadTheirRows) {
+TEST_P(PackedType, ViewsOfSlicesAndRowRangesReadTheirRows) {
     SKIP_WITHOUT_AVX512();
     std::mt19937 rng(3);
-    const int64_t n = 128, rows = 48, slices = 3;
-    const std::vector<uint8_t> bytes = q8_weights(n, rows, slices, rng);
+    const int64_t n = 2 * block(), rows = 48, slices = 3;
+    const std::vector<uint8_t> bytes = weights(GetParam(), n, rows, slices, rng);
     const int64_t ne[3] = {n, rows, slices};
-    Tensor w = strata::make_tensor("experts", DType::Q8_0, 3, ne, bytes.data());
+    Tensor w = strata::make_tensor("experts", GetParam(), 3, ne, bytes.data());
     cpu::PackedWeights packer;
     ASSERT_TRUE(packer.pack(w));
     const std::vector<float> x = gaussian(n * 9, rng);
@@ -175,13 +217,13 @@ TEST(PackedGemm, ViewsOfSlicesAndRowRangesReadTheirRows) {
         }
 }
 
-TEST(PackedGemm, AnotherInstructionSetReadsTheUnpackedRows) {
+TEST_P(PackedType, AnotherInstructionSetReadsTheUnpackedRows) {
     SKIP_WITHOUT_AVX512();
     std::mt19937 rng(4);
-    const int64_t n = 256, rows = 33;
-    const std::vector<uint8_t> bytes = q8_weights(n, rows, 1, rng);
+    const int64_t n = 2 * block(), rows = 33;
+    const std::vector<uint8_t> bytes = weights(GetParam(), n, rows, 1, rng);
     const int64_t ne[2] = {n, rows};
-    Tensor w = strata::make_tensor("w", DType::Q8_0, 2, ne, bytes.data());
+    Tensor w = strata::make_tensor("w", GetParam(), 2, ne, bytes.data());
     Tensor plain = w;
     cpu::PackedWeights packer;
     ASSERT_TRUE(packer.pack(w));
@@ -192,6 +234,36 @@ TEST(PackedGemm, AnotherInstructionSetReadsTheUnpackedRows) {
     cpu::matmul({.w = plain, .x = x.data(), .y = want.data(), .n_tokens = 4});
     cpu::override_active_isa(std::nullopt);
     EXPECT_TRUE(same_bits(got, want));
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, PackedType, ::testing::Values(DType::Q8_0, DType::Q4_K),
+                         [](const ::testing::TestParamInfo<DType>& param) {
+                             return std::string(strata::dtype_name(param.param));
+                         });
+
+TEST(PackedGemm, Q8KSumsAreTheReferenceQuantsAndTheirSubBlockSums) {
+    SKIP_WITHOUT_AVX512();
+    std::mt19937 rng(5);
+    const int64_t n = 3 * strata::kQK_K;
+    const std::vector<float> x = gaussian(n, rng);
+    std::vector<strata::BlockQ8_K> ref(static_cast<size_t>(n / strata::kQK_K));
+    strata::quantize_row(DType::Q8_K, x.data(), ref.data(), n);
+    std::vector<uint8_t> got(static_cast<size_t>(n / strata::kQK_K) * cpu::kQ8KSumsBlockBytes);
+    cpu::quantize_q8_k_sums(x.data(), got.data(), n);
+    for (size_t b = 0; b < ref.size(); ++b) {
+        const uint8_t* block = got.data() + b * cpu::kQ8KSumsBlockBytes;
+        ASSERT_EQ(std::memcmp(block, ref[b].qs, strata::kQK_K), 0) << "block " << b;
+        float d;
+        std::memcpy(&d, block + strata::kQK_K, 4);
+        ASSERT_EQ(d, ref[b].d);
+        for (int j = 0; j < 8; ++j) {
+            int16_t sum;
+            std::memcpy(&sum, block + strata::kQK_K + 4 + 2 * j, 2);
+            int want = 0;
+            for (int l = 0; l < 32; ++l) want += ref[b].qs[32 * j + l];
+            ASSERT_EQ(sum, want) << "block " << b << " sub-block " << j;
+        }
+    }
 }
 
 }  // namespace

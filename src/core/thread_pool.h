@@ -52,4 +52,17 @@ private:
 
 int default_thread_count();  // physical parallelism of this machine
 
+// fn(i) for every i in [0, n): spread over `pool` when it has workers and n >= min_parallel, else on the caller. Each
+// i is done by one thread alone, so results do not depend on the split (the per-token glue of a prompt).
+template <class Fn>
+void parallel_each(ThreadPool* pool, int64_t n, Fn&& fn, int64_t min_parallel = 4) {
+    if (pool == nullptr || pool->size() <= 1 || n < min_parallel) {
+        for (int64_t i = 0; i < n; ++i) fn(i);
+        return;
+    }
+    pool->parallel_for(n, [&fn](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) fn(i);
+    });
+}
+
 }  // namespace strata

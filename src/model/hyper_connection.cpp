@@ -21,17 +21,21 @@ void hyper_connection_read(const HyperConnectionReadArgs& a) {
     const int64_t H = a.shape.n_embd;
     const int64_t HC = hc * H;
     const int64_t T = a.n_tokens;
+    const int64_t R = a.shape.low_rank;
     float* xn = a.scratch.take<float>(T * HC);
-    for (int64_t t = 0; t < T; ++t)
+    parallel_each(a.pool, T, [&](int64_t t) {
         cpu::rms_norm_grouped(a.residual + t * HC, hc, H, a.weights.norm.data(), a.shape.eps, xn + t * HC);
+    });
 
-    float* low = a.scratch.take<float>(T * a.shape.low_rank);
+    float* low = a.scratch.take<float>(T * R);
     cpu::matmul({.w = a.weights.down, .x = xn, .y = low, .n_tokens = T, .pool = a.pool});
-    for (int64_t i = 0; i < T * a.shape.low_rank; ++i) low[i] = cpu::silu(low[i] / static_cast<float>(hc));
+    parallel_each(a.pool, T, [&](int64_t t) {
+        for (int64_t i = t * R; i < (t + 1) * R; ++i) low[i] = cpu::silu(low[i] / static_cast<float>(hc));
+    });
     float* gate = a.scratch.take<float>(T * HC);
     cpu::matmul({.w = a.weights.up, .x = low, .y = gate, .n_tokens = T, .pool = a.pool});
 
-    for (int64_t t = 0; t < T; ++t) {
+    parallel_each(a.pool, T, [&](int64_t t) {
         const float* g = gate + t * HC;
         const float* x = xn + t * HC;
         float* m = a.mixed + t * H;
@@ -40,7 +44,7 @@ void hyper_connection_read(const HyperConnectionReadArgs& a) {
             for (int64_t s = 0; s < hc; ++s) sum += cpu::sigmoid(g[s * H + j]) * x[s * H + j];
             m[j] = sum / static_cast<float>(hc);
         }
-    }
+    });
     if (a.inject) {
         STRATA_ASSERT(a.weights.inject.has_value());
         cpu::matmul({.w = *a.weights.inject, .x = xn, .y = a.inject, .n_tokens = T, .pool = a.pool});
@@ -49,15 +53,16 @@ void hyper_connection_read(const HyperConnectionReadArgs& a) {
 }
 
 void hyper_connection_write(const HyperConnectionShape& shape, float* residual, const float* block_out,
-                            const float* inject, int64_t n_tokens) {
+                            const float* inject, int64_t n_tokens, ThreadPool* pool) {
     const int64_t hc = shape.n_streams;
     const int64_t H = shape.n_embd;
-    for (int64_t t = 0; t < n_tokens; ++t)
+    parallel_each(pool, n_tokens, [&](int64_t t) {
         for (int64_t s = 0; s < hc; ++s) {
             float* r = residual + (t * hc + s) * H;
             const float w = inject[t * hc + s];
             for (int64_t j = 0; j < H; ++j) r[j] += w * block_out[t * H + j];
         }
+    });
 }
 
 }  // namespace strata

@@ -47,6 +47,6 @@ void hyper_connection_read(const HyperConnectionReadArgs& args);
 
 // residual[s] += inject[s] * block_out, for every stream s of every token.
 void hyper_connection_write(const HyperConnectionShape& shape, float* residual, const float* block_out,
-                            const float* inject, int64_t n_tokens);
+                            const float* inject, int64_t n_tokens, ThreadPool* pool);
 
 }  // namespace strata

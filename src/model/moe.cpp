@@ -60,9 +60,10 @@ void moe_forward(const MoeForwardArgs& a) {
     cpu::matmul({.w = w.router, .x = a.x, .y = probs, .n_tokens = T, .pool = a.pool});
     int32_t* chosen = scratch.take<int32_t>(T * K);
     float* weight = scratch.take<float>(T * K);
-    int32_t* top = scratch.take<int32_t>(E);
-    for (int64_t t = 0; t < T; ++t) {
+    int32_t* order = scratch.take<int32_t>(T * E);  // per token: expert ids, the top K first
+    parallel_each(a.pool, T, [&](int64_t t) {
         float* p = probs + t * E;
+        int32_t* top = order + t * E;
         cpu::softmax(p, E);
         top_k_into(p, E, K, top);
         float sum = 0.0f;
@@ -71,7 +72,7 @@ void moe_forward(const MoeForwardArgs& a) {
             chosen[t * K + k] = top[k];
             weight[t * K + k] = s.normalize_weights ? p[top[k]] / sum : p[top[k]];
         }
-    }
+    });
 
     // Each expert runs once over the rows that chose it; results land in their (row, slot) place. The (row, slot)
     // pairs are grouped by expert with a counting sort.
@@ -88,7 +89,7 @@ void moe_forward(const MoeForwardArgs& a) {
     // order, so expert e's rows are xs[first[e] .. first[e+1]).
     const int64_t F = s.n_ff;
     float* xs = scratch.take<float>(T * K * H);
-    for (int64_t i = 0; i < T * K; ++i) std::copy_n(a.x + (slots[i] / K) * H, H, xs + i * H);
+    parallel_each(a.pool, T * K, [&](int64_t i) { std::copy_n(a.x + (slots[i] / K) * H, H, xs + i * H); }, 64);
     float* g = scratch.take<float>(T * K * F);
     float* u = scratch.take<float>(T * K * F);
     float* ys = scratch.take<float>(T * K * H);
@@ -110,8 +111,12 @@ void moe_forward(const MoeForwardArgs& a) {
         jobs[n_jobs++] = {.w = &*w.shared_up, .x = a.x, .y = shared_u, .n_tokens = T};
     }
     cpu::matmul_many({jobs, static_cast<size_t>(n_jobs)}, a.pool);
-    for (int64_t i = 0; i < T * K * F; ++i) g[i] = cpu::silu(g[i]) * u[i];
-    for (int64_t i = 0; i < T * FS; ++i) shared_g[i] = cpu::silu(shared_g[i]) * shared_u[i];
+    parallel_each(a.pool, T * K, [&](int64_t r) {
+        for (int64_t i = r * F; i < (r + 1) * F; ++i) g[i] = cpu::silu(g[i]) * u[i];
+    }, 16);
+    parallel_each(a.pool, T, [&](int64_t t) {
+        for (int64_t i = t * FS; i < (t + 1) * FS; ++i) shared_g[i] = cpu::silu(shared_g[i]) * shared_u[i];
+    });
     n_jobs = 0;
     for (int64_t e = 0; e < E; ++e) {
         const int64_t n = first[e + 1] - first[e];
@@ -123,9 +128,9 @@ void moe_forward(const MoeForwardArgs& a) {
     cpu::matmul_many({jobs, static_cast<size_t>(n_jobs)}, a.pool);
     // ys is in slot order; expert_out[(row, slot)] is where each result belongs.
     float* expert_out = scratch.take<float>(T * K * H);
-    for (int64_t i = 0; i < T * K; ++i) std::copy_n(ys + i * H, H, expert_out + slots[i] * H);
+    parallel_each(a.pool, T * K, [&](int64_t i) { std::copy_n(ys + i * H, H, expert_out + slots[i] * H); }, 64);
 
-    for (int64_t t = 0; t < T; ++t) {
+    parallel_each(a.pool, T, [&](int64_t t) {
         float* o = a.out + t * H;
         for (int64_t j = 0; j < H; ++j) o[j] = 0.0f;
         for (int64_t k = 0; k < K; ++k) {
@@ -136,7 +141,7 @@ void moe_forward(const MoeForwardArgs& a) {
             const float gate = cpu::sigmoid(cpu::dot(w.shared_gate.data(), a.x + t * H, H));
             for (int64_t j = 0; j < H; ++j) o[j] += gate * shared[t * H + j];
         }
-    }
+    });
 }
 
 }  // namespace strata

@@ -198,7 +198,7 @@ class Qwen4ExpModel final : public HybridModel {
                                    .scratch = scratch,
                                    .pool = pool()});
             }
-            hyper_connection_write(h_.hc, residual, out, inject, T);
+            hyper_connection_write(h_.hc, residual, out, inject, T, pool());
 
             hyper_connection_read({.shape = h_.hc,
                                    .weights = b.hc_ffn,
@@ -215,7 +215,7 @@ class Qwen4ExpModel final : public HybridModel {
                          .n_tokens = T,
                          .scratch = scratch,
                          .pool = pool()});
-            hyper_connection_write(h_.hc, residual, out, inject, T);
+            hyper_connection_write(h_.hc, residual, out, inject, T, pool());
         }
         hyper_connection_read({.shape = h_.hc,
                                .weights = output_hc_,

@@ -1,5 +1,11 @@
-// Private to the CPU backend: the AVX-512 kernels over packed Q8_0 weights (packed.h) and the activation layout they
-// read. Defined in gemm_q8_0_avx512.cpp; called only when active_isa() is AVX-512.
+// Private to the CPU backend: the AVX-512 kernels over packed weights (packed.h) and the activation layouts they read.
+// Defined in gemm_packed_avx512.cpp; called only when active_isa() is AVX-512.
+//
+// Numerics, per output (row r, token t), over the weight's blocks b in order, acc starting at 0:
+//   Q8_0: acc = fma(float(s_b), d_w * d_a, acc), s_b the exact integer dot of the block's quants.
+//   Q4_K: acc = fma(float(S_b), d_w * d_a, acc); acc = fma(-float(M_b), dmin_w * d_a, acc), where S_b is the sum over
+//         sub-blocks j of scale_j times the exact nibble-activation dot, M_b the sum of min_j times the sub-block's
+//         activation sum (Q8_K's bsums), both exact int32.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +32,13 @@ struct PackedGemm {
     int n_rows;
 };
 constexpr int kPackedCols = 8;
-void gemm_q8_0_packed(const PackedGemm& g);
+void gemm_q8_0_packed(const PackedGemm& g);  // n_cols <= 8
+constexpr int kPackedColsQ4_K = 4;
+void gemm_q4_k_packed(const PackedGemm& g);  // n_cols <= 4
+
+// Per 256 activations: llama.cpp's Q8_K quants (the reference quantizer's), its f32 scale, then the 8 sums of each
+// 32 quants (a sub-block) as int16.
+constexpr size_t kQ8KSumsBlockBytes = 256 + 4 + 16;
+void quantize_q8_k_sums(const float* x, uint8_t* dst, int64_t n);
 
 }  // namespace strata::cpu

@@ -9,6 +9,7 @@
 #include "backend/cpu/packed.h"
 #include "backend/cpu/quant_dot.h"
 #include "core/error.h"
+#include "core/quant_blocks.h"
 
 namespace strata::cpu {
 
@@ -18,8 +19,8 @@ namespace {
 // (in L1) are reused against them.
 constexpr int64_t kTokenBlock = 64;
 
-// How a job's activations are laid out: the dot kernels' activation type, or the packed GEMM's biased Q8_0.
-enum class ActLayout { Kernel, BiasedQ8 };
+// How a job's activations are laid out: the dot kernels' activation type, or one of the packed GEMMs' layouts.
+enum class ActLayout { Kernel, BiasedQ8_0, Q8_KSums };
 
 struct PreparedJob {
     const Tensor* w = nullptr;
@@ -57,7 +58,7 @@ int64_t rows_per_unit(const Tensor& w, int64_t n_tokens, int n_threads, bool pac
     if (packed) {
         // Whole groups; one group per unit for prompts (its rows stay in L1 across the token blocks).
         const int64_t groups = (out + kPackRows - 1) / kPackRows;
-        const int64_t per_unit = n_tokens >= kPackedCols ? 1 : std::clamp<int64_t>(groups / (8 * n_threads), 1, 4);
+        const int64_t per_unit = n_tokens >= 4 ? 1 : std::clamp<int64_t>(groups / (8 * n_threads), 1, 4);
         return per_unit * kPackRows;
     }
     const int64_t by_cache = std::max<int64_t>(1, static_cast<int64_t>(16384 / std::max<size_t>(1, w.nb[1])));
@@ -71,19 +72,27 @@ void run_packed_unit(const PreparedJob& j, const uint8_t* activations, int64_t r
     const int64_t out = w.ne[1];
     const size_t group_bytes = packed_group_bytes(w);
     const uint8_t* act = activations + j.act_offset;
+    const bool q8_0 = w.type == DType::Q8_0;
+    const int64_t cols = q8_0 ? kPackedCols : kPackedColsQ4_K;
     for (int64_t t0 = 0; t0 < j.n_tokens; t0 += kTokenBlock) {
         const int64_t t_end = std::min(j.n_tokens, t0 + kTokenBlock);
         for (int64_t r = row_begin; r < row_end; r += kPackRows) {
-            const uint8_t* group = static_cast<const uint8_t*>(w.packed) + group_bytes * static_cast<size_t>(r / kPackRows);
-            for (int64_t t = t0; t < t_end; t += kPackedCols) {
-                gemm_q8_0_packed({.group = group,
-                                  .n_blocks = w.ne[0] / 32,
-                                  .act = act + static_cast<size_t>(t) * j.act_stride,
-                                  .act_stride = j.act_stride,
-                                  .n_cols = static_cast<int>(std::min<int64_t>(kPackedCols, t_end - t)),
-                                  .y = j.y + t * out + r,
-                                  .y_stride = static_cast<size_t>(out),
-                                  .n_rows = static_cast<int>(std::min<int64_t>(kPackRows, row_end - r))});
+            const uint8_t* group =
+                static_cast<const uint8_t*>(w.packed) + group_bytes * static_cast<size_t>(r / kPackRows);
+            for (int64_t t = t0; t < t_end; t += cols) {
+                const PackedGemm g{.group = group,
+                                   .n_blocks = w.ne[0] / traits(w.type).block_size,
+                                   .act = act + static_cast<size_t>(t) * j.act_stride,
+                                   .act_stride = j.act_stride,
+                                   .n_cols = static_cast<int>(std::min<int64_t>(cols, t_end - t)),
+                                   .y = j.y + t * out + r,
+                                   .y_stride = static_cast<size_t>(out),
+                                   .n_rows = static_cast<int>(std::min<int64_t>(kPackRows, row_end - r))};
+                if (q8_0) {
+                    gemm_q8_0_packed(g);
+                } else {
+                    gemm_q4_k_packed(g);
+                }
             }
         }
     }
@@ -125,9 +134,17 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
         const int64_t in = w.ne[0];
         const DType act = activation_type(w.type);
         const bool packed = w.packed != nullptr && isa == Isa::Avx512;
-        const ActLayout layout = packed ? ActLayout::BiasedQ8 : ActLayout::Kernel;
+        ActLayout layout = ActLayout::Kernel;
         PreparedJob p{.w = &w, .y = job.y, .n_tokens = job.n_tokens, .kernel = packed ? nullptr : dot_kernel(w.type, isa)};
-        p.act_stride = packed ? static_cast<size_t>(in / 32) * kBiasedBlockBytes : row_bytes(act, in);
+        if (!packed) {
+            p.act_stride = row_bytes(act, in);
+        } else if (w.type == DType::Q8_0) {
+            layout = ActLayout::BiasedQ8_0;
+            p.act_stride = static_cast<size_t>(in / 32) * kBiasedBlockBytes;
+        } else {
+            layout = ActLayout::Q8_KSums;
+            p.act_stride = static_cast<size_t>(in / kQK_K) * kQ8KSumsBlockBytes;
+        }
         // Products that read the same activations (gate and up, q/k/v) share one quantized copy.
         bool shared = false;
         for (const QuantizeTask& q : b.quantize) {
@@ -162,10 +179,11 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
         for (const QuantizeTask& q : b.quantize) {
             for (int64_t t = std::max(begin - base, int64_t{0}); t < std::min(end - base, q.n_tokens); ++t) {
                 uint8_t* dst = activations + q.offset + static_cast<size_t>(t) * q.stride;
-                if (q.layout == ActLayout::BiasedQ8) {
-                    quantize_q8_0_biased(q.x + t * q.in, dst, q.in);
-                } else {
-                    quantize_activations(q.act, q.x + t * q.in, dst, q.in);
+                const float* x = q.x + t * q.in;
+                switch (q.layout) {
+                    case ActLayout::BiasedQ8_0: quantize_q8_0_biased(x, dst, q.in); break;
+                    case ActLayout::Q8_KSums: quantize_q8_k_sums(x, dst, q.in); break;
+                    case ActLayout::Kernel: quantize_activations(q.act, x, dst, q.in); break;
                 }
             }
             base += q.n_tokens;

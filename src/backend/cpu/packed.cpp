@@ -10,12 +10,52 @@
 
 namespace strata::cpu {
 
-bool packable(const Tensor& w) {
-    return w.type == DType::Q8_0 && w.ne[3] == 1 && w.ne[0] % 32 == 0 && w.ne[1] >= 1 && w.data != nullptr &&
-           active_isa() == Isa::Avx512;
+namespace {
+
+size_t packed_block_bytes(DType t) { return t == DType::Q8_0 ? kPackedQ8_0BlockBytes : kPackedQ4_KBlockBytes; }
+
+void pack_q8_0_row(const BlockQ8_0* row, int64_t nb, int lane, uint8_t* group) {
+    for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* block = group + static_cast<size_t>(b) * kPackedQ8_0BlockBytes;
+        std::memcpy(block + 2 * lane, &row[b].d, 2);
+        int16_t sum = 0;
+        for (int j = 0; j < 32; ++j) sum = static_cast<int16_t>(sum + row[b].qs[j]);
+        std::memcpy(block + 32 + 2 * lane, &sum, 2);
+        // Quants 4k..4k+3 of lane l at 64 + 64k + 4l.
+        for (int k = 0; k < 8; ++k) std::memcpy(block + 64 + 64 * k + 4 * lane, row[b].qs + 4 * k, 4);
+    }
 }
 
-size_t packed_group_bytes(const Tensor& w) { return static_cast<size_t>(w.ne[0] / 32) * kPackedBlockBytes; }
+void pack_q4_k_row(const BlockQ4_K* row, int64_t nb, int lane, uint8_t* group) {
+    for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* block = group + static_cast<size_t>(b) * kPackedQ4_KBlockBytes;
+        std::memcpy(block + 2 * lane, &row[b].d, 2);
+        std::memcpy(block + 32 + 2 * lane, &row[b].dmin, 2);
+        for (int j = 0; j < 8; ++j) {
+            uint8_t scale = 0, min = 0;
+            quant::unpack_scale_min_k4(row[b].scales, j, &scale, &min);
+            block[64 + 16 * j + lane] = scale;
+            const int16_t m = min;
+            std::memcpy(block + 192 + 64 * (j / 2) + 4 * lane + 2 * (j % 2), &m, 2);
+        }
+        // Nibble bytes 32p + 4k .. +3 of lane l at 448 + 512p + 64k + 4l.
+        for (int p = 0; p < 4; ++p)
+            for (int k = 0; k < 8; ++k)
+                std::memcpy(block + 448 + 512 * p + 64 * k + 4 * lane, row[b].qs + 32 * p + 4 * k, 4);
+    }
+}
+
+}  // namespace
+
+bool packable(const Tensor& w) {
+    const int64_t block = w.type == DType::Q8_0 ? 32 : kQK_K;
+    return (w.type == DType::Q8_0 || w.type == DType::Q4_K) && w.ne[3] == 1 && w.ne[0] % block == 0 &&
+           w.ne[1] >= 1 && w.data != nullptr && active_isa() == Isa::Avx512;
+}
+
+size_t packed_group_bytes(const Tensor& w) {
+    return static_cast<size_t>(w.ne[0] / traits(w.type).block_size) * packed_block_bytes(w.type);
+}
 
 size_t packed_slice_bytes(const Tensor& w) {
     return static_cast<size_t>((w.ne[1] + kPackRows - 1) / kPackRows) * packed_group_bytes(w);
@@ -24,24 +64,20 @@ size_t packed_slice_bytes(const Tensor& w) {
 size_t packed_bytes(const Tensor& w) { return packed_slice_bytes(w) * static_cast<size_t>(w.ne[2]); }
 
 void pack_rows(const Tensor& w, uint8_t* dst) {
-    STRATA_ASSERT(w.type == DType::Q8_0 && w.ne[0] % 32 == 0);
-    const int64_t nb = w.ne[0] / 32, rows = w.ne[1];
+    STRATA_ASSERT((w.type == DType::Q8_0 || w.type == DType::Q4_K) && w.ne[0] % traits(w.type).block_size == 0);
+    const int64_t nb = w.ne[0] / traits(w.type).block_size, rows = w.ne[1];
     std::memset(dst, 0, packed_bytes(w));
     for (int64_t slice = 0; slice < w.ne[2]; ++slice) {
         const uint8_t* base = static_cast<const uint8_t*>(w.data) + w.nb[2] * static_cast<size_t>(slice);
         uint8_t* out_slice = dst + packed_slice_bytes(w) * static_cast<size_t>(slice);
         for (int64_t r = 0; r < rows; ++r) {
-            const auto* row = reinterpret_cast<const BlockQ8_0*>(base + w.nb[1] * static_cast<size_t>(r));
+            const uint8_t* row = base + w.nb[1] * static_cast<size_t>(r);
             uint8_t* group = out_slice + packed_group_bytes(w) * static_cast<size_t>(r / kPackRows);
             const int lane = static_cast<int>(r % kPackRows);
-            for (int64_t b = 0; b < nb; ++b) {
-                uint8_t* block = group + static_cast<size_t>(b) * kPackedBlockBytes;
-                std::memcpy(block + 2 * lane, &row[b].d, 2);
-                int16_t sum = 0;
-                for (int j = 0; j < 32; ++j) sum = static_cast<int16_t>(sum + row[b].qs[j]);
-                std::memcpy(block + 32 + 2 * lane, &sum, 2);
-                // Quants j = 4k..4k+3 of lane l at 64 + 64k + 4l.
-                for (int k = 0; k < 8; ++k) std::memcpy(block + 64 + 64 * k + 4 * lane, row[b].qs + 4 * k, 4);
+            if (w.type == DType::Q8_0) {
+                pack_q8_0_row(reinterpret_cast<const BlockQ8_0*>(row), nb, lane, group);
+            } else {
+                pack_q4_k_row(reinterpret_cast<const BlockQ4_K*>(row), nb, lane, group);
             }
         }
     }

@@ -1,11 +1,14 @@
 // Weights repacked for the CPU's AVX-512 GEMM (llama.cpp's "repack" buffers and ik_llama.cpp's run-time repacking
-// do the same). Q8_0 rows are interleaved in groups of 16: for each 32-element block, the 16 rows' scales, the 16
-// rows' sums of quants, then their quants 4 bytes at a time, so one 64-byte load holds 4 consecutive quants of all
-// 16 rows and one vpdpbusd against 4 broadcast activation bytes advances 16 dot products. A unit of weights is then
-// reused by up to 8 tokens from registers instead of once per token.
+// do the same). Rows are interleaved in groups of 16, so one 64-byte load holds 4 consecutive quants of all 16 rows
+// and one vpdpbusd against 4 broadcast activation bytes advances 16 dot products; a unit of weights is then reused
+// by several tokens from registers instead of once per token. Per block of each type, for the 16 rows:
+//   Q8_0 (32 values, 576 bytes): f16 scales d, int16 quant sums, then quants 4 at a time (64 bytes per 4 values).
+//   Q4_K (256 values, 2,496 bytes): f16 d, f16 dmin, the 8 sub-block scales as bytes (16 per sub-block), the mins
+//     as int16 pairs (sub-blocks 2p, 2p+1; 64 bytes per pair), then per pair p the nibble bytes 4 at a time: low
+//     nibbles are sub-block 2p, high nibbles 2p+1, as in the format.
 //
-// Every output keeps the numerics of one fixed order: acc = fma(float(exact block sum), dw * da, acc) over the blocks
-// in order, so a token's result is the same whichever other tokens share the call (the matmul contract).
+// Every output keeps the numerics of one fixed order over the blocks (gemm_packed.h), so a token's result is the same
+// whichever other tokens share the call (the matmul contract).
 #pragma once
 
 #include <cstddef>
@@ -18,11 +21,11 @@
 namespace strata::cpu {
 
 constexpr int64_t kPackRows = 16;
-// One block of a group: 16 f16 scales, 16 int16 quant sums, 16 x 32 quants.
-constexpr size_t kPackedBlockBytes = 32 + 32 + 16 * 32;
+constexpr size_t kPackedQ8_0BlockBytes = 32 + 32 + 16 * 32;
+constexpr size_t kPackedQ4_KBlockBytes = 32 + 32 + 128 + 256 + 16 * 128;
 
-// Whether w (2-D, or 3-D with one matrix per ne[2] slice) gets a packed form: Q8_0, and the matmuls run AVX-512 VNNI
-// (active_isa(); with a lower one the copy would never be read).
+// Whether w (2-D, or 3-D with one matrix per ne[2] slice) gets a packed form: Q8_0 or Q4_K, and the matmuls run
+// AVX-512 VNNI (active_isa(); with a lower one the copy would never be read).
 bool packable(const Tensor& w);
 // Bytes of one group of 16 rows (ne[0] / 32 blocks), of one slice, and of the whole packed tensor.
 size_t packed_group_bytes(const Tensor& w);

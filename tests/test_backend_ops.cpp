@@ -277,7 +277,7 @@ double dot_double(const float* a, const float* b, int64_t n) {
 struct OpCase {
     Op op;
     int64_t n;        // Dot: elements per row; Matmul: the input width
-    int n_cols = 1;   // Dot: columns per kernel call (1..kDotCols)
+    int n_cols = 1;   // Dot: columns per kernel call (1..dot_columns)
     size_t pad = 0;   // Dot: bytes between activation rows beyond the row itself
     ActKind kind = ActKind::Gaussian;
     int64_t out = 0;  // Matmul: output rows
@@ -296,7 +296,7 @@ std::vector<OpCase> op_cases(DType t) {
     const std::pair<size_t, ActKind> layouts[] = {
         {0, ActKind::Gaussian}, {12, ActKind::Gaussian}, {100, ActKind::Outliers}, {12, ActKind::Saturating}};
     for (int64_t n : dot_lengths(t))
-        for (int cols = 1; cols <= cpu::kDotCols; ++cols)
+        for (int cols : {1, 2, 3, 4, 7, 16})
             for (const auto& [pad, kind] : layouts)
                 cases.push_back({.op = Op::Dot, .n = n, .n_cols = cols, .pad = pad, .kind = kind});
     // Matmul: widths that every type's block divides; output counts that do not divide the row units.
@@ -339,7 +339,9 @@ DotResult run_dot_case(const Backend& backend, DType t, const OpCase& c, uint32_
         float* out = r.got.data() + row * c.n_cols;
         backend.dot({.type = t, .n = c.n, .w = w.row(row), .a = a.data(), .a_stride = stride, .out = out,
                      .n_cols = c.n_cols});
-        scalar(c.n, w.row(row), a.data(), stride, r.scalar.data() + row * c.n_cols, c.n_cols);
+        for (int col = 0; col < c.n_cols; col += cpu::kDotCols)  // every kernel takes kDotCols columns
+            scalar(c.n, w.row(row), a.data() + col * stride, stride, r.scalar.data() + row * c.n_cols + col,
+                   std::min(cpu::kDotCols, c.n_cols - col));
         for (int col = 0; col < c.n_cols; ++col) {
             // The stride of a one-column call is never read; a wrong one must not matter.
             backend.dot({.type = t, .n = c.n, .w = w.row(row), .a = a.data() + col * stride, .a_stride = 1,
@@ -377,8 +379,9 @@ const std::vector<CaseResult>& dot_results(DType t, Isa isa) {
     if (fresh) {
         const CpuBackend backend(isa);
         uint32_t seed = 1;
+        const int max_cols = backend.unsupported(Op::Dot, t).empty() ? cpu::dot_columns(t, isa) : cpu::kDotCols;
         for (const OpCase& c : op_cases(t))
-            if (c.op == Op::Dot) it->second.push_back({c, run_dot_case(backend, t, c, seed++)});
+            if (c.op == Op::Dot && c.n_cols <= max_cols) it->second.push_back({c, run_dot_case(backend, t, c, seed++)});
     }
     return it->second;
 }
@@ -523,8 +526,8 @@ TEST_P(MatmulParity, MatchesReferenceForAnyThreadsAndGrouping) {
         // As (a)/(b): the same integer products as the reference, summed in another order.
         EXPECT_LE(e.value(), kReassociationNmse) << "matmul vs reference";
 
-        // Token counts below, at and above kDotCols; thread counts 1 (no pool), 2, and 3 (more threads than this
-        // machine has cores, so ranges are claimed out of order).
+        // Token counts below, at and above the columns per kernel call (4, or 16 for the grid i-quants); thread
+        // counts 1 (no pool), 2, and 3 (more threads than this machine has cores, so ranges are claimed out of order).
         const std::pair<int64_t, int> groupings[] = {{1, 2}, {3, 1}, {3, 3}, {kMaxTokens, 1}, {kMaxTokens, 2},
                                                      {kMaxTokens, 3}};
         for (const auto& [n_tokens, threads] : groupings) {

@@ -192,29 +192,26 @@ void dot_kernel_c(int64_t n, const void* w, const void* a, size_t a_stride, floa
     for (int c = 0; c < C; ++c) out[c] = 0.125f * _mm512_reduce_add_ps(acc[c]);
 }
 
+// Up to 16 columns per call: decoding a super-block (four 8-wide gathers, the sign masks) costs about as much as
+// eight columns' arithmetic, so prompts amortize it over more tokens; 16 accumulators still fit the registers.
+template <typename Block, int C>
+void dot_kernel_up_to(int64_t n, const void* w, const void* a, size_t a_stride, float* out, int n_cols) {
+    if constexpr (C > 1) {
+        if (n_cols < C) return dot_kernel_up_to<Block, C - 1>(n, w, a, a_stride, out, n_cols);
+    }
+    dot_kernel_c<Block, C>(n, w, a, a_stride, out);
+}
+
 template <typename Block>
 void dot_kernel_any(int64_t n, const void* w, const void* a, size_t a_stride, float* out, int n_cols) {
-    switch (n_cols) {
-        case 1:
-            dot_kernel_c<Block, 1>(n, w, a, a_stride, out);
-            break;
-        case 2:
-            dot_kernel_c<Block, 2>(n, w, a, a_stride, out);
-            break;
-        case 3:
-            dot_kernel_c<Block, 3>(n, w, a, a_stride, out);
-            break;
-        default:
-            dot_kernel_c<Block, 4>(n, w, a, a_stride, out);
-            break;
-    }
+    dot_kernel_up_to<Block, kMaxDotCols>(n, w, a, a_stride, out, n_cols);
 }
 
 }  // namespace
 
 void register_dots_iq2_avx512(DotTable& t) {
-    t.set(DType::IQ2_XS, dot_kernel_any<BlockIQ2_XS>);
-    t.set(DType::IQ1_M, dot_kernel_any<BlockIQ1_M>);
+    t.set(DType::IQ2_XS, dot_kernel_any<BlockIQ2_XS>, kMaxDotCols);
+    t.set(DType::IQ1_M, dot_kernel_any<BlockIQ1_M>, kMaxDotCols);
 }
 
 }  // namespace strata::cpu

@@ -11,7 +11,11 @@ namespace strata::cpu {
 constexpr int kMaxDTypeId = 40;
 struct DotTable {
     DotFn fn[kMaxDTypeId] = {};
-    void set(DType t, DotFn f) { fn[static_cast<int>(t)] = f; }
+    int cols[kMaxDTypeId] = {};
+    void set(DType t, DotFn f, int max_cols = kDotCols) {
+        fn[static_cast<int>(t)] = f;
+        cols[static_cast<int>(t)] = max_cols;
+    }
 };
 
 // One register function per family and instruction set (file dot_<family>_<isa>.cpp). Scalar kernels are

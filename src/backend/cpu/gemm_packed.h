@@ -1,5 +1,5 @@
 // Private to the CPU backend: the AVX-512 kernels over packed weights (packed.h) and the activation layouts they read.
-// Defined in gemm_packed_avx512.cpp; called only when active_isa() is AVX-512.
+// Defined in gemm_packed_avx512.cpp and quantize_avx512.cpp; called only when active_isa() is AVX-512.
 //
 // Numerics, per output (row r, token t), over the weight's blocks b in order, acc starting at 0:
 //   Q8_0: acc = fma(float(s_b), d_w * d_a, acc), s_b the exact integer dot of the block's quants.
@@ -40,5 +40,7 @@ void gemm_q4_k_packed(const PackedGemm& g);  // n_cols <= 4
 // 32 quants (a sub-block) as int16.
 constexpr size_t kQ8KSumsBlockBytes = 256 + 4 + 16;
 void quantize_q8_k_sums(const float* x, uint8_t* dst, int64_t n);
+// llama.cpp's reference Q8_K quantization (quant::quantize_q8_k), byte for byte, in its own layout (BlockQ8_K).
+void quantize_q8_k_avx512(const float* x, void* dst, int64_t n);
 
 }  // namespace strata::cpu

@@ -127,19 +127,6 @@ void gemm_q4_k_packed(const PackedGemm& g) {
     }
 }
 
-void quantize_q8_k_sums(const float* x, uint8_t* dst, int64_t n) {
-    for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K, dst += kQ8KSumsBlockBytes) {
-        BlockQ8_K b;
-        quantize_row(DType::Q8_K, x, &b, kQK_K);
-        std::memcpy(dst, b.qs, kQK_K);
-        std::memcpy(dst + kQK_K, &b.d, 4);
-        for (int j = 0; j < 8; ++j) {
-            const int16_t sum = static_cast<int16_t>(b.bsums[2 * j] + b.bsums[2 * j + 1]);
-            std::memcpy(dst + kQK_K + 4 + 2 * j, &sum, 2);
-        }
-    }
-}
-
 void gemm_q8_0_packed(const PackedGemm& g) {
     switch (g.n_cols) {
         case 1: return gemm_cols<1>(g);
@@ -150,36 +137,6 @@ void gemm_q8_0_packed(const PackedGemm& g) {
         case 6: return gemm_cols<6>(g);
         case 7: return gemm_cols<7>(g);
         default: return gemm_cols<8>(g);
-    }
-}
-
-void quantize_q8_0_biased(const float* x, uint8_t* dst, int64_t n) {
-    const __m512 sign_mask = _mm512_set1_ps(-0.0f);
-    for (int64_t i = 0; i < n / 32; ++i, x += 32, dst += kBiasedBlockBytes) {
-        const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
-        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign_mask, x0),
-                                                               _mm512_andnot_ps(sign_mask, x1)));
-        // The reference: d = amax / 127 stored as f16 (round to nearest even), quants round(x / d) computed with the
-        // unrounded d, rounding half away from zero.
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        const float d16 = _cvtsh_ss(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));
-        __m128i q8[2];
-        const __m512 xs[2] = {x0, x1};
-        for (int h = 0; h < 2; ++h) {
-            const __m512 v = _mm512_mul_ps(xs[h], _mm512_set1_ps(id));
-            const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-            const __m512 frac = _mm512_sub_ps(v, t);
-            __m512i q = _mm512_cvttps_epi32(t);
-            q = _mm512_mask_add_epi32(q, _mm512_cmp_ps_mask(frac, _mm512_set1_ps(0.5f), _CMP_GE_OQ), q,
-                                      _mm512_set1_epi32(1));
-            q = _mm512_mask_sub_epi32(q, _mm512_cmp_ps_mask(frac, _mm512_set1_ps(-0.5f), _CMP_LE_OQ), q,
-                                      _mm512_set1_epi32(1));
-            q8[h] = _mm512_cvtepi32_epi8(_mm512_add_epi32(q, _mm512_set1_epi32(128)));
-        }
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), q8[0]);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16), q8[1]);
-        std::memcpy(dst + 32, &d16, 4);
     }
 }
 

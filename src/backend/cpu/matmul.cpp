@@ -1,6 +1,6 @@
 // Matrix products over quantized dot-product kernels: activations quantized once per call, output rows split into
-// units that the pool's threads claim, and within a unit up to kDotCols tokens per kernel call so that the weight
-// unpacking is shared by several tokens of a prompt.
+// units that the pool's threads claim, and within a unit up to dot_columns() tokens per kernel call so that the
+// weight unpacking is shared by several tokens of a prompt. Packed weights (packed.h) go to the GEMMs instead.
 #include <algorithm>
 #include <vector>
 
@@ -27,6 +27,7 @@ struct PreparedJob {
     float* y = nullptr;
     int64_t n_tokens = 0;
     DotFn kernel = nullptr;  // null: the packed GEMM
+    int cols = kDotCols;     // columns per kernel call
     size_t act_offset = 0;  // into the activation buffer
     size_t act_stride = 0;  // bytes per token
     int64_t rows_per_unit = 0;
@@ -102,11 +103,11 @@ void run_unit(const PreparedJob& j, const uint8_t* activations, int64_t row_begi
     const Tensor& w = *j.w;
     const int64_t in = w.ne[0], out = w.ne[1];
     const uint8_t* act = activations + j.act_offset;
-    float tile[kDotCols];
+    float tile[kMaxDotCols];
     for (int64_t t0 = 0; t0 < j.n_tokens; t0 += kTokenBlock) {
         const int64_t t_end = std::min(j.n_tokens, t0 + kTokenBlock);
-        for (int64_t t = t0; t < t_end; t += kDotCols) {
-            const int cols = static_cast<int>(std::min<int64_t>(kDotCols, t_end - t));
+        for (int64_t t = t0; t < t_end; t += j.cols) {
+            const int cols = static_cast<int>(std::min<int64_t>(j.cols, t_end - t));
             const uint8_t* a = act + static_cast<size_t>(t) * j.act_stride;
             for (int64_t r = row_begin; r < row_end; ++r) {
                 j.kernel(in, w.row(r), a, j.act_stride, tile, cols);
@@ -138,6 +139,7 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
         PreparedJob p{.w = &w, .y = job.y, .n_tokens = job.n_tokens, .kernel = packed ? nullptr : dot_kernel(w.type, isa)};
         if (!packed) {
             p.act_stride = row_bytes(act, in);
+            p.cols = dot_columns(w.type, isa);
         } else if (w.type == DType::Q8_0) {
             layout = ActLayout::BiasedQ8_0;
             p.act_stride = static_cast<size_t>(in / 32) * kBiasedBlockBytes;

@@ -5,8 +5,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
+#include <utility>
 
 #include "backend/cpu/dot_kernels.h"
+#include "backend/cpu/gemm_packed.h"
 #include "core/error.h"
 
 namespace strata::cpu {
@@ -80,6 +82,7 @@ void quantize_activations(DType act, const float* x, void* dst, int64_t n) {
         std::memcpy(dst, x, static_cast<size_t>(n) * sizeof(float));
         return;
     }
+    if (act == DType::Q8_K && active_isa() == Isa::Avx512) return quantize_q8_k_avx512(x, dst, n);
     quantize_row(act, x, dst, n);
 }
 
@@ -118,12 +121,27 @@ bool has_native_dot(DType w, Isa isa) {
     return id < kMaxDTypeId && registry().native[static_cast<int>(isa)].fn[id] != nullptr;
 }
 
-DotFn dot_kernel(DType w, Isa isa) {
+namespace {
+
+// The table entry dot_kernel(w, isa) uses.
+std::pair<const DotTable*, int> kernel_entry(DType w, Isa isa) {
     const int id = static_cast<int>(w);
     if (id >= kMaxDTypeId) throw Error(std::string("no dot product for type ") + dtype_name(w));
     for (int i = static_cast<int>(isa); i >= 0; --i)
-        if (DotFn f = registry().native[i].fn[id]) return f;
+        if (registry().native[i].fn[id]) return {&registry().native[i], id};
     throw Error(std::string("no dot product for type ") + dtype_name(w));
+}
+
+}  // namespace
+
+DotFn dot_kernel(DType w, Isa isa) {
+    const auto [table, id] = kernel_entry(w, isa);
+    return table->fn[id];
+}
+
+int dot_columns(DType w, Isa isa) {
+    const auto [table, id] = kernel_entry(w, isa);
+    return table->cols[id];
 }
 
 }  // namespace strata::cpu

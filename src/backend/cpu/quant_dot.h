@@ -32,15 +32,19 @@ DType activation_type(DType weight);
 void quantize_activations(DType act, const float* x, void* dst, int64_t n);
 
 // out[c] = dot(weight row w, activation row c) for c < n_cols, where activation row c starts at
-// a + c * a_stride bytes; n elements, a multiple of the weight's block. n_cols is 1..kDotCols.
+// a + c * a_stride bytes; n elements, a multiple of the weight's block. n_cols is 1..dot_columns(type, isa): every
+// kernel takes kDotCols, kernels whose weight decoding costs more than a column's arithmetic take up to kMaxDotCols.
 // Contract: out[c] is bit-identical to what a call with n_cols = 1 on that column alone returns, so results never
 // depend on how tokens are grouped.
 constexpr int kDotCols = 4;
+constexpr int kMaxDotCols = 16;
 using DotFn = void (*)(int64_t n, const void* w, const void* a, size_t a_stride, float* out, int n_cols);
 
 // The kernel for weight type w on instruction set isa: the best registered one at or below isa (every computable
 // type has a scalar kernel); throws Error for a type without any.
 DotFn dot_kernel(DType w, Isa isa);
+// The most columns that kernel takes per call.
+int dot_columns(DType w, Isa isa);
 // Whether a kernel written for exactly this (type, isa) pair is registered (tests report the others as skipped).
 bool has_native_dot(DType w, Isa isa);
 

@@ -36,12 +36,13 @@ void hyper_connection_read(const HyperConnectionReadArgs& a) {
     cpu::matmul({.w = a.weights.up, .x = low, .y = gate, .n_tokens = T, .pool = a.pool});
 
     parallel_each(a.pool, T, [&](int64_t t) {
-        const float* g = gate + t * HC;
+        float* g = gate + t * HC;
         const float* x = xn + t * HC;
         float* m = a.mixed + t * H;
+        cpu::sigmoid_inplace(g, HC);
         for (int64_t j = 0; j < H; ++j) {
             float sum = 0.0f;
-            for (int64_t s = 0; s < hc; ++s) sum += cpu::sigmoid(g[s * H + j]) * x[s * H + j];
+            for (int64_t s = 0; s < hc; ++s) sum += g[s * H + j] * x[s * H + j];
             m[j] = sum / static_cast<float>(hc);
         }
     });

@@ -111,12 +111,8 @@ void moe_forward(const MoeForwardArgs& a) {
         jobs[n_jobs++] = {.w = &*w.shared_up, .x = a.x, .y = shared_u, .n_tokens = T};
     }
     cpu::matmul_many({jobs, static_cast<size_t>(n_jobs)}, a.pool);
-    parallel_each(a.pool, T * K, [&](int64_t r) {
-        for (int64_t i = r * F; i < (r + 1) * F; ++i) g[i] = cpu::silu(g[i]) * u[i];
-    }, 16);
-    parallel_each(a.pool, T, [&](int64_t t) {
-        for (int64_t i = t * FS; i < (t + 1) * FS; ++i) shared_g[i] = cpu::silu(shared_g[i]) * shared_u[i];
-    });
+    parallel_each(a.pool, T * K, [&](int64_t r) { cpu::silu_mul(g + r * F, u + r * F, F); }, 16);
+    parallel_each(a.pool, T, [&](int64_t t) { cpu::silu_mul(shared_g + t * FS, shared_u + t * FS, FS); });
     n_jobs = 0;
     for (int64_t e = 0; e < E; ++e) {
         const int64_t n = first[e + 1] - first[e];

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <numeric>
 
+#include "backend/cpu/activations_avx512.h"
 #include "backend/cpu/packed.h"
+#include "backend/cpu/quant_dot.h"
 #include "core/error.h"
 
 namespace strata::cpu {
@@ -116,6 +118,16 @@ void causal_conv_step(const ConvStepArgs& a) {
         std::copy(a.history + a.channels, a.history + hist_rows * a.channels, a.history);
         std::copy(a.x, a.x + a.channels, a.history + (hist_rows - 1) * a.channels);
     }
+}
+
+void sigmoid_inplace(float* x, int64_t n) {
+    if (active_isa() == Isa::Avx512) return sigmoid_avx512(x, n);
+    for (int64_t i = 0; i < n; ++i) x[i] = sigmoid(x[i]);
+}
+
+void silu_mul(float* g, const float* u, int64_t n) {
+    if (active_isa() == Isa::Avx512) return silu_mul_avx512(g, u, n);
+    for (int64_t i = 0; i < n; ++i) g[i] = silu(g[i]) * u[i];
 }
 
 // Two passes over the state instead of four: decay a row, then add its share of S^T k; update a row, then add its

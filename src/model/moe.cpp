@@ -122,15 +122,15 @@ void moe_forward(const MoeForwardArgs& a) {
     }
     if (FS > 0) jobs[n_jobs++] = {.w = &*w.shared_down, .x = shared_g, .y = shared, .n_tokens = T};
     cpu::matmul_many({jobs, static_cast<size_t>(n_jobs)}, a.pool);
-    // ys is in slot order; expert_out[(row, slot)] is where each result belongs.
-    float* expert_out = scratch.take<float>(T * K * H);
-    parallel_each(a.pool, T * K, [&](int64_t i) { std::copy_n(ys + i * H, H, expert_out + slots[i] * H); }, 64);
+    // ys is in slot order: the result for (row t, slot k) is row at[t * K + k] of it.
+    int64_t* at = scratch.take<int64_t>(T * K);
+    for (int64_t i = 0; i < T * K; ++i) at[slots[i]] = i;
 
     parallel_each(a.pool, T, [&](int64_t t) {
         float* o = a.out + t * H;
         for (int64_t j = 0; j < H; ++j) o[j] = 0.0f;
         for (int64_t k = 0; k < K; ++k) {
-            const float* y = expert_out + (t * K + k) * H;
+            const float* y = ys + at[t * K + k] * H;
             for (int64_t j = 0; j < H; ++j) o[j] += weight[t * K + k] * y[j];
         }
         if (s.n_ff_shared > 0) {

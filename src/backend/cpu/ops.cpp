@@ -46,11 +46,35 @@ std::vector<float> to_f32(const Tensor& t) {
     return v;
 }
 
+namespace {
+
+// The sum of squares in double, in eight interleaved partial sums combined in a fixed order: one chain of dependent
+// additions took four cycles per element.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+double sum_of_squares(const float* x, int64_t n) {
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; ++j) acc[j] += static_cast<double>(x[i + j]) * x[i + j];
+    for (int j = 0; i < n; ++i, ++j) acc[j] += static_cast<double>(x[i]) * x[i];
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+void scale_rows(const float* x, int64_t n, float scale, const float* gamma, float* out) {
+    if (gamma) {
+        for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale * gamma[i];
+    } else {
+        for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale;
+    }
+}
+
+}  // namespace
+
 void rms_norm(const float* x, int64_t n, const float* gamma, float eps, float* out) {
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
+    const double sum = sum_of_squares(x, n);
     const float scale = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(n) + eps));
-    for (int64_t i = 0; i < n; ++i) out[i] = gamma ? x[i] * scale * gamma[i] : x[i] * scale;
+    scale_rows(x, n, scale, gamma, out);
 }
 
 void rms_norm_grouped(const float* x, int64_t n_groups, int64_t group, const float* gamma, float eps, float* out) {
@@ -59,10 +83,9 @@ void rms_norm_grouped(const float* x, int64_t n_groups, int64_t group, const flo
 }
 
 void l2_norm(const float* x, int64_t n, float eps, float* out) {
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
+    const double sum = sum_of_squares(x, n);
     const float scale = static_cast<float>(1.0 / std::sqrt(sum + eps));
-    for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale;
+    scale_rows(x, n, scale, nullptr, out);
 }
 
 void rope_neox(float* x, int64_t n_rot, int64_t pos, float freq_base) {
@@ -103,16 +126,16 @@ std::vector<int32_t> top_k(const float* values, int64_t n, int64_t k) {
     return idx;
 }
 
+// Tap by tap over all channels, so the inner loops run along the channels; each channel still sums its taps in the
+// same order (the current input first, then the history from the oldest row).
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void causal_conv_step(const ConvStepArgs& a) {
     const int64_t hist_rows = (a.kernel - 1) * a.dilation;
-    for (int64_t c = 0; c < a.channels; ++c) {
-        const float* w = a.w + c * a.kernel;
-        float sum = w[a.kernel - 1] * a.x[c];
-        for (int64_t j = 0; j < a.kernel - 1; ++j) {
-            const int64_t back = (a.kernel - 1 - j) * a.dilation;  // rows before the current input
-            sum += w[j] * a.history[(hist_rows - back) * a.channels + c];
-        }
-        a.out[c] = sum;
+    const int64_t K = a.kernel;
+    for (int64_t c = 0; c < a.channels; ++c) a.out[c] = a.w[c * K + K - 1] * a.x[c];
+    for (int64_t j = 0; j < K - 1; ++j) {
+        const float* row = a.history + (hist_rows - (K - 1 - j) * a.dilation) * a.channels;  // rows before the input
+        for (int64_t c = 0; c < a.channels; ++c) a.out[c] += a.w[c * K + j] * row[c];
     }
     if (hist_rows > 0) {
         std::copy(a.history + a.channels, a.history + hist_rows * a.channels, a.history);

@@ -1,0 +1,211 @@
+// Devices, memory accounting, buffers, streams and the per-device context.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <utility>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/internal.h"
+
+namespace strata::cuda {
+
+namespace {
+
+std::string human_bytes(size_t bytes) {
+    char buf[64];
+    const double b = static_cast<double>(bytes);
+    if (bytes >= (size_t{1} << 30))
+        std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
+    else if (bytes >= (size_t{1} << 20))
+        std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1 << 20));
+    else
+        std::snprintf(buf, sizeof buf, "%zu bytes", bytes);
+    return buf;
+}
+
+// cudaMalloc's granularity is coarser anyway; 256 keeps every buffer's tail granule inside the allocation.
+constexpr size_t kAllocationGranule = 256;
+
+}  // namespace
+
+// ---- devices --------------------------------------------------------------------------------------------------------
+
+int device_count() {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();  // reset the runtime's last-error state so later checks start clean
+        return 0;
+    }
+    return n;
+}
+
+std::string no_device_reason() {
+    int n = 0;
+    const cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return std::string("no usable CUDA device: ") + cudaGetErrorString(err);
+    }
+    return n == 0 ? "no CUDA device present" : "";
+}
+
+// ---- memory ---------------------------------------------------------------------------------------------------------
+
+MemoryAccountant::~MemoryAccountant() {
+    // Buffers hold a pointer to their accountant: one outliving it is a bug in the owner's order of destruction.
+    STRATA_ASSERT(used_ == 0);
+}
+
+void MemoryAccountant::reserve(size_t bytes, const std::string& label) {
+    if (bytes > budget_ || used_ > budget_ - bytes)
+        throw Error("CUDA: allocating " + human_bytes(bytes) + " for " + label + " would exceed the VRAM budget of " +
+                    human_bytes(budget_) + " (" + human_bytes(used_) + " in use); raise --vram-budget or use a "
+                    "smaller model or context");
+    used_ += bytes;
+    by_label_[label] += bytes;
+    if (used_ > peak_) peak_ = used_;
+}
+
+void MemoryAccountant::release(size_t bytes, const std::string& label) {
+    auto it = by_label_.find(label);
+    STRATA_ASSERT(it != by_label_.end() && it->second >= bytes && used_ >= bytes);
+    it->second -= bytes;
+    if (it->second == 0) by_label_.erase(it);
+    used_ -= bytes;
+}
+
+std::string MemoryAccountant::plan() const {
+    std::string s;
+    for (const auto& [label, bytes] : by_label_) s += "  " + label + ": " + human_bytes(bytes) + "\n";
+    s += "  total: " + human_bytes(used_) + " of a budget of " + human_bytes(budget_) + " (peak " +
+         human_bytes(peak_) + ")\n";
+    return s;
+}
+
+DeviceBuffer::DeviceBuffer(MemoryAccountant& accountant, size_t bytes, std::string label)
+    : bytes_(bytes), accountant_(&accountant), label_(std::move(label)) {
+    booked_ = (bytes + kAllocationGranule - 1) / kAllocationGranule * kAllocationGranule;
+    if (booked_ == 0) booked_ = kAllocationGranule;
+    accountant.reserve(booked_, label_);  // throws before cudaMalloc is asked
+    const cudaError_t err = cudaMalloc(&ptr_, booked_);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        accountant.release(booked_, label_);
+        ptr_ = nullptr;
+        throw Error("CUDA: cudaMalloc of " + human_bytes(booked_) + " for " + label_ + " failed: " +
+                    cudaGetErrorString(err) + " (" + human_bytes(accountant.used()) + " held by strata)");
+    }
+}
+
+DeviceBuffer::~DeviceBuffer() {
+    reset();
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+    : ptr_(std::exchange(other.ptr_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)),
+      booked_(std::exchange(other.booked_, 0)),
+      accountant_(std::exchange(other.accountant_, nullptr)),
+      label_(std::move(other.label_)) {}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+    if (this != &other) {
+        reset();
+        ptr_ = std::exchange(other.ptr_, nullptr);
+        bytes_ = std::exchange(other.bytes_, 0);
+        booked_ = std::exchange(other.booked_, 0);
+        accountant_ = std::exchange(other.accountant_, nullptr);
+        label_ = std::move(other.label_);
+    }
+    return *this;
+}
+
+void DeviceBuffer::reset() noexcept {
+    if (!ptr_) return;
+    // A failing free in a destructor cannot be reported by throwing; it only happens after a fault that the next
+    // checked call reports anyway.
+    if (cudaFree(ptr_) != cudaSuccess) (void)cudaGetLastError();
+    accountant_->release(booked_, label_);
+    ptr_ = nullptr;
+    bytes_ = booked_ = 0;
+}
+
+// ---- streams --------------------------------------------------------------------------------------------------------
+
+Stream::Stream() {
+    STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+}
+
+Stream::~Stream() {
+    if (stream_ && cudaStreamDestroy(stream_) != cudaSuccess) (void)cudaGetLastError();
+}
+
+void Stream::synchronize() const {
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+// ---- context --------------------------------------------------------------------------------------------------------
+
+Context::Context(const ContextOptions& options) {
+    const int n = device_count();
+    if (n == 0) throw Error("CUDA backend: " + no_device_reason());
+    if (options.device < 0 || options.device >= n)
+        throw Error("CUDA backend: device " + std::to_string(options.device) + " does not exist (" +
+                    std::to_string(n) + " device(s), numbered from 0)");
+    STRATA_CUDA_CHECK(cudaSetDevice(options.device));
+    cudaDeviceProp prop{};
+    STRATA_CUDA_CHECK(cudaGetDeviceProperties(&prop, options.device));
+    size_t free_bytes = 0, total_bytes = 0;
+    STRATA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    info_ = {.index = options.device,
+             .name = prop.name,
+             .cc_major = prop.major,
+             .cc_minor = prop.minor,
+             .multiprocessors = prop.multiProcessorCount,
+             .l2_bytes = static_cast<size_t>(prop.l2CacheSize),
+             .total_bytes = total_bytes,
+             .free_bytes_at_start = free_bytes};
+    // The kernels use dp4a and __shfl_sync (sm_61+); the build's oldest architecture is 7.5.
+    if (prop.major < 7 || (prop.major == 7 && prop.minor < 5))
+        throw Error("CUDA backend: " + info_.name + " has compute capability " + std::to_string(prop.major) + "." +
+                    std::to_string(prop.minor) + "; strata needs 7.5 or newer");
+    const size_t budget = options.vram_budget ? options.vram_budget : free_bytes / 20 * 19;
+    memory_ = std::make_unique<MemoryAccountant>(budget);
+    stream_ = std::make_unique<Stream>();
+    upload_basic_tables();
+    upload_iq_tables();
+}
+
+Context::~Context() {
+    scratch_ = DeviceBuffer();  // before the accountant it is booked in
+    if (stream_ && cudaStreamSynchronize(stream_->handle()) != cudaSuccess) (void)cudaGetLastError();
+}
+
+DeviceBuffer Context::allocate(size_t bytes, const std::string& label) {
+    STRATA_CUDA_CHECK(cudaSetDevice(info_.index));
+    return DeviceBuffer(*memory_, bytes, label);
+}
+
+DeviceBuffer Context::upload(const void* host, size_t bytes, const std::string& label) {
+    DeviceBuffer b = allocate(bytes, label);
+    if (bytes) STRATA_CUDA_CHECK(cudaMemcpy(b.data(), host, bytes, cudaMemcpyHostToDevice));
+    return b;
+}
+
+void Context::download(const void* device, void* host, size_t bytes) const {
+    stream_->synchronize();
+    if (bytes) STRATA_CUDA_CHECK(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost));
+}
+
+void* Context::scratch(size_t bytes) {
+    if (scratch_.size() < bytes) {
+        // The old scratch may still be read by queued kernels.
+        stream_->synchronize();
+        scratch_ = DeviceBuffer();
+        scratch_ = allocate(bytes, "scratch");
+    }
+    return scratch_.data();
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,171 @@
+// The CUDA backend's public surface: device discovery, a context per device (stream, memory accountant, the quant
+// codebooks in device memory), RAII device buffers and the quantized matrix products. This header needs no CUDA
+// headers, so plain C++ (tests, the model layer) can include it; the code behind it is in src/backend/cuda/*.cpp/.cu.
+// Everything a user can cause (no device, a budget too small, an unsupported type) throws strata::Error with one line.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+struct CUstream_st;  // cudaStream_t is CUstream_st*
+
+namespace strata::cuda {
+
+// ---- devices --------------------------------------------------------------------------------------------------------
+
+// CUDA devices this process can use; 0 when there is no driver or no device (never throws).
+int device_count();
+// Why device_count() is 0, in words with the CUDA error string ("" when a device is there): for skip messages.
+std::string no_device_reason();
+
+struct DeviceInfo {
+    int index = 0;
+    std::string name;
+    int cc_major = 0, cc_minor = 0;
+    int multiprocessors = 0;
+    size_t l2_bytes = 0;
+    size_t total_bytes = 0;
+    size_t free_bytes_at_start = 0;
+};
+
+// ---- memory ---------------------------------------------------------------------------------------------------------
+
+// Counts the device bytes strata holds against a budget (--vram-budget), by label ("weights", "kv cache",
+// "scratch"), so the plan can be printed and an allocation over budget fails with a clear message before cudaMalloc
+// is asked. Not thread-safe: one accountant per context, used from the thread that drives it.
+class MemoryAccountant {
+public:
+    explicit MemoryAccountant(size_t budget_bytes) : budget_(budget_bytes) {}
+    ~MemoryAccountant();
+    MemoryAccountant(const MemoryAccountant&) = delete;
+    MemoryAccountant& operator=(const MemoryAccountant&) = delete;
+
+    // Books `bytes` under `label`; throws Error (nothing booked) when the budget would be exceeded.
+    void reserve(size_t bytes, const std::string& label);
+    void release(size_t bytes, const std::string& label);
+
+    size_t budget() const { return budget_; }
+    size_t used() const { return used_; }
+    size_t peak() const { return peak_; }
+    // One line per label in use, then the total against the budget.
+    std::string plan() const;
+
+private:
+    size_t budget_;
+    size_t used_ = 0;
+    size_t peak_ = 0;
+    std::map<std::string, size_t> by_label_;
+};
+
+// Device memory owned by one object: freed (and its bytes returned to the accountant) when it goes. Sizes are rounded
+// up to 256 bytes, so kernels may read whole 16-byte granules that overlap the last valid byte. The accountant must
+// outlive its buffers.
+class DeviceBuffer {
+public:
+    DeviceBuffer() = default;
+    DeviceBuffer(MemoryAccountant& accountant, size_t bytes, std::string label);
+    ~DeviceBuffer();
+    DeviceBuffer(DeviceBuffer&& other) noexcept;
+    DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+    void* data() const { return ptr_; }
+    template <typename T>
+    T* as() const {
+        return static_cast<T*>(ptr_);
+    }
+    size_t size() const { return bytes_; }  // as asked for, before rounding
+
+private:
+    void reset() noexcept;
+    void* ptr_ = nullptr;
+    size_t bytes_ = 0;
+    size_t booked_ = 0;
+    MemoryAccountant* accountant_ = nullptr;
+    std::string label_;
+};
+
+// A non-blocking CUDA stream, destroyed with the object.
+class Stream {
+public:
+    Stream();
+    ~Stream();
+    Stream(const Stream&) = delete;
+    Stream& operator=(const Stream&) = delete;
+    CUstream_st* handle() const { return stream_; }
+    void synchronize() const;
+
+private:
+    CUstream_st* stream_ = nullptr;
+};
+
+// ---- context --------------------------------------------------------------------------------------------------------
+
+struct ContextOptions {
+    int device = 0;
+    // Bytes strata may hold on the device; 0: the memory free when the context starts, less a 5% margin.
+    size_t vram_budget = 0;
+};
+
+// One device in use: selects it, reads its properties, uploads the quant codebooks, and owns the stream every
+// operation of this context runs on plus a grow-only scratch buffer for the matrix products. Methods must be called
+// from one thread at a time.
+class Context {
+public:
+    explicit Context(const ContextOptions& options = {});
+    ~Context();
+    Context(const Context&) = delete;
+    Context& operator=(const Context&) = delete;
+
+    const DeviceInfo& info() const { return info_; }
+    MemoryAccountant& memory() { return *memory_; }
+    const Stream& stream() const { return *stream_; }
+
+    DeviceBuffer allocate(size_t bytes, const std::string& label);
+    // A new buffer holding a copy of host bytes (synchronous).
+    DeviceBuffer upload(const void* host, size_t bytes, const std::string& label);
+    // Device bytes to host after all work queued on the stream (synchronous).
+    void download(const void* device, void* host, size_t bytes) const;
+    void synchronize() const { stream_->synchronize(); }
+
+    // Device scratch of at least `bytes`, valid until the next call; contents undefined. Counted as "scratch".
+    void* scratch(size_t bytes);
+
+private:
+    DeviceInfo info_;
+    std::unique_ptr<MemoryAccountant> memory_;
+    std::unique_ptr<Stream> stream_;
+    DeviceBuffer scratch_;
+};
+
+// ---- matrix products ------------------------------------------------------------------------------------------------
+
+// Tokens per call of the quantized matrix-vector kernels; larger calls use the dequantize-then-GEMM path.
+constexpr int64_t kMaxMatvecTokens = 8;
+
+// Whether matmul accepts weights of type t.
+bool supports_matmul(DType t);
+
+// y[t, o] = sum_i W[o, i] * x[t, i] for t < n_tokens, as cpu::matmul computes it: W {in, out} in ggml's layout in
+// device memory (w.device == Device::Cuda), x and y device pointers to rows of `in` and `out` floats. Quant weights
+// take the CPU backend's activation format (Q8_0 for Q8_0 / Q4_0 / IQ4_NL, Q8_K for the other quant types, f32 for
+// float weights), quantized on the device bit for bit as the CPU does, so results match cpu::matmul up to float
+// summation order. Queued on the context's stream; returns before the work is done. x must be 16-byte aligned. On
+// sm_90+ the matvec kernel starts loading weights before the kernel queued ahead of it has finished (programmatic
+// dependent launch), so weights must not be written by the work queued just before the call.
+struct MatmulArgs {
+    const Tensor& w;
+    const float* x;
+    float* y;
+    int64_t n_tokens = 1;
+};
+void matmul(Context& ctx, const MatmulArgs& args);
+
+}  // namespace strata::cuda

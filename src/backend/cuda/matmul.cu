@@ -1,0 +1,291 @@
+// The matrix product entry point: activations quantized on the device exactly as the CPU backend quantizes them,
+// then the matvec kernels for up to kMaxMatvecTokens tokens, or for more tokens a correct but plain path: weights
+// dequantized to f32 in row panels and a tiled f32 GEMM against the dequantized activations.
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <string>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/internal.h"
+#include "backend/cuda/matvec_kernels.cuh"
+
+namespace strata::cuda {
+
+namespace {
+
+enum class ActivationFormat { F32, Q8_0, Q8_K };
+
+// The CPU backend's activation type of each weight type (cpu::activation_type; llama.cpp's vec_dot_type).
+ActivationFormat activation_format(DType w) {
+    switch (w) {
+        case DType::F32:
+        case DType::F16:
+        case DType::BF16: return ActivationFormat::F32;
+        case DType::Q8_0:
+        case DType::Q4_0:
+        case DType::IQ4_NL: return ActivationFormat::Q8_0;
+        default: return ActivationFormat::Q8_K;
+    }
+}
+
+// ---- activation quantization ----------------------------------------------------------------------------------------
+
+constexpr int kQuantizeThreads = 256;
+
+// (|x|, index, x) with the larger |x| winning and the lower index on ties: quant::signed_absmax's "first largest".
+struct AbsMax {
+    float abs;
+    int index;
+    float value;
+};
+
+__device__ __forceinline__ AbsMax better(const AbsMax& a, const AbsMax& b) {
+    return (b.abs > a.abs || (b.abs == a.abs && b.index < a.index)) ? b : a;
+}
+
+__device__ __forceinline__ AbsMax warp_absmax(AbsMax m) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+        const AbsMax o{__shfl_xor_sync(0xffffffffu, m.abs, offset), __shfl_xor_sync(0xffffffffu, m.index, offset),
+                       __shfl_xor_sync(0xffffffffu, m.value, offset)};
+        m = better(m, o);
+    }
+    return m;
+}
+
+// Sum of v over each aligned group of 16 lanes, in every lane of the group.
+__device__ __forceinline__ int sum16(int v) {
+#pragma unroll
+    for (int offset = 8; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+// One thread per value, 256 values per thread block, grid.y over tokens. Q8_0: every warp is one block of 32, the
+// rule of dtype.cpp's quantize_row(Q8_0): d = max|x| / 127 rounded to f16, q = roundf(x * (1 / d_unrounded)).
+// Q8_K (in a multiple of 256): the whole thread block is one block, quant_k.cpp's quantize_q8_k: iscale = -127 / (the
+// signed value of largest magnitude), q = min(127, nearest_int(iscale * x)), d = 1 / iscale.
+template <ActivationFormat kFormat>
+__global__ void __launch_bounds__(kQuantizeThreads)
+    quantize_activations_kernel(const float* x, int64_t in, int64_t n_tokens, int8_t* q, float* d, float* s16) {
+    __shared__ AbsMax warp_best[kQuantizeThreads / 32];
+    kernels::allow_next_grid_to_launch();  // the matvec kernel may start loading weights already
+    const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+    const int64_t e = static_cast<int64_t>(blockIdx.x) * kQuantizeThreads + threadIdx.x;
+    for (int64_t t = blockIdx.y; t < n_tokens; t += gridDim.y) {
+        if constexpr (kFormat == ActivationFormat::Q8_0) {
+            if (e - lane >= in) return;  // whole warps: in is a multiple of 32
+            const float v = x[t * in + e];
+            float amax = fabsf(v);
+#pragma unroll
+            for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+            const float scale = amax / 127.0f;
+            const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+            const float stored = __half2float(__float2half_rn(scale));
+            const int qv = static_cast<int>(roundf(v * inv));
+            q[t * in + e] = static_cast<int8_t>(qv);
+            const int s = sum16(qv);
+            if (lane == 0) d[t * (in / 32) + e / 32] = stored;
+            if (lane % 16 == 0) s16[t * (in / 16) + e / 16] = stored * static_cast<float>(s);
+        } else {
+            const float v = x[t * in + e];
+            AbsMax m = warp_absmax({fabsf(v), static_cast<int>(threadIdx.x), v});
+            if (lane == 0) warp_best[warp] = m;
+            __syncthreads();
+            m = warp_best[0];
+#pragma unroll
+            for (int w = 1; w < kQuantizeThreads / 32; ++w) m = better(m, warp_best[w]);
+            __syncthreads();  // warp_best is rewritten for the next token
+            int qv = 0;
+            float scale = 0.0f;
+            if (m.value != 0.0f) {
+                const float iscale = -127.0f / m.value;
+                qv = min(127, __float2int_rn(iscale * v));
+                scale = 1.0f / iscale;
+            }
+            q[t * in + e] = static_cast<int8_t>(qv);
+            const int s = sum16(qv);
+            if (lane == 0) d[t * (in / 32) + e / 32] = scale;
+            if (lane % 16 == 0) s16[t * (in / 16) + e / 16] = scale * static_cast<float>(s);
+        }
+    }
+}
+
+// xhat[t * in + i] = d * q: the activations the quantized path multiplies with, as f32 for the GEMM path.
+__global__ void dequantize_activations_kernel(const int8_t* q, const float* d, int64_t n, float* out) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = d[i / 32] * static_cast<float>(q[i]);
+}
+
+// ---- GEMM (T > kMaxMatvecTokens) ------------------------------------------------------------------------------------
+
+constexpr int kGemmTile = 64;
+constexpr int kGemmTileK = 16;
+
+// y[n * ldy + m] = sum_k w[m * k_len + k] * x[n * k_len + k] for m < rows, n < tokens: 64 x 64 outputs per block of
+// 256 threads, 4 x 4 per thread, both operands staged through shared memory 16 k-steps at a time.
+__global__ void __launch_bounds__(256) gemm_nt_kernel(const float* w, const float* x, float* y, int64_t rows,
+                                                      int64_t tokens, int64_t k_len, int64_t ldy) {
+    __shared__ float ws[kGemmTileK][kGemmTile];
+    __shared__ float xs[kGemmTileK][kGemmTile];
+    const int tid = static_cast<int>(threadIdx.x);
+    const int tx = tid % 16, ty = tid / 16;
+    const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kGemmTile, n0 = static_cast<int64_t>(blockIdx.y) * kGemmTile;
+    float acc[4][4] = {};
+    for (int64_t k0 = 0; k0 < k_len; k0 += kGemmTileK) {
+        // 64 rows x 16 k of each operand: thread tid loads row tid / 4, k (tid % 4) * 4 .. + 3.
+        const int lr = tid / 4, lk = (tid % 4) * 4;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int64_t k = k0 + lk + j;
+            const int64_t m = m0 + lr, n = n0 + lr;
+            ws[lk + j][lr] = (m < rows && k < k_len) ? w[m * k_len + k] : 0.0f;
+            xs[lk + j][lr] = (n < tokens && k < k_len) ? x[n * k_len + k] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < kGemmTileK; ++kk) {
+            float a[4], b[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a[i] = ws[kk][tx + 16 * i];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) b[j] = xs[kk][ty + 16 * j];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int64_t m = m0 + tx + 16 * i, n = n0 + ty + 16 * j;
+            if (m < rows && n < tokens) y[n * ldy + m] = acc[i][j];
+        }
+}
+
+// ---- helpers --------------------------------------------------------------------------------------------------------
+
+size_t align_up(size_t n) {
+    return (n + 255) / 256 * 256;
+}
+
+bool launch_matvec(const MatvecLaunch& l) {
+    return launch_matvec_float(l) || launch_matvec_basic(l) || launch_matvec_kquant(l) || launch_matvec_iq(l);
+}
+
+bool launch_dequantize(const DequantizeLaunch& l) {
+    return launch_dequantize_float(l) || launch_dequantize_basic(l) || launch_dequantize_kquant(l) ||
+           launch_dequantize_iq(l);
+}
+
+// Bytes of f32 weight rows the GEMM path dequantizes at a time.
+constexpr size_t kGemmPanelBytes = size_t{64} << 20;
+
+}  // namespace
+
+bool supports_matmul(DType t) {
+    switch (t) {
+        case DType::F32:
+        case DType::F16:
+        case DType::BF16:
+        case DType::Q8_0:
+        case DType::Q4_0:
+        case DType::Q2_K:
+        case DType::Q3_K:
+        case DType::Q4_K:
+        case DType::Q5_K:
+        case DType::Q6_K:
+        case DType::IQ4_NL:
+        case DType::IQ4_XS:
+        case DType::IQ2_XS:
+        case DType::IQ3_XXS:
+        case DType::IQ3_S:
+        case DType::IQ1_M: return true;
+        default: return false;
+    }
+}
+
+void matmul(Context& ctx, const MatmulArgs& a) {
+    const Tensor& w = a.w;
+    if (w.device != Device::Cuda)
+        throw Error("CUDA matmul: weight " + w.name + " is in host memory; upload it to the device first");
+    if (!supports_matmul(w.type))
+        throw Error(std::string("CUDA matmul: weight type ") + dtype_name(w.type) + " of " + w.name +
+                    " is not supported by the CUDA backend");
+    STRATA_ASSERT(w.ne[2] == 1 && w.ne[3] == 1);
+    const int64_t in = w.ne[0], rows = w.ne[1], tokens = a.n_tokens;
+    STRATA_ASSERT(in % traits(w.type).block_size == 0 && w.nb[1] >= row_bytes(w.type, in) && w.nb[1] % 2 == 0);
+    if (tokens <= 0 || rows == 0) return;
+    STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
+    cudaStream_t stream = ctx.stream().handle();
+    const auto* wdata = static_cast<const uint8_t*>(w.data);
+    const ActivationFormat format = activation_format(w.type);
+    const bool matvec = tokens <= kMaxMatvecTokens && in % 16 == 0;  // float rows of other lengths: GEMM path
+
+    // Scratch: quantized activations [, f32 activations, one f32 weight panel].
+    const int64_t panel_rows = std::clamp<int64_t>(
+        static_cast<int64_t>(kGemmPanelBytes / (static_cast<size_t>(in) * 4)) / kGemmTile * kGemmTile, kGemmTile,
+        (rows + kGemmTile - 1) / kGemmTile * kGemmTile);
+    const size_t n_act = static_cast<size_t>(tokens * in);
+    const size_t q_bytes = format == ActivationFormat::F32 ? 0 : align_up(n_act);
+    const size_t d_bytes = format == ActivationFormat::F32 ? 0 : align_up(n_act / 32 * 4);
+    const size_t s_bytes = format == ActivationFormat::F32 ? 0 : align_up(n_act / 16 * 4);
+    const size_t x_bytes = matvec || format == ActivationFormat::F32 ? 0 : align_up(n_act * 4);
+    const size_t panel_bytes = matvec ? 0 : align_up(static_cast<size_t>(panel_rows * in) * 4);
+    auto* scratch = static_cast<uint8_t*>(ctx.scratch(q_bytes + d_bytes + s_bytes + x_bytes + panel_bytes + 256));
+    const QuantizedActivations act{.q = reinterpret_cast<int8_t*>(scratch),
+                                   .d = reinterpret_cast<float*>(scratch + q_bytes),
+                                   .s16 = reinterpret_cast<float*>(scratch + q_bytes + d_bytes)};
+
+    if (format != ActivationFormat::F32) {
+        const dim3 grid(static_cast<unsigned>((in + kQuantizeThreads - 1) / kQuantizeThreads),
+                        static_cast<unsigned>(std::min<int64_t>(tokens, 65535)));
+        auto* q = const_cast<int8_t*>(act.q);
+        auto* d = const_cast<float*>(act.d);
+        auto* s16 = const_cast<float*>(act.s16);
+        if (format == ActivationFormat::Q8_0) {
+            STRATA_ASSERT(in % 32 == 0);
+            quantize_activations_kernel<ActivationFormat::Q8_0>
+                <<<grid, kQuantizeThreads, 0, stream>>>(a.x, in, tokens, q, d, s16);
+        } else {
+            STRATA_ASSERT(in % 256 == 0);
+            quantize_activations_kernel<ActivationFormat::Q8_K>
+                <<<grid, kQuantizeThreads, 0, stream>>>(a.x, in, tokens, q, d, s16);
+        }
+        STRATA_CUDA_CHECK_LAUNCH("quantize_activations_kernel");
+    }
+
+    if (matvec) {
+        const MatvecLaunch l{.type = w.type, .w = wdata, .row_bytes = w.nb[1], .rows = rows, .in = in,
+                             .n_tokens = static_cast<int>(tokens), .act = act, .x = a.x, .y = a.y, .stream = stream};
+        STRATA_ASSERT(launch_matvec(l));
+        return;
+    }
+
+    const float* x = a.x;
+    if (format != ActivationFormat::F32) {
+        auto* xhat = reinterpret_cast<float*>(scratch + q_bytes + d_bytes + s_bytes);
+        constexpr int kThreads = 256;
+        dequantize_activations_kernel<<<static_cast<unsigned>((n_act + kThreads - 1) / kThreads), kThreads, 0,
+                                        stream>>>(act.q, act.d, static_cast<int64_t>(n_act), xhat);
+        STRATA_CUDA_CHECK_LAUNCH("dequantize_activations_kernel");
+        x = xhat;
+    }
+    auto* panel = reinterpret_cast<float*>(scratch + q_bytes + d_bytes + s_bytes + x_bytes);
+    for (int64_t r0 = 0; r0 < rows; r0 += panel_rows) {
+        const int64_t n_rows = std::min(panel_rows, rows - r0);
+        const DequantizeLaunch l{.type = w.type, .w = wdata + r0 * w.nb[1], .row_bytes = w.nb[1], .rows = n_rows,
+                                 .in = in, .out = panel, .stream = stream};
+        STRATA_ASSERT(launch_dequantize(l));
+        const dim3 grid(static_cast<unsigned>((n_rows + kGemmTile - 1) / kGemmTile),
+                        static_cast<unsigned>((tokens + kGemmTile - 1) / kGemmTile));
+        gemm_nt_kernel<<<grid, 256, 0, stream>>>(panel, x, a.y + r0, n_rows, tokens, in, rows);
+        STRATA_CUDA_CHECK_LAUNCH("gemm_nt_kernel");
+    }
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,453 @@
+// CUDA op parity (issue 7): the CUDA matrix products against the CPU reference cpu::matmul on the same weights, for
+// every weight type the CPU backend computes, odd shapes (row counts that fill no warp, row lengths of 1, 3 and 17+
+// blocks) and 1..8 tokens (the matvec kernels) plus 40 (the dequantize-then-GEMM path). Also the device memory
+// accountant and the backend's error messages.
+//
+// Without the CUDA backend compiled in (-DSTRATA_CUDA=ON) or without a GPU, every test skips with a message saying
+// so (CI has neither). STRATA_CUDA_PERF=1 adds a timing run: GB/s of decode-sized matrix-vector products per weight
+// type next to the device-to-device copy bandwidth measured in the same run (the roofline).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/quant_blocks.h"
+#include "core/tensor.h"
+
+#if STRATA_HAS_CUDA
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <memory>
+
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace strata {
+void PrintTo(DType t, std::ostream* os) {
+    *os << dtype_name(t);
+}
+}  // namespace strata
+
+namespace {
+
+using strata::DType;
+
+#if !STRATA_HAS_CUDA
+
+TEST(CudaOps, SkippedWithoutTheBackend) {
+    GTEST_SKIP() << "CUDA backend not compiled in (configure with -DSTRATA_CUDA=ON): CUDA op tests skipped";
+}
+
+#else
+
+namespace cuda = strata::cuda;
+namespace cpu = strata::cpu;
+
+const DType kWeightTypes[] = {DType::F32,    DType::F16,    DType::BF16,    DType::Q8_0,  DType::Q4_0,  DType::Q2_K,
+                              DType::Q3_K,   DType::Q4_K,   DType::Q5_K,    DType::Q6_K,  DType::IQ4_NL, DType::IQ4_XS,
+                              DType::IQ2_XS, DType::IQ3_XXS, DType::IQ3_S,  DType::IQ1_M};
+
+// NMSE = sum (gpu - cpu)^2 / sum cpu^2 over all outputs of one (type, shape, tokens) case.
+//
+// Both sides compute the same products of the same numbers: the device quantizes the activations with the CPU's own
+// rules (Q8_0: f16 scale, roundf; Q8_K: -127 / signed max, nearest_int), the integer dot of a 16-weight piece is
+// exact on both, and what differs is only the order (and grouping of the scale products) in which f32 adds the
+// per-piece terms, and for more than 8 tokens that the weights are dequantized to f32 before the products. Rounding
+// in a different order is a random walk of relative steps of 2^-24 ~ 6e-8: over N terms of random sign the relative
+// error of a dot is about 6e-8 * sqrt(N) / sqrt(N) of the typical term, an NMSE near 1e-14 .. 1e-12 for these rows.
+// 1e-9 leaves orders of headroom, while one activation value quantized differently (off by one step in a 256-block)
+// already costs ~1e-8 and one misread block of 16 weights in the shortest rows ~1/16.
+constexpr double kReassociationNmse = 1e-9;
+
+std::string skip_reason() {
+    if (cuda::device_count() == 0) return "no CUDA device: CUDA op tests skipped (" + cuda::no_device_reason() + ")";
+    return "";
+}
+
+#define SKIP_WITHOUT_DEVICE()                                      \
+    do {                                                           \
+        if (const std::string why = skip_reason(); !why.empty()) { \
+            GTEST_SKIP() << why;                                   \
+        }                                                          \
+    } while (0)
+
+// One context for the whole program: creating one uploads the codebooks and takes the device's memory figures.
+cuda::Context& context() {
+    static std::unique_ptr<cuda::Context> ctx = std::make_unique<cuda::Context>();
+    return *ctx;
+}
+
+int64_t block_of(DType t) {
+    return strata::traits(t).block_size;
+}
+
+bool is_float(DType t) {
+    return t == DType::F32 || t == DType::F16 || t == DType::BF16;
+}
+
+// Gaussian values with a few outliers (about one in 64 at 6..12 sigma), as weight rows have.
+std::vector<float> gaussian_with_outliers(int64_t n, std::mt19937& rng) {
+    std::normal_distribution<float> gauss;
+    std::uniform_real_distribution<float> big(6.0f, 12.0f);
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float& v : x) v = gauss(rng);
+    for (int64_t k = 0; k < n / 64 + 1; ++k) {
+        const size_t i = rng() % x.size();
+        x[i] = std::copysign(big(rng), x[i]);
+    }
+    return x;
+}
+
+// rows x in weights of type t, each row quantized by our reference quantizer from its own random floats.
+std::vector<uint8_t> random_weights(DType t, int64_t rows, int64_t in, std::mt19937& rng) {
+    const size_t rb = strata::row_bytes(t, in);
+    std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+        const std::vector<float> src = gaussian_with_outliers(in, rng);
+        strata::quantize_row(t, src.data(), w.data() + rb * static_cast<size_t>(r), in);
+    }
+    return w;
+}
+
+strata::Tensor matrix(DType t, int64_t in, int64_t rows, const void* data, strata::Device device) {
+    const int64_t ne[2] = {in, rows};
+    strata::Tensor w = strata::make_tensor("w", t, 2, ne, data);
+    w.device = device;
+    return w;
+}
+
+// Row lengths: 1, 3 and 17+ blocks (a chunk of the kernel is 1,024 quant weights or 512 float weights, so the last
+// one also spans several chunks with a partial tail); float rows also get one that is no multiple of 16.
+std::vector<int64_t> row_lengths(DType t) {
+    if (is_float(t)) return {48, 1000, 4112};
+    const int64_t b = block_of(t);
+    return b == 32 ? std::vector<int64_t>{96, 800, 4128} : std::vector<int64_t>{256, 768, 4352};
+}
+
+constexpr int64_t kTokenCounts[] = {1, 2, 3, 4, 5, 6, 7, 8, 40};
+// Rows: none fills the 4 warps x 2 rows of a thread block evenly; 1 is the smallest.
+constexpr int64_t kRowCounts[] = {67, 1, 130};
+
+struct Outcome {
+    double nmse = 0;
+    int64_t unwritten = 0;   // outputs still holding the poison
+    int64_t non_finite = 0;  // NaN or inf among the written outputs
+    int64_t clobbered = 0;   // sentinels after the output that changed
+};
+
+constexpr uint32_t kPoison = 0x7fc0dead;  // a quiet NaN no kernel produces by arithmetic
+constexpr int64_t kSentinels = 64;
+
+float poison() {
+    float f;
+    std::memcpy(&f, &kPoison, 4);
+    return f;
+}
+
+bool is_poison(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u == kPoison;
+}
+
+Outcome run_case(DType t, const std::vector<uint8_t>& w, int64_t rows, int64_t in, int64_t tokens, std::mt19937& rng) {
+    std::vector<float> x(static_cast<size_t>(tokens * in));
+    std::normal_distribution<float> gauss;
+    for (float& v : x) v = gauss(rng);
+
+    std::vector<float> ref(static_cast<size_t>(tokens * rows));
+    const strata::Tensor host_w = matrix(t, in, rows, w.data(), strata::Device::Host);
+    cpu::matmul({.w = host_w, .x = x.data(), .y = ref.data(), .n_tokens = tokens});
+
+    cuda::Context& ctx = context();
+    const cuda::DeviceBuffer dw = ctx.upload(w.data(), w.size(), "weights");
+    const cuda::DeviceBuffer dx = ctx.upload(x.data(), x.size() * 4, "activations");
+    const std::vector<float> poisoned(ref.size() + kSentinels, poison());
+    const cuda::DeviceBuffer dy = ctx.upload(poisoned.data(), poisoned.size() * 4, "outputs");
+    const strata::Tensor dev_w = matrix(t, in, rows, dw.data(), strata::Device::Cuda);
+    cuda::matmul(ctx, {.w = dev_w, .x = dx.as<float>(), .y = dy.as<float>(), .n_tokens = tokens});
+    std::vector<float> got(poisoned.size());
+    ctx.download(dy.data(), got.data(), got.size() * 4);
+
+    Outcome o;
+    double err2 = 0, ref2 = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        if (is_poison(got[i])) {
+            ++o.unwritten;
+            continue;
+        }
+        if (!std::isfinite(got[i])) {
+            ++o.non_finite;
+            continue;
+        }
+        err2 += (static_cast<double>(got[i]) - ref[i]) * (static_cast<double>(got[i]) - ref[i]);
+        ref2 += static_cast<double>(ref[i]) * ref[i];
+    }
+    for (size_t i = ref.size(); i < got.size(); ++i) o.clobbered += !is_poison(got[i]);
+    o.nmse = ref2 > 0 ? err2 / ref2 : err2;
+    return o;
+}
+
+// ---- parity ---------------------------------------------------------------------------------------------------------
+
+class CudaMatmul : public ::testing::TestWithParam<DType> {};
+
+TEST_P(CudaMatmul, MatchesTheCpuReference) {
+    SKIP_WITHOUT_DEVICE();
+    const DType t = GetParam();
+    std::mt19937 rng(1234 + static_cast<unsigned>(t));
+    const std::vector<int64_t> lengths = row_lengths(t);
+    double worst = 0;
+    for (size_t s = 0; s < lengths.size(); ++s) {
+        const int64_t in = lengths[s], rows = kRowCounts[s];
+        const std::vector<uint8_t> w = random_weights(t, rows, in, rng);
+        for (const int64_t tokens : kTokenCounts) {
+            const Outcome o = run_case(t, w, rows, in, tokens, rng);
+            SCOPED_TRACE(std::string(strata::dtype_name(t)) + " rows " + std::to_string(rows) + " in " +
+                         std::to_string(in) + " tokens " + std::to_string(tokens));
+            EXPECT_EQ(o.unwritten, 0);
+            EXPECT_EQ(o.non_finite, 0);
+            EXPECT_EQ(o.clobbered, 0);
+            EXPECT_LE(o.nmse, kReassociationNmse);
+            worst = std::max(worst, o.nmse);
+        }
+    }
+    std::printf("[ cuda     ] %-8s worst NMSE against cpu::matmul %.3g (threshold %.0g)\n", strata::dtype_name(t), worst,
+                kReassociationNmse);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, CudaMatmul, ::testing::ValuesIn(kWeightTypes),
+                         [](const ::testing::TestParamInfo<DType>& param_info) {
+                             return std::string(strata::dtype_name(param_info.param));
+                         });
+
+// A token's outputs must not depend on how many tokens share the call (1..8: the matvec kernels), bit for bit: each
+// (row, token) sum is formed in the same order whatever the batch (the row split depends on the shape only), which
+// is what lets prefill, token-by-token decode and chunked prompts agree later.
+TEST_P(CudaMatmul, TokenResultsDoNotDependOnTheBatch) {
+    SKIP_WITHOUT_DEVICE();
+    const DType t = GetParam();
+    std::mt19937 rng(99 + static_cast<unsigned>(t));
+    const int64_t in = row_lengths(t)[2], rows = kRowCounts[0];
+    if (in % 16 != 0) GTEST_SKIP() << "rows of " << in << " elements take the GEMM path";
+    const std::vector<uint8_t> w = random_weights(t, rows, in, rng);
+    std::vector<float> x(static_cast<size_t>(cuda::kMaxMatvecTokens * in));
+    std::normal_distribution<float> gauss;
+    for (float& v : x) v = gauss(rng);
+    cuda::Context& ctx = context();
+    const cuda::DeviceBuffer dw = ctx.upload(w.data(), w.size(), "weights");
+    const cuda::DeviceBuffer dx = ctx.upload(x.data(), x.size() * 4, "activations");
+    const cuda::DeviceBuffer dy = ctx.allocate(static_cast<size_t>(cuda::kMaxMatvecTokens * rows) * 4, "outputs");
+    const strata::Tensor dev_w = matrix(t, in, rows, dw.data(), strata::Device::Cuda);
+    auto run = [&](int64_t first, int64_t tokens) {
+        cuda::matmul(ctx, {.w = dev_w, .x = dx.as<float>() + first * in, .y = dy.as<float>(), .n_tokens = tokens});
+        std::vector<float> y(static_cast<size_t>(tokens * rows));
+        ctx.download(dy.data(), y.data(), y.size() * 4);
+        return y;
+    };
+    const std::vector<float> batch8 = run(0, cuda::kMaxMatvecTokens), batch3 = run(0, 3);
+    for (int64_t k = 0; k < cuda::kMaxMatvecTokens; ++k) {
+        const std::vector<float> alone = run(k, 1);
+        EXPECT_EQ(std::memcmp(alone.data(), batch8.data() + k * rows, alone.size() * 4), 0) << "token " << k << " of 8";
+        if (k < 3) {
+            EXPECT_EQ(std::memcmp(alone.data(), batch3.data() + k * rows, alone.size() * 4), 0) << "token " << k << " of 3";
+        }
+    }
+}
+
+// ---- errors and memory ----------------------------------------------------------------------------------------------
+
+template <typename Fn>
+void expect_error(Fn fn, const std::string& what) {
+    try {
+        fn();
+        ADD_FAILURE() << "no error; expected one mentioning \"" << what << "\"";
+    } catch (const strata::Error& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find(what), std::string::npos) << "message: " << msg;
+        EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    }
+}
+
+TEST(CudaMemory, AccountantRefusesOverBudgetAndKeepsItsBooks) {
+    // Host-only bookkeeping: runs wherever the backend is compiled in.
+    cuda::MemoryAccountant m(1000);
+    m.reserve(600, "weights");
+    expect_error([&] { m.reserve(401, "kv cache"); }, "would exceed the VRAM budget");
+    EXPECT_EQ(m.used(), 600u);
+    m.reserve(400, "kv cache");
+    EXPECT_EQ(m.used(), 1000u);
+    EXPECT_NE(m.plan().find("kv cache"), std::string::npos) << m.plan();
+    m.release(400, "kv cache");
+    m.release(600, "weights");
+    EXPECT_EQ(m.used(), 0u);
+    EXPECT_EQ(m.peak(), 1000u);
+}
+
+TEST(CudaMemory, BudgetIsEnforcedBeforeCudaMalloc) {
+    SKIP_WITHOUT_DEVICE();
+    cuda::Context small({.device = 0, .vram_budget = size_t{1} << 20});
+    {
+        const cuda::DeviceBuffer a = small.allocate(512 << 10, "weights");
+        EXPECT_NE(a.data(), nullptr);
+        // 1 GiB would fit on any GPU: the refusal can only come from the budget.
+        expect_error([&] { (void)small.allocate(size_t{1} << 30, "kv cache"); }, "VRAM budget");
+        EXPECT_EQ(small.memory().used(), size_t{512} << 10);
+    }
+    EXPECT_EQ(small.memory().used(), 0u);  // the buffer gave its bytes back
+}
+
+TEST(CudaErrors, SayWhatIsWrong) {
+    SKIP_WITHOUT_DEVICE();
+    expect_error([] { cuda::Context bad({.device = 1000}); }, "device 1000 does not exist");
+    std::vector<uint8_t> w(strata::row_bytes(DType::Q4_0, 64) * 2);
+    float x[64] = {}, y[2] = {};
+    const strata::Tensor host_w = matrix(DType::Q4_0, 64, 2, w.data(), strata::Device::Host);
+    expect_error([&] { cuda::matmul(context(), {.w = host_w, .x = x, .y = y}); }, "host memory");
+    const strata::Tensor q5 = matrix(DType::Q5_0, 64, 2, w.data(), strata::Device::Cuda);
+    expect_error([&] { cuda::matmul(context(), {.w = q5, .x = x, .y = y}); }, "not supported");
+}
+
+// ---- performance (STRATA_CUDA_PERF=1) -------------------------------------------------------------------------------
+
+#define CHECK_CUDA(call)                                                                   \
+    do {                                                                                   \
+        const cudaError_t err_ = (call);                                                   \
+        ASSERT_EQ(err_, cudaSuccess) << #call << ": " << cudaGetErrorString(err_);         \
+    } while (0)
+
+// Device-to-device copy bandwidth counting bytes read plus bytes written (KINDS.md's convention), in GB/s.
+double copy_bandwidth_gbs(cuda::Context& ctx) {
+    const size_t bytes = size_t{1} << 30;
+    const cuda::DeviceBuffer a = ctx.allocate(bytes, "perf"), b = ctx.allocate(bytes, "perf");
+    cudaStream_t s = ctx.stream().handle();
+    if (cudaMemsetAsync(a.data(), 1, bytes, s) != cudaSuccess) return 0;
+    cudaEvent_t start, stop;
+    cudaEventCreate(&start);
+    cudaEventCreate(&stop);
+    cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, s);  // warm-up
+    constexpr int kReps = 10;
+    cudaEventRecord(start, s);
+    for (int i = 0; i < kReps; ++i) cudaMemcpyAsync(i % 2 ? a.data() : b.data(), i % 2 ? b.data() : a.data(), bytes,
+                                                    cudaMemcpyDeviceToDevice, s);
+    cudaEventRecord(stop, s);
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    return 2.0 * static_cast<double>(bytes) * kReps / (ms * 1e-3) / 1e9;
+}
+
+// Whether the comma-separated list names type t.
+bool names_type(const char* list, DType t) {
+    std::string rest = list;
+    while (!rest.empty()) {
+        const size_t comma = rest.find(',');
+        if (rest.substr(0, comma) == strata::dtype_name(t)) return true;
+        if (comma == std::string::npos) break;
+        rest.erase(0, comma + 1);
+    }
+    return false;
+}
+
+struct PerfShape {
+    int64_t in, rows;
+};
+
+TEST(CudaPerf, MatvecBandwidth) {
+    if (!std::getenv("STRATA_CUDA_PERF")) GTEST_SKIP() << "set STRATA_CUDA_PERF=1 for the CUDA timing run";
+    SKIP_WITHOUT_DEVICE();
+    cuda::Context& ctx = context();
+    cudaStream_t s = ctx.stream().handle();
+    const double copy_gbs = copy_bandwidth_gbs(ctx);
+    std::printf("[ perf     ] %s, %d SMs, L2 %.0f MB; device copy (read + write) %.0f GB/s\n", ctx.info().name.c_str(),
+                ctx.info().multiprocessors, ctx.info().l2_bytes / 1e6, copy_gbs);
+    std::printf("[ perf     ] GB/s = weight bytes / time per call (activation quantization included; a CUDA graph of "
+                "100 calls replayed, weight copies rotated past the L2)\n");
+    std::printf("[ perf     ] %-8s %-12s %10s %9s %8s %8s %9s %8s\n", "type", "in x out", "MB", "us T=1", "GB/s",
+                "%copy", "us T=8", "GB/s");
+    const PerfShape shapes[] = {{4096, 4096}, {2048, 11008}, {11008, 2048}};
+    std::mt19937 rng(7);
+    // STRATA_CUDA_PERF_TYPES=q4_k,iq2_xs limits the run (e.g. under a profiler); default: every type.
+    const char* only = std::getenv("STRATA_CUDA_PERF_TYPES");
+    for (const DType t : kWeightTypes) {
+        if (only && *only && !names_type(only, t)) continue;
+        for (const PerfShape& shape : shapes) {
+            const int64_t in = shape.in, rows = shape.rows;
+            if (in % block_of(t) != 0) continue;
+            // 32 distinct quantized rows tiled over the matrix: realistic bytes without quantizing 40M weights.
+            const std::vector<uint8_t> pattern = random_weights(t, 32, in, rng);
+            const size_t rb = strata::row_bytes(t, in), bytes = rb * static_cast<size_t>(rows);
+            std::vector<uint8_t> w(bytes);
+            for (int64_t r = 0; r < rows; ++r)
+                std::memcpy(w.data() + rb * static_cast<size_t>(r), pattern.data() + rb * static_cast<size_t>(r % 32), rb);
+            const size_t copies = std::max<size_t>(2, (4 * ctx.info().l2_bytes + bytes - 1) / bytes);
+            std::vector<cuda::DeviceBuffer> dw;
+            for (size_t c = 0; c < copies; ++c) dw.push_back(ctx.upload(w.data(), bytes, "perf weights"));
+            std::vector<float> x(static_cast<size_t>(8 * in));
+            std::normal_distribution<float> gauss;
+            for (float& v : x) v = gauss(rng);
+            const cuda::DeviceBuffer dx = ctx.upload(x.data(), x.size() * 4, "perf");
+            const cuda::DeviceBuffer dy = ctx.allocate(static_cast<size_t>(8 * rows) * 4, "perf");
+            double us[2] = {0, 0};
+            const int64_t token_counts[2] = {1, 8};
+            for (int k = 0; k < 2; ++k) {
+                auto call = [&](size_t c) {
+                    const strata::Tensor dev_w = matrix(t, in, rows, dw[c].data(), strata::Device::Cuda);
+                    cuda::matmul(ctx, {.w = dev_w, .x = dx.as<float>(), .y = dy.as<float>(),
+                                       .n_tokens = token_counts[k]});
+                };
+                for (size_t c = 0; c < copies; ++c) call(c);  // warm-up; sizes the scratch before capture
+                ctx.synchronize();
+                constexpr int kCalls = 100;
+                cudaGraph_t graph;
+                cudaGraphExec_t exec;
+                CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+                for (int i = 0; i < kCalls; ++i) call(static_cast<size_t>(i) % copies);
+                CHECK_CUDA(cudaStreamEndCapture(s, &graph));
+                CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+                CHECK_CUDA(cudaGraphLaunch(exec, s));  // warm-up
+                cudaEvent_t start, stop;
+                cudaEventCreate(&start);
+                cudaEventCreate(&stop);
+                std::vector<float> runs;
+                for (int rep = 0; rep < 5; ++rep) {
+                    cudaEventRecord(start, s);
+                    CHECK_CUDA(cudaGraphLaunch(exec, s));
+                    cudaEventRecord(stop, s);
+                    CHECK_CUDA(cudaEventSynchronize(stop));
+                    float ms = 0;
+                    cudaEventElapsedTime(&ms, start, stop);
+                    runs.push_back(ms);
+                }
+                std::sort(runs.begin(), runs.end());
+                us[k] = runs[runs.size() / 2] * 1e3 / kCalls;  // median of 5 replays
+                cudaEventDestroy(start);
+                cudaEventDestroy(stop);
+                cudaGraphExecDestroy(exec);
+                cudaGraphDestroy(graph);
+            }
+            const double gbs1 = static_cast<double>(bytes) / (us[0] * 1e-6) / 1e9;
+            const double gbs8 = static_cast<double>(bytes) / (us[1] * 1e-6) / 1e9;
+            const std::string shape_name = std::to_string(in) + "x" + std::to_string(rows);
+            std::printf("[ perf     ] %-8s %-12s %10.1f %9.2f %8.0f %7.0f%% %9.2f %8.0f\n", strata::dtype_name(t),
+                        shape_name.c_str(), bytes / 1e6, us[0], gbs1, 100.0 * gbs1 / copy_gbs, us[1], gbs8);
+        }
+    }
+}
+
+#endif  // STRATA_HAS_CUDA
+
+}  // namespace

@@ -1,12 +1,15 @@
 #include "model/hybrid.h"
 
 #include <atomic>
+#include <cstdio>
 #include <functional>
 #include <new>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu/packed.h"
 #include "core/error.h"
 #include "core/memory_info.h"
 
@@ -71,6 +74,32 @@ void HybridSequence::reset() {
     rollbacks_.clear();
 }
 
+namespace {
+
+// Whether the packed copies of the file's matrices fit: they take about as much memory as the weights they copy, so
+// a model larger than the free memory (streamed from the file) keeps the row kernels on the mapped weights.
+bool packed_copies_fit(const gguf::File& file) {
+    uint64_t total = 0;
+    for (const gguf::TensorInfo& t : file.tensors()) {
+        if (t.name == "token_embd.weight" || t.name == "per_layer_token_embd.weight") continue;  // tables: not packed
+        const Tensor view = t.view();
+        if (cpu::packable(view)) total += cpu::packed_bytes(view);
+    }
+    if (total == 0) return false;
+    constexpr uint64_t kMargin = uint64_t{1} << 30;
+    const std::optional<uint64_t> available = available_ram_bytes();
+    if (available && total + kMargin > *available) {
+        std::fprintf(stderr,
+                     "strata: not repacking %.1f GiB of Q8_0/Q4_K weights for the AVX-512 GEMM: %.1f GiB of memory "
+                     "is free; using the row kernels on the mapped file\n",
+                     static_cast<double>(total) / (1 << 30), static_cast<double>(*available) / (1 << 30));
+        return false;
+    }
+    return true;
+}
+
+}  // namespace
+
 HybridModel::HybridModel(std::unique_ptr<gguf::File> file, const LoadOptions& options)
     : file_(std::move(file)), pool_(options.n_threads > 0 ? options.n_threads : default_thread_count()) {
     const gguf::File& f = *file_;
@@ -87,6 +116,7 @@ HybridModel::HybridModel(std::unique_ptr<gguf::File> file, const LoadOptions& op
     info_.n_layer = n_block_all_ - n_nextn;
     info_.n_ctx_train = hp.u32_or("context_length", 0);
     if (options.progress) read_ahead(f, options.progress);
+    repack_ = options.repack && packed_copies_fit(f);
 }
 
 

@@ -106,9 +106,13 @@ class HybridModel : public Model {
     int64_t n_block_all_ = 0;  // block_count, MTP blocks included
     Tensor token_embd_;
     Tensor output_;
-    cpu::PackedWeights packed_;  // the CPU GEMM's copies of the weights that have a packed form
+    // The CPU GEMM's copies of the weights that have a packed form; what binders pack into, or null when the load
+    // options or the free memory say no.
+    cpu::PackedWeights* packer() { return repack_ ? &packed_ : nullptr; }
 
   private:
+    cpu::PackedWeights packed_;
+    bool repack_ = false;
     // batch.cpp. Checks every entry before anything is touched (the sequences land in scratch_); `single` words the
     // messages as forward()'s.
     void run(std::span<const BatchEntry> batch, bool single) const;

@@ -60,6 +60,9 @@ struct LoadOptions {
     // fraction read, from 0 to 1, as it goes, on the loading thread (at most about 200 calls). Weights larger than
     // half the machine's RAM, and the SSD-resident PLE table, are not read ahead: progress then jumps to 1.
     std::function<void(float fraction)> progress;
+    // With AVX-512, Q8_0 and Q4_K matrices are copied into the CPU GEMM's packed layout (backend/cpu/packed.h) when
+    // the copies fit in the free memory with a margin; the file pages they came from are handed back.
+    bool repack = true;
 };
 
 class Model {

@@ -102,7 +102,7 @@ class Qwen4ExpModel final : public HybridModel {
     Qwen4ExpModel(std::unique_ptr<gguf::File> file, const LoadOptions& options)
         : HybridModel(std::move(file), options) {
         h_ = read_hparams(*file_, info_, n_block_all_);
-        TensorBinder binder(*file_, &packed_);
+        TensorBinder binder(*file_, packer());
         bind_embeddings(binder);
         output_hc_ = bind_hyper_connection(binder, "output_hc", h_.hc, false);
         for (int64_t il = 0; il < info_.n_layer; ++il) {

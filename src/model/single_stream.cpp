@@ -44,7 +44,7 @@ class SingleStreamModel final : public HybridModel {
         h_.gdn.output_gate = GateActivation::Silu;
         h_.moe = read_moe_shape(hp, H, n_block_all_);
 
-        TensorBinder binder(*file_, &packed_);
+        TensorBinder binder(*file_, packer());
         bind_embeddings(binder);
         output_norm_ = binder.require_f32("output_norm.weight", {H});
         for (int64_t il = 0; il < info_.n_layer; ++il) {

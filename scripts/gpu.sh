@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine (issue 7), run from the repository root with build-deps/ carried along (made on
-# the dev machine by scripts/gpu_deps.sh): configures the CUDA build, builds the CUDA op tests, runs them with the
-# perf mode, and copies the logs to $OUT when it is set.
+# the dev machine by scripts/gpu_deps.sh): configures the CUDA build, builds the CUDA op tests (test_cuda_ops: matrix
+# products; test_cuda_recurrent: the GDN/attention recurrent and elementwise ops), runs both with the perf mode, and
+# copies the logs to $OUT when it is set.
 #   STRATA_CUDA_ARCH      CMAKE_CUDA_ARCHITECTURES (default 90: the H200; `native` works too)
 #   STRATA_CUDA_BUILD     build folder (default build-cuda)
 #   STRATA_CUDA_PERF      0 to skip the timing run (default 1)
 #   STRATA_CUDA_SANITIZE  1 to also run the parity tests under compute-sanitizer's memcheck
 #   STRATA_WERROR         ON to make warnings errors (default OFF: another nvcc may warn where ours does not)
 #   STRATA_CUDA_FLAGS     CMAKE_CUDA_FLAGS (e.g. -D defines of a kernel variant being measured)
-#   STRATA_CUDA_TEST_FILTER  a --gtest_filter for the test run (default: all)
+#   STRATA_CUDA_TEST_FILTER  a --gtest_filter for the test runs (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 arch=${STRATA_CUDA_ARCH:-90}
@@ -34,15 +35,22 @@ nvcc_path=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
         -DCMAKE_CUDA_COMPILER="$nvcc_path" -DGTest_DIR="$gtest_dir" \
         -DCMAKE_CUDA_FLAGS="${STRATA_CUDA_FLAGS:-}"
     echo "== build"
-    time ninja -C "$build" -j"$(nproc)" test_cuda_ops
+    time ninja -C "$build" -j"$(nproc)" test_cuda_ops test_cuda_recurrent
 } 2>&1 | tee "$logs/build.log"
 
-echo "== tests$([[ ${STRATA_CUDA_PERF:-1} == 1 ]] && echo ' and perf')"
-STRATA_CUDA_PERF=${STRATA_CUDA_PERF:-1} "$build/test_cuda_ops" --gtest_filter="${STRATA_CUDA_TEST_FILTER:-*}" 2>&1 |
-    tee "$logs/test_cuda_ops.log"
+# Both programs run even when the first fails; the script's status is the first failure's.
+status=0
+for program in test_cuda_recurrent test_cuda_ops; do
+    echo "== $program$([[ ${STRATA_CUDA_PERF:-1} == 1 ]] && echo ' (tests and perf)')"
+    STRATA_CUDA_PERF=${STRATA_CUDA_PERF:-1} "$build/$program" --gtest_filter="${STRATA_CUDA_TEST_FILTER:-*}" 2>&1 |
+        tee "$logs/$program.log" || { rc=$?; [[ $status != 0 ]] || status=$rc; }
+done
 
 if [[ ${STRATA_CUDA_SANITIZE:-0} == 1 ]]; then
     echo "== compute-sanitizer memcheck (parity tests)"
     compute-sanitizer --tool memcheck --error-exitcode 1 "$build/test_cuda_ops" --gtest_filter='*CudaMatmul*' \
         2>&1 | tee "$logs/memcheck.log"
+    compute-sanitizer --tool memcheck --error-exitcode 1 "$build/test_cuda_recurrent" --gtest_filter='-CudaPerf*' \
+        2>&1 | tee "$logs/memcheck_recurrent.log"
 fi
+exit $status

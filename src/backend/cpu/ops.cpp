@@ -155,8 +155,9 @@ void silu_mul(float* g, const float* u, int64_t n) {
 
 // Two passes over the state instead of four: decay a row, then add its share of S^T k; update a row, then add its
 // share of S^T q. Every value sees the same operations in the same order as in four separate loops. Cloned per
-// instruction set (the library is built for baseline x86-64); without FMA contraction (ISO C++ mode), the wider
-// clones give the same bits.
+// instruction set (the library is built for baseline x86-64). g++ contracts multiply-adds into FMAs in the clones
+// that have FMA, so a CPU without FMA rounds differently in the last bit; one machine always runs the same clone, so
+// results still never depend on batching or threads.
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void gated_delta_step(const DeltaStepArgs& a) {
     const float decay = std::exp(a.g);

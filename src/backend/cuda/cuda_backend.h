@@ -168,4 +168,80 @@ struct MatmulArgs {
 };
 void matmul(Context& ctx, const MatmulArgs& args);
 
+// ---- recurrent and elementwise ops of the GDN and attention blocks (gdn.cu, elementwise.cu) -------------------------
+//
+// Each computes what the CPU reference of the same name in backend/cpu/ops.h computes (the oracle the tests compare
+// with), over a window of tokens and all heads or channels in one launch. Pointers are device pointers; the work is
+// queued on the context's stream and the call returns before it is done. Bad shapes or pointers throw Error.
+
+// The gated delta rule (cpu::gated_delta_step) over n_tokens consecutive tokens for `heads` value heads at once. Each
+// head's [dk][dv] f32 state (key index major, head h at state + h * dk * dv) is read once, kept on chip across the
+// window and written back once; every token's output is written. Token t of value head h reads q at
+// q + t * q_stride + kh * dk (likewise k), v at v + t * v_stride + h * dv, g and beta at [t * heads + h], and writes
+// out + t * out_stride + h * dv, where the key head kh = h / (heads / key_heads), or h % key_heads when
+// tiled_value_heads. dk is 64, 128 or 256; dv any positive count; q and k rows 16-byte aligned (pointers and strides
+// multiples of 4 floats). Each token is computed the same way wherever a window starts, so a window split over
+// several calls gives the same bits as one call.
+struct GatedDeltaArgs {
+    float* state;
+    const float* q;
+    const float* k;
+    const float* v;
+    int64_t q_stride = 0, k_stride = 0, v_stride = 0;
+    const float* g;     // log decay per token and head
+    const float* beta;  // per token and head
+    float* out;
+    int64_t out_stride = 0;
+    int64_t n_tokens = 0;
+    int64_t heads = 0;
+    int64_t key_heads = 0;
+    bool tiled_value_heads = false;
+    int64_t dk = 0;
+    int64_t dv = 0;
+};
+void gated_delta(Context& ctx, const GatedDeltaArgs& args);
+
+// The causal depthwise conv (cpu::causal_conv_step) over n_tokens tokens: token t reads x + t * x_stride and writes
+// out + t * out_stride (out must not overlap x or the history); history holds (kernel - 1) * dilation rows of
+// `channels` values, oldest first, and is advanced past the window. w is {kernel, channels} (taps of a channel
+// contiguous). Sums in the CPU's order with a fused multiply-add per tap, as the CPU reference runs on x86-64 with
+// FMA, so results equal it bit for bit there.
+struct ConvWindowArgs {
+    const float* x;
+    int64_t x_stride = 0;
+    const float* w;
+    float* history;
+    float* out;
+    int64_t out_stride = 0;
+    int64_t n_tokens = 0;
+    int64_t channels = 0;
+    int64_t kernel = 0;
+    int64_t dilation = 1;
+};
+void causal_conv(Context& ctx, const ConvWindowArgs& args);
+
+// Norms over n_tokens rows (row t at x + t * row_stride; 0: n_groups * group) of n_groups groups of `group` values,
+// written to out in the same layout (out may equal x). rms_norm_grouped: cpu::rms_norm_grouped per row; gamma covers
+// n_groups * group values, or with gamma_shared the same `group` values for every group (one head's norm weights),
+// or is null (no scale). l2_norm: cpu::l2_norm per group (gamma unused). Sums of squares in double as the CPU does.
+struct GroupNormArgs {
+    const float* x;
+    float* out;
+    int64_t n_tokens = 1;
+    int64_t row_stride = 0;
+    int64_t n_groups = 1;
+    int64_t group = 0;
+    const float* gamma = nullptr;
+    bool gamma_shared = false;
+    float eps = 0.0f;
+};
+void rms_norm_grouped(Context& ctx, const GroupNormArgs& args);
+void l2_norm(Context& ctx, const GroupNormArgs& args);
+
+// Elementwise over n floats (cpu::sigmoid_inplace, cpu::silu_mul: g = silu(g) * u), with the device's expf.
+void sigmoid_inplace(Context& ctx, float* x, int64_t n);
+void silu_mul(Context& ctx, float* g, const float* u, int64_t n);
+
+// ---- end of the recurrent and elementwise ops -----------------------------------------------------------------------
+
 }  // namespace strata::cuda

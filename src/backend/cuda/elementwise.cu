@@ -1,0 +1,114 @@
+// Norms and activations of the GDN and attention blocks, as the CPU reference computes them: sums of squares in
+// double (each square exact in double, so only the order of the additions differs from the CPU), scales rounded to
+// float, products rounded one by one without fused multiply-adds; activations with the device's expf (within 2 ulp).
+#include <algorithm>
+#include <string>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+
+namespace strata::cuda {
+
+namespace {
+
+constexpr int kNormThreads = 256;  // 8 warps, one group each
+
+enum class NormKind { Rms, L2 };
+
+// One warp per (token, group).
+template <NormKind kKind>
+__global__ void __launch_bounds__(kNormThreads) group_norm_kernel(GroupNormArgs a, int64_t row_stride) {
+    const int lane = static_cast<int>(threadIdx.x) % 32;
+    const int64_t item = static_cast<int64_t>(blockIdx.x) * (kNormThreads / 32) + threadIdx.x / 32;
+    if (item >= a.n_tokens * a.n_groups) return;  // whole warps leave together
+    const int64_t t = item / a.n_groups, g = item % a.n_groups;
+    const float* x = a.x + t * row_stride + g * a.group;
+    float* out = a.out + t * row_stride + g * a.group;
+    double sum = 0.0;
+    for (int64_t i = lane; i < a.group; i += 32) sum += static_cast<double>(x[i]) * x[i];
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    float scale;
+    if constexpr (kKind == NormKind::Rms)
+        scale = static_cast<float>(1.0 / sqrt(sum / static_cast<double>(a.group) + a.eps));
+    else
+        scale = static_cast<float>(1.0 / sqrt(sum + a.eps));
+    const float* gamma = a.gamma ? a.gamma + (a.gamma_shared ? 0 : g * a.group) : nullptr;
+    // Each lane rewrites only the values it read itself, so out may equal x.
+    for (int64_t i = lane; i < a.group; i += 32) {
+        const float v = __fmul_rn(x[i], scale);
+        out[i] = gamma ? __fmul_rn(v, gamma[i]) : v;
+    }
+}
+
+template <NormKind kKind>
+void launch_group_norm(Context& ctx, const GroupNormArgs& a, const char* name) {
+    if (a.n_tokens < 0 || a.n_groups < 0 || a.group < 0)
+        throw Error(std::string("CUDA ") + name + ": negative token, group or group-size count");
+    if (a.n_tokens == 0 || a.n_groups == 0 || a.group == 0) return;
+    if (!a.x || !a.out) throw Error(std::string("CUDA ") + name + ": null x or out");
+    const int64_t row_stride = a.row_stride ? a.row_stride : a.n_groups * a.group;
+    if (a.n_tokens > 1 && row_stride < a.n_groups * a.group)
+        throw Error(std::string("CUDA ") + name + ": row_stride is shorter than n_groups * group");
+    STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
+    const int64_t items = a.n_tokens * a.n_groups;
+    constexpr int64_t kPerBlock = kNormThreads / 32;
+    const int64_t blocks = (items + kPerBlock - 1) / kPerBlock;
+    if (blocks > 0x7fffffff) throw Error(std::string("CUDA ") + name + ": too many groups in one call");
+    GroupNormArgs args = a;
+    if (kKind == NormKind::L2) args.gamma = nullptr;
+    group_norm_kernel<kKind>
+        <<<static_cast<unsigned>(blocks), kNormThreads, 0, ctx.stream().handle()>>>(args, row_stride);
+    STRATA_CUDA_CHECK_LAUNCH("group_norm_kernel");
+}
+
+constexpr int kElementThreads = 256;
+
+unsigned element_blocks(int64_t n) {
+    return static_cast<unsigned>(std::min<int64_t>((n + kElementThreads - 1) / kElementThreads, 65536));
+}
+
+// x / (1 + exp(-x)) and 1 / (1 + exp(-x)) as in cpu::silu / cpu::sigmoid (IEEE division: no fast-math here).
+__global__ void sigmoid_kernel(float* x, int64_t n) {
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+        x[i] = 1.0f / (1.0f + expf(-x[i]));
+}
+
+__global__ void silu_mul_kernel(float* g, const float* u, int64_t n) {
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const float v = g[i];
+        g[i] = __fmul_rn(v / (1.0f + expf(-v)), u[i]);
+    }
+}
+
+}  // namespace
+
+void rms_norm_grouped(Context& ctx, const GroupNormArgs& a) {
+    launch_group_norm<NormKind::Rms>(ctx, a, "rms_norm_grouped");
+}
+
+void l2_norm(Context& ctx, const GroupNormArgs& a) {
+    launch_group_norm<NormKind::L2>(ctx, a, "l2_norm");
+}
+
+void sigmoid_inplace(Context& ctx, float* x, int64_t n) {
+    if (n < 0) throw Error("CUDA sigmoid_inplace: negative length");
+    if (n == 0) return;
+    if (!x) throw Error("CUDA sigmoid_inplace: null pointer");
+    STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
+    sigmoid_kernel<<<element_blocks(n), kElementThreads, 0, ctx.stream().handle()>>>(x, n);
+    STRATA_CUDA_CHECK_LAUNCH("sigmoid_kernel");
+}
+
+void silu_mul(Context& ctx, float* g, const float* u, int64_t n) {
+    if (n < 0) throw Error("CUDA silu_mul: negative length");
+    if (n == 0) return;
+    if (!g || !u) throw Error("CUDA silu_mul: null pointer");
+    STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
+    silu_mul_kernel<<<element_blocks(n), kElementThreads, 0, ctx.stream().handle()>>>(g, u, n);
+    STRATA_CUDA_CHECK_LAUNCH("silu_mul_kernel");
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,249 @@
+// The recurrent ops of the GDN block: the gated delta rule over a window of tokens with each head's state kept on
+// chip, and the causal depthwise conv over a window.
+//
+// The delta rule's state columns are independent: column j of S needs only v[j] and the whole of k and q, so a head's
+// [dk][dv] state is split by columns over thread blocks, and a column's dk values over G lanes of one warp, which
+// combine their partial dot products with shuffles (one reduction of S'^T k, S'^T q and k . q per token; build with
+// -DSTRATA_GDN_TWO_REDUCTIONS=1 for the CPU's order: S^T q over the updated state, a second reduction). The state
+// goes through shared memory once on the way in and once on the way out, so both global passes are coalesced rows.
+#include <algorithm>
+#include <string>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+
+namespace strata::cuda {
+
+namespace {
+
+constexpr int kDeltaThreads = 128;  // 4 warps per block
+
+struct DeltaParams {
+    float* state;
+    const float* q;
+    const float* k;
+    const float* v;
+    int64_t q_stride, k_stride, v_stride;
+    const float* g;
+    const float* beta;
+    float* out;
+    int64_t out_stride;
+    int64_t n_tokens, heads, key_heads;
+    bool tiled;
+    int64_t dv;
+};
+
+// Token t's inputs of one lane: its R values of k and q (rows row0 .. row0 + R - 1 of key head kh), its column's v,
+// and the head's g and beta.
+template <int R>
+struct TokenInputs {
+    float k[R], q[R];
+    float v, g, beta;
+};
+
+template <int DK, int R>
+__device__ __forceinline__ void load_token(const DeltaParams& p, int64_t t, int64_t kh, int64_t h, int row0, int64_t j,
+                                           bool valid, TokenInputs<R>& in) {
+    const float4* k4 = reinterpret_cast<const float4*>(p.k + t * p.k_stride + kh * DK + row0);
+    const float4* q4 = reinterpret_cast<const float4*>(p.q + t * p.q_stride + kh * DK + row0);
+#pragma unroll
+    for (int r = 0; r < R / 4; ++r) {
+        const float4 a = __ldg(k4 + r), b = __ldg(q4 + r);
+        in.k[4 * r] = a.x, in.k[4 * r + 1] = a.y, in.k[4 * r + 2] = a.z, in.k[4 * r + 3] = a.w;
+        in.q[4 * r] = b.x, in.q[4 * r + 1] = b.y, in.q[4 * r + 2] = b.z, in.q[4 * r + 3] = b.w;
+    }
+    in.v = valid ? __ldg(p.v + t * p.v_stride + h * p.dv + j) : 0.0f;
+    in.g = __ldg(p.g + t * p.heads + h);
+    in.beta = __ldg(p.beta + t * p.heads + h);
+}
+
+// Block (x, h): value head h, state columns [x * BC, x * BC + BC). Lane `lane` of warp `w` owns column
+// w * C + lane % C and rows (lane / C) * R .. + R - 1 (contiguous, so k and q come in float4 loads).
+template <int DK, int G>
+__global__ void __launch_bounds__(kDeltaThreads) gated_delta_kernel(DeltaParams p) {
+    constexpr int R = DK / G;          // state values per lane
+    constexpr int C = 32 / G;          // columns per warp
+    constexpr int BC = C * (kDeltaThreads / 32);  // columns per block
+    static_assert(R % 4 == 0 && 32 % G == 0);
+    __shared__ float tile[DK * BC];
+
+    const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
+    const int sub = lane / C, column = warp * C + lane % C;
+    const int64_t h = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * BC, j = j0 + column;
+    const int64_t dv = p.dv;
+    const bool valid = j < dv;
+    const int64_t kh = p.tiled ? h % p.key_heads : h / (p.heads / p.key_heads);
+    float* state = p.state + h * DK * dv;
+
+    for (int idx = tid; idx < DK * BC; idx += kDeltaThreads) {
+        const int i = idx / BC, c = idx % BC;
+        tile[idx] = j0 + c < dv ? state[i * dv + j0 + c] : 0.0f;
+    }
+    __syncthreads();
+    float s[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) s[r] = tile[(sub * R + r) * BC + column];
+
+    // The next token's inputs are loaded before the current token is computed, so their latency hides behind its math.
+    TokenInputs<R> next{};
+    if (p.n_tokens > 0) load_token<DK, R>(p, 0, kh, h, sub * R, j, valid, next);
+    for (int64_t t = 0; t < p.n_tokens; ++t) {
+        const TokenInputs<R> cur = next;
+        if (t + 1 < p.n_tokens) load_token<DK, R>(p, t + 1, kh, h, sub * R, j, valid, next);
+        const float vt = cur.v, gt = cur.g, bt = cur.beta;
+
+        // S *= exp(g); delta = (v - S^T k) * beta (two chains of partial sums for instruction-level parallelism).
+        const float decay = expf(gt);
+#if STRATA_GDN_TWO_REDUCTIONS
+        // As the CPU orders it: out = S^T q over the updated state, a second reduction after the update.
+        float p0 = 0.0f, p1 = 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; r += 2) {
+            s[r] *= decay;
+            s[r + 1] *= decay;
+            p0 = fmaf(s[r], cur.k[r], p0);
+            p1 = fmaf(s[r + 1], cur.k[r + 1], p1);
+        }
+        float sk = p0 + p1;
+#pragma unroll
+        for (int offset = C; offset < 32; offset *= 2) sk += __shfl_xor_sync(0xffffffffu, sk, offset);
+        const float delta = (vt - sk) * bt;
+        float o0 = 0.0f, o1 = 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; r += 2) {
+            s[r] = fmaf(cur.k[r], delta, s[r]);
+            s[r + 1] = fmaf(cur.k[r + 1], delta, s[r + 1]);
+            o0 = fmaf(s[r], cur.q[r], o0);
+            o1 = fmaf(s[r + 1], cur.q[r + 1], o1);
+        }
+        float o = o0 + o1;
+#pragma unroll
+        for (int offset = C; offset < 32; offset *= 2) o += __shfl_xor_sync(0xffffffffu, o, offset);
+#else
+        // One reduction per token instead of two: with S' = exp(g) S, the output over the updated state is
+        // (S' + k delta^T)^T q = S'^T q + delta (k . q), so S'^T k, S'^T q and k . q are reduced together (three
+        // independent shuffle chains) and the rank-1 update leaves the token's critical path.
+        float sk = 0.0f, sq = 0.0f, kq = 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            s[r] *= decay;
+            sk = fmaf(s[r], cur.k[r], sk);
+            sq = fmaf(s[r], cur.q[r], sq);
+            kq = fmaf(cur.k[r], cur.q[r], kq);
+        }
+#pragma unroll
+        for (int offset = C; offset < 32; offset *= 2) {
+            sk += __shfl_xor_sync(0xffffffffu, sk, offset);
+            sq += __shfl_xor_sync(0xffffffffu, sq, offset);
+            kq += __shfl_xor_sync(0xffffffffu, kq, offset);
+        }
+        const float delta = (vt - sk) * bt;
+        const float o = fmaf(delta, kq, sq);
+#pragma unroll
+        for (int r = 0; r < R; ++r) s[r] = fmaf(cur.k[r], delta, s[r]);
+#endif
+        if (sub == 0 && valid) p.out[t * p.out_stride + h * dv + j] = o;
+    }
+
+    __syncthreads();  // every thread has read its part of the tile before any overwrites it
+#pragma unroll
+    for (int r = 0; r < R; ++r) tile[(sub * R + r) * BC + column] = s[r];
+    __syncthreads();
+    for (int idx = tid; idx < DK * BC; idx += kDeltaThreads) {
+        const int i = idx / BC, c = idx % BC;
+        if (j0 + c < dv) state[i * dv + j0 + c] = tile[idx];
+    }
+}
+
+template <int DK, int G>
+void launch_gated_delta(const DeltaParams& p, cudaStream_t stream) {
+    constexpr int BC = (32 / G) * (kDeltaThreads / 32);
+    const dim3 grid(static_cast<unsigned>((p.dv + BC - 1) / BC), static_cast<unsigned>(p.heads));
+    gated_delta_kernel<DK, G><<<grid, kDeltaThreads, 0, stream>>>(p);
+    STRATA_CUDA_CHECK_LAUNCH("gated_delta_kernel");
+}
+
+bool aligned16(const void* ptr) {
+    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
+}
+
+// ---- causal conv ----------------------------------------------------------------------------------------------------
+
+// One thread per channel walks the window's tokens in order. Input at time t - m comes from x when it lies inside the
+// window, else from the history (row H - (m - t), H = (kernel - 1) * dilation). The operations of
+// cpu::causal_conv_step as the host compiler emits them for any x86-64 with FMA (its x86-64-v3/v4 clones: GCC
+// contracts `out += w * in` in C++ mode): the current input's product rounded, then one fused multiply-add per tap
+// from the oldest row.
+__global__ void causal_conv_kernel(ConvWindowArgs a) {
+    const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (c >= a.channels) return;
+    const int64_t K = a.kernel, C = a.channels, H = (K - 1) * a.dilation;
+    const float* w = a.w + c * K;
+    for (int64_t t = 0; t < a.n_tokens; ++t) {
+        float acc = __fmul_rn(w[K - 1], a.x[t * a.x_stride + c]);  // _rn: never contracted with the first tap
+        for (int64_t j = 0; j < K - 1; ++j) {
+            const int64_t m = (K - 1 - j) * a.dilation;
+            const float in = t >= m ? a.x[(t - m) * a.x_stride + c] : a.history[(H - (m - t)) * C + c];
+            acc = fmaf(w[j], in, acc);
+        }
+        a.out[t * a.out_stride + c] = acc;
+    }
+    // Row r of the new history is time T - H + r: from x inside the window, else the old row r + T (ascending r only
+    // reads rows not yet rewritten).
+    const int64_t T = a.n_tokens;
+    for (int64_t r = 0; r < H; ++r) {
+        const int64_t time = T - H + r;
+        a.history[r * C + c] = time >= 0 ? a.x[time * a.x_stride + c] : a.history[(r + T) * C + c];
+    }
+}
+
+}  // namespace
+
+void gated_delta(Context& ctx, const GatedDeltaArgs& a) {
+    if (a.n_tokens < 0) throw Error("CUDA gated_delta: n_tokens is negative");
+    if (a.n_tokens == 0) return;
+    if (a.heads <= 0 || a.key_heads <= 0 || a.heads % a.key_heads != 0)
+        throw Error("CUDA gated_delta: " + std::to_string(a.heads) + " value heads are no multiple of " +
+                    std::to_string(a.key_heads) + " key heads");
+    if (a.heads > 65535) throw Error("CUDA gated_delta: more than 65535 heads in one call");
+    if (a.dk != 64 && a.dk != 128 && a.dk != 256)
+        throw Error("CUDA gated_delta: key head size dk = " + std::to_string(a.dk) +
+                    " is not supported (64, 128, 256)");
+    if (a.dv <= 0) throw Error("CUDA gated_delta: value head size dv must be positive");
+    if (!a.state || !a.q || !a.k || !a.v || !a.g || !a.beta || !a.out)
+        throw Error("CUDA gated_delta: a null pointer among state, q, k, v, g, beta, out");
+    if (!aligned16(a.q) || !aligned16(a.k) || a.q_stride % 4 != 0 || a.k_stride % 4 != 0)
+        throw Error("CUDA gated_delta: q and k rows must be 16-byte aligned (pointers and strides multiples of 4 "
+                    "floats)");
+    STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
+    const DeltaParams p{.state = a.state, .q = a.q, .k = a.k, .v = a.v, .q_stride = a.q_stride,
+                        .k_stride = a.k_stride, .v_stride = a.v_stride, .g = a.g, .beta = a.beta, .out = a.out,
+                        .out_stride = a.out_stride, .n_tokens = a.n_tokens, .heads = a.heads,
+                        .key_heads = a.key_heads, .tiled = a.tiled_value_heads, .dv = a.dv};
+    cudaStream_t stream = ctx.stream().handle();
+    // 8 lanes per column up to dk 128 (16 values each), 16 at 256: the same registers per lane.
+    switch (a.dk) {
+        case 64: launch_gated_delta<64, 8>(p, stream); break;
+        case 128: launch_gated_delta<128, 8>(p, stream); break;
+        default: launch_gated_delta<256, 16>(p, stream); break;
+    }
+}
+
+void causal_conv(Context& ctx, const ConvWindowArgs& a) {
+    if (a.n_tokens < 0 || a.channels < 0) throw Error("CUDA causal_conv: negative token or channel count");
+    if (a.kernel < 1 || a.dilation < 1)
+        throw Error("CUDA causal_conv: kernel " + std::to_string(a.kernel) + " and dilation " +
+                    std::to_string(a.dilation) + " must be at least 1");
+    if (a.n_tokens == 0 || a.channels == 0) return;
+    if (!a.x || !a.w || !a.out || (a.kernel > 1 && !a.history))
+        throw Error("CUDA causal_conv: a null pointer among x, w, history, out");
+    if (a.n_tokens > 1 && (a.x_stride < a.channels || a.out_stride < a.channels))
+        throw Error("CUDA causal_conv: token strides must be at least the channel count");
+    STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
+    constexpr int kThreads = 256;
+    causal_conv_kernel<<<static_cast<unsigned>((a.channels + kThreads - 1) / kThreads), kThreads, 0,
+                         ctx.stream().handle()>>>(a);
+    STRATA_CUDA_CHECK_LAUNCH("causal_conv_kernel");
+}
+
+}  // namespace strata::cuda

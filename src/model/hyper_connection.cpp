@@ -27,8 +27,16 @@ void hyper_connection_read(const HyperConnectionReadArgs& a) {
         cpu::rms_norm_grouped(a.residual + t * HC, hc, H, a.weights.norm.data(), a.shape.eps, xn + t * HC);
     });
 
+    // down and inject read the same normalized streams: one pass quantizes them once for both.
     float* low = a.scratch.take<float>(T * R);
-    cpu::matmul({.w = a.weights.down, .x = xn, .y = low, .n_tokens = T, .pool = a.pool});
+    if (a.inject) {
+        STRATA_ASSERT(a.weights.inject.has_value());
+        const cpu::MatmulJob jobs[] = {{.w = &a.weights.down, .x = xn, .y = low, .n_tokens = T},
+                                       {.w = &*a.weights.inject, .x = xn, .y = a.inject, .n_tokens = T}};
+        cpu::matmul_many(jobs, a.pool);
+    } else {
+        cpu::matmul({.w = a.weights.down, .x = xn, .y = low, .n_tokens = T, .pool = a.pool});
+    }
     parallel_each(a.pool, T, [&](int64_t t) {
         for (int64_t i = t * R; i < (t + 1) * R; ++i) low[i] = cpu::silu(low[i] / static_cast<float>(hc));
     });
@@ -46,11 +54,8 @@ void hyper_connection_read(const HyperConnectionReadArgs& a) {
             m[j] = sum / static_cast<float>(hc);
         }
     });
-    if (a.inject) {
-        STRATA_ASSERT(a.weights.inject.has_value());
-        cpu::matmul({.w = *a.weights.inject, .x = xn, .y = a.inject, .n_tokens = T, .pool = a.pool});
+    if (a.inject)
         for (int64_t i = 0; i < T * hc; ++i) a.inject[i] = 2.0f * cpu::sigmoid(a.inject[i] / static_cast<float>(hc));
-    }
 }
 
 void hyper_connection_write(const HyperConnectionShape& shape, float* residual, const float* block_out,

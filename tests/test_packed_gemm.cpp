@@ -26,6 +26,7 @@
 #include "backend/cpu/quant_dot.h"
 #include "core/dtype.h"
 #include "core/quant_blocks.h"
+#include "core/quant_tables.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "convert/quantize.h"
@@ -267,6 +268,72 @@ TEST(PackedGemm, Q8KSumsAreTheReferenceQuantsAndTheirSubBlockSums) {
             int want = 0;
             for (int l = 0; l < 32; ++l) want += ref[b].qs[32 * j + l];
             ASSERT_EQ(sum, want) << "block " << b << " sub-block " << j;
+        }
+    }
+}
+
+// IQ2_XS with AVX-512 goes through a row kernel over activations laid out by group (gemm_packed.h), defined as: per
+// group of 16 weights the exact dot with the Q8_K quants, one FMA per super-block into the group's lane with the
+// scale (2 ls + 1) * d_w * d_a, then the 16 lanes summed in a fixed order, times 1/8.
+float defined_dot_iq2_xs(const strata::BlockIQ2_XS* w, const strata::BlockQ8_K* a, int64_t n_blocks) {
+    float lane[16] = {};
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        const float dw = strata::f16_to_f32(w[b].d);
+        for (int g = 0; g < 16; ++g) {
+            const int ls = (w[b].scales[g / 2] >> (4 * (g % 2))) & 0xF;
+            int32_t dot = 0;
+            for (int half = 0; half < 2; ++half) {
+                const uint16_t q = w[b].qs[2 * g + half];
+                const uint64_t grid = strata::quant::kIQ2XSGrid[q & 511];
+                const uint8_t signs = strata::quant::even_signs(q >> 9);
+                for (int j = 0; j < 8; ++j) {
+                    const int v = strata::quant::grid_byte(grid, j) * ((signs >> j) & 1 ? -1 : 1);
+                    dot += v * a[b].qs[16 * g + 8 * half + j];
+                }
+            }
+            const float scale = static_cast<float>(2 * ls + 1) * dw;
+            lane[g] = std::fma(static_cast<float>(dot), scale * a[b].d, lane[g]);
+        }
+    }
+    for (int width = 8; width >= 1; width /= 2)
+        for (int g = 0; g < width; ++g) lane[g] = lane[g] + lane[g + width];
+    return 0.125f * lane[0];
+}
+
+TEST(PackedGemm, Iq2XsByGroupEqualsItsDefinitionForAnyThreadsAndGrouping) {
+    SKIP_WITHOUT_AVX512();
+    std::mt19937 rng(6);
+    for (const auto& [n, rows] : {std::pair<int64_t, int64_t>{256, 3}, {768, 17}, {1024, 40}}) {
+        SCOPED_TRACE("W {" + std::to_string(n) + ", " + std::to_string(rows) + "}");
+        // Random blocks: every grid index, sign pattern and scale; d finite and small.
+        std::vector<strata::BlockIQ2_XS> blocks(static_cast<size_t>(n / strata::kQK_K * rows));
+        for (auto& b : blocks) {
+            for (auto& q : b.qs) q = static_cast<uint16_t>(rng());
+            for (auto& sc : b.scales) sc = static_cast<uint8_t>(rng());
+            b.d = strata::f32_to_f16(0.001f + 0.01f * static_cast<float>(rng() % 100) / 100.0f);
+        }
+        const int64_t ne[2] = {n, rows};
+        const Tensor w = strata::make_tensor("w", DType::IQ2_XS, 2, ne, blocks.data());
+        constexpr int64_t kTokens = 19;
+        const std::vector<float> x = gaussian(n * kTokens, rng);
+        std::vector<float> want(static_cast<size_t>(rows * kTokens));
+        std::vector<strata::BlockQ8_K> q(static_cast<size_t>(n / strata::kQK_K));
+        for (int64_t t = 0; t < kTokens; ++t) {
+            strata::quantize_row(DType::Q8_K, x.data() + t * n, q.data(), n);
+            for (int64_t r = 0; r < rows; ++r)
+                want[static_cast<size_t>(t * rows + r)] = defined_dot_iq2_xs(
+                    reinterpret_cast<const strata::BlockIQ2_XS*>(w.row(r)), q.data(), n / strata::kQK_K);
+        }
+        for (const auto& [tokens, threads] : {std::pair{kTokens, 1}, {kTokens, 3}, {int64_t{1}, 2}, {int64_t{5}, 1}}) {
+            std::vector<float> got;
+            for (int64_t t0 = 0; t0 < kTokens; t0 += tokens) {
+                const int64_t count = std::min(tokens, kTokens - t0);
+                std::vector<float> y(static_cast<size_t>(rows * count));
+                cpu::matmul({.w = w, .x = x.data() + t0 * n, .y = y.data(), .n_tokens = count,
+                             .pool = pool_of(threads)});
+                got.insert(got.end(), y.begin(), y.end());
+            }
+            EXPECT_TRUE(same_bits(got, want)) << tokens << " tokens per call on " << threads << " threads";
         }
     }
 }

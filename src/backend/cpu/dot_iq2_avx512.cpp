@@ -22,6 +22,7 @@
 #include <cstring>
 
 #include "backend/cpu/dot_kernels.h"
+#include "backend/cpu/gemm_packed.h"
 #include "core/quant_blocks.h"
 #include "core/quant_tables.h"
 
@@ -91,7 +92,16 @@ const BiasedGrids& grids() {
     return g_grids;
 }
 
-inline void decode(const BlockIQ2_XS& b, Decoded& u, const BiasedGrids& tables) {
+// The 16 group scales 2 ls + 1 of an IQ2_XS super-block as bytes, in group order (low nibble first).
+inline __m128i odd_scales(const BlockIQ2_XS& b) {
+    uint64_t raw;
+    std::memcpy(&raw, b.scales, 8);
+    const uint64_t nibbles = 0x0F0F0F0F0F0F0F0FULL;
+    return odd_from_fields(_pdep_u64(raw, nibbles), _pdep_u64(raw >> 32, nibbles));
+}
+
+// The 256 weights of an IQ2_XS super-block as biased bytes B + w into w[0..3] (Decoded's layout).
+inline void decode_weights(const BlockIQ2_XS& b, __m512i (&w)[4], const BiasedGrids& tables) {
     const auto* grid = reinterpret_cast<const long long*>(tables.xs);
     const __m512i q = _mm512_loadu_si512(b.qs);
     // Sign byte of each group: the 7 stored bits (q >> 9) and the parity of those bits as bit 7. The low nibble of
@@ -114,17 +124,20 @@ inline void decode(const BlockIQ2_XS& b, Decoded& u, const BiasedGrids& tables) 
         const __m512i lo = _mm512_i32gather_epi64(_mm512_castsi512_si256(idx), grid, 8);
         const __m512i hi = _mm512_i32gather_epi64(_mm512_extracti64x4_epi64(idx, 1), grid, 8);
         // B - magnitude = 2B - (B + magnitude) for the negative ones.
-        u.w[2 * h] =
+        w[2 * h] =
             _mm512_mask_sub_epi8(lo, _load_mask64(reinterpret_cast<__mmask64*>(signs + 4 * h)), twice_bias, lo);
-        u.w[2 * h + 1] =
+        w[2 * h + 1] =
             _mm512_mask_sub_epi8(hi, _load_mask64(reinterpret_cast<__mmask64*>(signs + 4 * h + 2)), twice_bias, hi);
     }
-    uint64_t raw;
-    std::memcpy(&raw, b.scales, 8);
-    const uint64_t nibbles = 0x0F0F0F0F0F0F0F0FULL;
-    set_scales<kBiasXS>(odd_from_fields(_pdep_u64(raw, nibbles), _pdep_u64(raw >> 32, nibbles)), u);
+}
+
+inline void decode(const BlockIQ2_XS& b, Decoded& u, const BiasedGrids& tables) {
+    decode_weights(b, u.w, tables);
+    set_scales<kBiasXS>(odd_scales(b), u);
     u.d = _cvtsh_ss(b.d);
 }
+
+
 
 inline void decode(const BlockIQ1_M& b, Decoded& u, const BiasedGrids& tables) {
     const auto* grid = reinterpret_cast<const long long*>(tables.m);
@@ -207,7 +220,73 @@ void dot_kernel_any(int64_t n, const void* w, const void* a, size_t a_stride, fl
     dot_kernel_up_to<Block, kMaxDotCols>(n, w, a, a_stride, out, n_cols);
 }
 
+// ---- IQ2_XS by group: the matmul's kernel (gemm_packed.h) -----------------------------------------------------
+
+// w[0..3] (groups 4j..4j+3, one per 128-bit lane) rearranged by position: t[k] holds dword k (weights 4k..4k+3) of
+// each of the 16 groups of 16 weights, group g in lane g.
+inline void by_group(const __m512i (&w)[4], __m512i (&t)[4]) {
+    for (int k = 0; k < 4; ++k) {
+        const __m512i idx = _mm512_setr_epi32(k, 4 + k, 8 + k, 12 + k, 16 + k, 20 + k, 24 + k, 28 + k, 0, 0, 0, 0, 0,
+                                              0, 0, 0);
+        const __m512i first = _mm512_permutex2var_epi32(w[0], idx, w[1]);   // groups 0-7
+        const __m512i second = _mm512_permutex2var_epi32(w[2], idx, w[3]);  // groups 8-15
+        t[k] = _mm512_inserti64x4(first, _mm512_castsi512_si256(second), 1);
+    }
+}
+
+// The 16 lanes summed in a fixed order: g + (g + 8), then + 4, + 2, + 1 (gemm_packed.h).
+inline float sum_lanes(__m512 v) {
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
+
+template <int C>
+void iq2_xs_groups_c(int64_t n, const void* w, const void* a, size_t a_stride, float* out) {
+    const auto* x = static_cast<const BlockIQ2_XS*>(w);
+    const uint8_t* act[C];
+    __m512 acc[C];
+    for (int c = 0; c < C; ++c) {
+        act[c] = static_cast<const uint8_t*>(a) + c * a_stride;
+        acc[c] = _mm512_setzero_ps();
+    }
+    const BiasedGrids& tables = grids();
+    for (int64_t i = 0; i < n / kQK_K; ++i) {
+        _mm_prefetch(reinterpret_cast<const char*>(x + i) + kPrefetchBytes, _MM_HINT_T0);
+        __m512i biased[4], t[4];
+        decode_weights(x[i], biased, tables);
+        by_group(biased, t);
+        const __m512 group_scale =
+            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(odd_scales(x[i]))), _mm512_set1_ps(_cvtsh_ss(x[i].d)));
+        for (int c = 0; c < C; ++c) {
+            const uint8_t* block = act[c] + static_cast<size_t>(i) * kQ8KGroupsBlockBytes;
+            __m512i sum = _mm512_loadu_si512(block + 256);  // -B times each group's activation sum
+            for (int k = 0; k < 4; ++k) sum = _mm512_dpbusd_epi32(sum, t[k], _mm512_loadu_si512(block + 64 * k));
+            float da;
+            std::memcpy(&da, block + 320, 4);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(group_scale, _mm512_set1_ps(da)), acc[c]);
+        }
+    }
+    // IQ2_XS values are d * (2 ls + 1) / 8 * grid.
+    for (int c = 0; c < C; ++c) out[c] = 0.125f * sum_lanes(acc[c]);
+}
+
+template <int C>
+void iq2_xs_groups_up_to(int64_t n, const void* w, const void* a, size_t a_stride, float* out, int n_cols) {
+    if constexpr (C > 1) {
+        if (n_cols < C) return iq2_xs_groups_up_to<C - 1>(n, w, a, a_stride, out, n_cols);
+    }
+    iq2_xs_groups_c<C>(n, w, a, a_stride, out);
+}
+
 }  // namespace
+
+void dot_iq2_xs_groups(int64_t n, const void* w, const void* a, size_t a_stride, float* out, int n_cols) {
+    static_assert(kBiasXS == 64, "the activation layout carries -64 x the group sums");
+    iq2_xs_groups_up_to<kMaxDotCols>(n, w, a, a_stride, out, n_cols);
+}
 
 void register_dots_iq2_avx512(DotTable& t) {
     t.set(DType::IQ2_XS, dot_kernel_any<BlockIQ2_XS>, kMaxDotCols);

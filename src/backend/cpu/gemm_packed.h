@@ -43,4 +43,14 @@ void quantize_q8_k_sums(const float* x, uint8_t* dst, int64_t n);
 // llama.cpp's reference Q8_K quantization (quant::quantize_q8_k), byte for byte, in its own layout (BlockQ8_K).
 void quantize_q8_k_avx512(const float* x, void* dst, int64_t n);
 
+// IQ2_XS with AVX-512 (dot_iq2_avx512.cpp): a row kernel (a DotFn, up to kMaxDotCols tokens) over activations laid
+// out by group of 16. Per 256 activations: at 64k + 4g the Q8_K quants 16g + 4k .. + 3 (k < 4, g < 16), at 256 + 4g
+// the int32 -64 x group g's quant sum (the weights are decoded biased by 64), at 320 the f32 scale. Numerics per
+// output: 16 lane accumulators, lane g over the super-blocks in order:
+//   lane_g = fma(float(s_g), (float(2 ls_g + 1) * d_w) * d_a, lane_g), s_g the exact dot of group g,
+// then 0.125 x the lanes summed as g + (g + 8), + 4, + 2, + 1.
+constexpr size_t kQ8KGroupsBlockBytes = 256 + 64 + 4;
+void quantize_q8_k_groups(const float* x, uint8_t* dst, int64_t n);
+void dot_iq2_xs_groups(int64_t n, const void* w, const void* a, size_t a_stride, float* out, int n_cols);
+
 }  // namespace strata::cpu

@@ -20,7 +20,7 @@ namespace {
 constexpr int64_t kTokenBlock = 64;
 
 // How a job's activations are laid out: the dot kernels' activation type, or one of the packed GEMMs' layouts.
-enum class ActLayout { Kernel, BiasedQ8_0, Q8_KSums };
+enum class ActLayout { Kernel, BiasedQ8_0, Q8_KSums, Q8_KGroups };
 
 struct PreparedJob {
     const Tensor* w = nullptr;
@@ -137,7 +137,12 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
         const bool packed = w.packed != nullptr && isa == Isa::Avx512;
         ActLayout layout = ActLayout::Kernel;
         PreparedJob p{.w = &w, .y = job.y, .n_tokens = job.n_tokens, .kernel = packed ? nullptr : dot_kernel(w.type, isa)};
-        if (!packed) {
+        if (!packed && w.type == DType::IQ2_XS && isa == Isa::Avx512) {
+            layout = ActLayout::Q8_KGroups;
+            p.kernel = dot_iq2_xs_groups;
+            p.cols = kMaxDotCols;
+            p.act_stride = static_cast<size_t>(in / kQK_K) * kQ8KGroupsBlockBytes;
+        } else if (!packed) {
             p.act_stride = row_bytes(act, in);
             p.cols = dot_columns(w.type, isa);
         } else if (w.type == DType::Q8_0) {
@@ -185,6 +190,7 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
                 switch (q.layout) {
                     case ActLayout::BiasedQ8_0: quantize_q8_0_biased(x, dst, q.in); break;
                     case ActLayout::Q8_KSums: quantize_q8_k_sums(x, dst, q.in); break;
+                    case ActLayout::Q8_KGroups: quantize_q8_k_groups(x, dst, q.in); break;
                     case ActLayout::Kernel: quantize_activations(q.act, x, dst, q.in); break;
                 }
             }

@@ -99,6 +99,22 @@ void quantize_q8_k_sums(const float* x, uint8_t* dst, int64_t n) {
     }
 }
 
+void quantize_q8_k_groups(const float* x, uint8_t* dst, int64_t n) {
+    Q8KBlock b;
+    for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K, dst += kQ8KGroupsBlockBytes) {
+        quantize_q8_k_block(x, b);
+        for (int g = 0; g < 16; ++g) {
+            // b.q[g] is group g's 16 quants: its dword k goes to lane g of register k.
+            alignas(16) uint8_t q[16];
+            _mm_store_si128(reinterpret_cast<__m128i*>(q), b.q[g]);
+            for (int k = 0; k < 4; ++k) std::memcpy(dst + 64 * k + 4 * g, q + 4 * k, 4);
+            const int32_t start = -64 * b.sums[g];
+            std::memcpy(dst + 256 + 4 * g, &start, 4);
+        }
+        std::memcpy(dst + 320, &b.d, 4);
+    }
+}
+
 void quantize_q8_k_avx512(const float* x, void* dst, int64_t n) {
     auto* out = static_cast<BlockQ8_K*>(dst);
     Q8KBlock b;

@@ -175,7 +175,7 @@ TEST_P(PackedType, MatmulEqualsTheDefinitionForAnyThreadsAndGrouping) {
         const int64_t ne[2] = {n, rows};
         Tensor w = strata::make_tensor("w", type, 2, ne, bytes.data());
         ASSERT_TRUE(packer.pack(w));
-        constexpr int64_t kTokens = 19;  // two full 8-token tiles and a ragged one
+        constexpr int64_t kTokens = 45;  // two full 8-token tiles and a ragged one
         const std::vector<float> x = gaussian(n * kTokens, rng);
         const std::vector<float> want = defined_matmul(w, x.data(), kTokens);
         for (const auto& [tokens, threads] : {std::pair{kTokens, 1}, {kTokens, 2}, {kTokens, 3}, {int64_t{1}, 1}}) {
@@ -314,7 +314,7 @@ TEST(PackedGemm, Iq2XsByGroupEqualsItsDefinitionForAnyThreadsAndGrouping) {
         }
         const int64_t ne[2] = {n, rows};
         const Tensor w = strata::make_tensor("w", DType::IQ2_XS, 2, ne, blocks.data());
-        constexpr int64_t kTokens = 19;
+        constexpr int64_t kTokens = 45;
         const std::vector<float> x = gaussian(n * kTokens, rng);
         std::vector<float> want(static_cast<size_t>(rows * kTokens));
         std::vector<strata::BlockQ8_K> q(static_cast<size_t>(n / strata::kQK_K));
@@ -324,7 +324,8 @@ TEST(PackedGemm, Iq2XsByGroupEqualsItsDefinitionForAnyThreadsAndGrouping) {
                 want[static_cast<size_t>(t * rows + r)] = defined_dot_iq2_xs(
                     reinterpret_cast<const strata::BlockIQ2_XS*>(w.row(r)), q.data(), n / strata::kQK_K);
         }
-        for (const auto& [tokens, threads] : {std::pair{kTokens, 1}, {kTokens, 3}, {int64_t{1}, 2}, {int64_t{5}, 1}}) {
+        for (const auto& [tokens, threads] :
+             {std::pair{kTokens, 1}, {kTokens, 3}, {int64_t{1}, 2}, {int64_t{5}, 1}, {int64_t{9}, 2}, {int64_t{16}, 1}}) {
             std::vector<float> got;
             for (int64_t t0 = 0; t0 < kTokens; t0 += tokens) {
                 const int64_t count = std::min(tokens, kTokens - t0);

@@ -243,34 +243,149 @@ inline float sum_lanes(__m512 v) {
     return _mm_cvtss_f32(q);
 }
 
+// Column c's 16 lanes summed as sum_lanes does, for 16 columns at once: each step adds the halves of two registers'
+// pieces, so the additions per column (and so the bits) are sum_lanes', at 15 additions instead of 60.
+inline void sum_lanes_16(const __m512 (&acc)[16], float* out, int n_cols) {
+    __m512 h[8], q[4], r[2];
+    for (int p = 0; p < 8; ++p) {  // g + (g + 8): columns 2p, 2p + 1 in the low and high 256 bits
+        const __m512 lo = _mm512_insertf32x8(acc[2 * p], _mm512_castps512_ps256(acc[2 * p + 1]), 1);
+        h[p] = _mm512_add_ps(lo, _mm512_shuffle_f32x4(acc[2 * p], acc[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+    for (int p = 0; p < 4; ++p)  // + 4: column 4p + k in 128-bit piece k
+        q[p] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * p], h[2 * p + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(h[2 * p], h[2 * p + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int p = 0; p < 2; ++p)  // + 2: piece k holds columns 8p + k and 8p + 4 + k, two lanes each
+        r[p] = _mm512_add_ps(_mm512_shuffle_ps(q[2 * p], q[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(q[2 * p], q[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    // + 1: lane 4k + m holds column 4m + k.
+    const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(r[0], r[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                      _mm512_shuffle_ps(r[0], r[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512i by_column = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m512 ordered = _mm512_mul_ps(_mm512_permutexvar_ps(by_column, sums), _mm512_set1_ps(0.125f));
+    _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << n_cols) - 1), ordered);
+}
+
+// One decoded IQ2_XS super-block as the by-group kernels read it: the 4 registers of by_group, then the 16 group
+// scales (2 ls + 1) * d_w as f32.
+struct DecodedGroups {
+    __m512i t[4];
+    __m512 group_scale;
+};
+static_assert(sizeof(DecodedGroups) == kIq2XsDecodedBlockBytes);
+
+inline void decode_groups(const BlockIQ2_XS& b, DecodedGroups& u, const BiasedGrids& tables) {
+    __m512i biased[4];
+    decode_weights(b, biased, tables);
+    by_group(biased, u.t);
+    u.group_scale = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(odd_scales(b))), _mm512_set1_ps(_cvtsh_ss(b.d)));
+}
+
+// Column c's accumulator over super-block i: the 16 group dot products (4 vpdpbusd, started at -64 x the group sums)
+// times the group scales and d_a.
+// Column c's accumulator over super-block i: the 16 group dot products (4 vpdpbusd, started at -64 x the group sums)
+// times the group scales and d_a. Fully unrolled, so the accumulators stay in registers.
+template <int C>
+inline void add_groups(const DecodedGroups& u, const uint8_t* act, size_t a_stride, int64_t i, __m512 (&acc)[C]) {
+    const uint8_t* block = act + static_cast<size_t>(i) * kQ8KGroupsBlockBytes;
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) {
+        __m512i sum = _mm512_loadu_si512(block + 256);  // -B times each group's activation sum
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) sum = _mm512_dpbusd_epi32(sum, u.t[k], _mm512_loadu_si512(block + 64 * k));
+        float da;
+        std::memcpy(&da, block + 320, 4);
+        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(u.group_scale, _mm512_set1_ps(da)), acc[c]);
+        block += a_stride;
+    }
+}
+
+// IQ2_XS values are d * (2 ls + 1) / 8 * grid: the 1/8 is applied with the lane sums.
+template <int C>
+inline void store_sums(__m512 (&acc)[C], float* out) {
+    if constexpr (C >= 8) {
+        __m512 all[16];
+        for (int c = 0; c < 16; ++c) all[c] = c < C ? acc[c] : _mm512_setzero_ps();
+        sum_lanes_16(all, out, C);
+    } else {
+        for (int c = 0; c < C; ++c) out[c] = 0.125f * sum_lanes(acc[c]);
+    }
+}
+
 template <int C>
 void iq2_xs_groups_c(int64_t n, const void* w, const void* a, size_t a_stride, float* out) {
     const auto* x = static_cast<const BlockIQ2_XS*>(w);
-    const uint8_t* act[C];
     __m512 acc[C];
-    for (int c = 0; c < C; ++c) {
-        act[c] = static_cast<const uint8_t*>(a) + c * a_stride;
-        acc[c] = _mm512_setzero_ps();
-    }
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
     const BiasedGrids& tables = grids();
     for (int64_t i = 0; i < n / kQK_K; ++i) {
         _mm_prefetch(reinterpret_cast<const char*>(x + i) + kPrefetchBytes, _MM_HINT_T0);
-        __m512i biased[4], t[4];
-        decode_weights(x[i], biased, tables);
-        by_group(biased, t);
-        const __m512 group_scale =
-            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(odd_scales(x[i]))), _mm512_set1_ps(_cvtsh_ss(x[i].d)));
+        DecodedGroups u;
+        decode_groups(x[i], u, tables);
+        add_groups<C>(u, static_cast<const uint8_t*>(a), a_stride, i, acc);
+    }
+    store_sums<C>(acc, out);
+}
+
+template <int C>
+void iq2_xs_decoded_c(int64_t n, const void* decoded, const void* a, size_t a_stride, float* out) {
+    const auto* u = static_cast<const DecodedGroups*>(decoded);
+    __m512 acc[C];
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / kQK_K; ++i) add_groups<C>(u[i], static_cast<const uint8_t*>(a), a_stride, i, acc);
+    store_sums<C>(acc, out);
+}
+
+// Two decoded rows against C <= 8 columns: each activation load feeds both rows' vpdpbusd, which halves the
+// activation traffic per product (the kernel otherwise streams activations from L2 faster than it can use them).
+// Each (row, column) does exactly the single-row kernel's operations.
+template <int C>
+void iq2_xs_decoded_pair_c(int64_t n, const DecodedGroups* u0, const DecodedGroups* u1, const uint8_t* a,
+                           size_t a_stride, float* out0, float* out1) {
+    static_assert(C <= 8);
+    __m512 acc0[C], acc1[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc0[c] = acc1[c] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / kQK_K; ++i) {
+        const uint8_t* block = a + static_cast<size_t>(i) * kQ8KGroupsBlockBytes;
+#pragma GCC unroll 8
         for (int c = 0; c < C; ++c) {
-            const uint8_t* block = act[c] + static_cast<size_t>(i) * kQ8KGroupsBlockBytes;
-            __m512i sum = _mm512_loadu_si512(block + 256);  // -B times each group's activation sum
-            for (int k = 0; k < 4; ++k) sum = _mm512_dpbusd_epi32(sum, t[k], _mm512_loadu_si512(block + 64 * k));
+            __m512i sum0 = _mm512_loadu_si512(block + 256), sum1 = sum0;
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; ++k) {
+                const __m512i act = _mm512_loadu_si512(block + 64 * k);
+                sum0 = _mm512_dpbusd_epi32(sum0, u0[i].t[k], act);
+                sum1 = _mm512_dpbusd_epi32(sum1, u1[i].t[k], act);
+            }
             float da;
             std::memcpy(&da, block + 320, 4);
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(group_scale, _mm512_set1_ps(da)), acc[c]);
+            const __m512 d = _mm512_set1_ps(da);
+            acc0[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum0), _mm512_mul_ps(u0[i].group_scale, d), acc0[c]);
+            acc1[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum1), _mm512_mul_ps(u1[i].group_scale, d), acc1[c]);
+            block += a_stride;
         }
     }
-    // IQ2_XS values are d * (2 ls + 1) / 8 * grid.
-    for (int c = 0; c < C; ++c) out[c] = 0.125f * sum_lanes(acc[c]);
+    __m512 all[16];
+    for (int c = 0; c < 8; ++c) {
+        all[c] = c < C ? acc0[c] : _mm512_setzero_ps();
+        all[8 + c] = c < C ? acc1[c] : _mm512_setzero_ps();
+    }
+    float sums[16];
+    sum_lanes_16(all, sums, 16);
+    for (int c = 0; c < C; ++c) {
+        out0[c] = sums[c];
+        out1[c] = sums[8 + c];
+    }
+}
+
+template <int C>
+void iq2_xs_decoded_pair_up_to(int64_t n, const DecodedGroups* u0, const DecodedGroups* u1, const uint8_t* a,
+                               size_t a_stride, float* out0, float* out1, int n_cols) {
+    if constexpr (C > 1) {
+        if (n_cols < C) return iq2_xs_decoded_pair_up_to<C - 1>(n, u0, u1, a, a_stride, out0, out1, n_cols);
+    }
+    iq2_xs_decoded_pair_c<C>(n, u0, u1, a, a_stride, out0, out1);
 }
 
 template <int C>
@@ -281,11 +396,42 @@ void iq2_xs_groups_up_to(int64_t n, const void* w, const void* a, size_t a_strid
     iq2_xs_groups_c<C>(n, w, a, a_stride, out);
 }
 
+template <int C>
+void iq2_xs_decoded_up_to(int64_t n, const void* decoded, const void* a, size_t a_stride, float* out, int n_cols) {
+    if constexpr (C > 1) {
+        if (n_cols < C) return iq2_xs_decoded_up_to<C - 1>(n, decoded, a, a_stride, out, n_cols);
+    }
+    iq2_xs_decoded_c<C>(n, decoded, a, a_stride, out);
+}
+
 }  // namespace
 
 void dot_iq2_xs_groups(int64_t n, const void* w, const void* a, size_t a_stride, float* out, int n_cols) {
     static_assert(kBiasXS == 64, "the activation layout carries -64 x the group sums");
     iq2_xs_groups_up_to<kMaxDotCols>(n, w, a, a_stride, out, n_cols);
+}
+
+void decode_iq2_xs_groups(int64_t n, const void* w, void* decoded) {
+    const auto* x = static_cast<const BlockIQ2_XS*>(w);
+    auto* u = static_cast<DecodedGroups*>(decoded);
+    const BiasedGrids& tables = grids();
+    for (int64_t i = 0; i < n / kQK_K; ++i) {
+        _mm_prefetch(reinterpret_cast<const char*>(x + i) + kPrefetchBytes, _MM_HINT_T0);
+        DecodedGroups block;
+        decode_groups(x[i], block, tables);
+        std::memcpy(static_cast<void*>(u + i), &block, sizeof block);
+    }
+}
+
+void dot_iq2_xs_decoded(int64_t n, const void* decoded, const void* a, size_t a_stride, float* out, int n_cols) {
+    iq2_xs_decoded_up_to<kMaxDotCols>(n, decoded, a, a_stride, out, n_cols);
+}
+
+void dot_iq2_xs_decoded_pair(const DecodedPair& p) {
+    iq2_xs_decoded_pair_up_to<kIq2XsPairCols>(p.n, static_cast<const DecodedGroups*>(p.row0),
+                                              static_cast<const DecodedGroups*>(p.row1),
+                                              static_cast<const uint8_t*>(p.act), p.act_stride, p.out0, p.out1,
+                                              p.n_cols);
 }
 
 void register_dots_iq2_avx512(DotTable& t) {

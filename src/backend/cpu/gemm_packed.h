@@ -52,5 +52,24 @@ void quantize_q8_k_avx512(const float* x, void* dst, int64_t n);
 constexpr size_t kQ8KGroupsBlockBytes = 256 + 64 + 4;
 void quantize_q8_k_groups(const float* x, uint8_t* dst, int64_t n);
 void dot_iq2_xs_groups(int64_t n, const void* w, const void* a, size_t a_stride, float* out, int n_cols);
+// The same kernel split in two, for prompts: a row's super-blocks decoded once into a scratch (n / 256 blocks of
+// kIq2XsDecodedBlockBytes, 64-byte aligned) that all of a unit's token chunks then read. Same numerics, same bits.
+constexpr size_t kIq2XsDecodedBlockBytes = 5 * 64;
+void decode_iq2_xs_groups(int64_t n, const void* w, void* decoded);
+void dot_iq2_xs_decoded(int64_t n, const void* decoded, const void* a, size_t a_stride, float* out, int n_cols);
+// Two decoded rows against up to kIq2XsPairCols columns in one pass (each activation load serves both rows):
+// out0[c], out1[c] are what dot_iq2_xs_decoded gives for each row, bit for bit.
+constexpr int kIq2XsPairCols = 8;
+struct DecodedPair {
+    int64_t n;
+    const void* row0;
+    const void* row1;
+    const void* act;
+    size_t act_stride;
+    float* out0;
+    float* out1;
+    int n_cols;
+};
+void dot_iq2_xs_decoded_pair(const DecodedPair& p);
 
 }  // namespace strata::cpu

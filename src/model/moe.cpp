@@ -85,11 +85,11 @@ void moe_forward(const MoeForwardArgs& a) {
     for (int64_t i = 0; i < T * K; ++i) slots[fill[chosen[i]]++] = i;
 
     // All experts' gate and up products (and the shared expert's) in one parallel pass, then all down products in a
-    // second: two wake-ups of the pool per layer instead of three per expert. Rows are gathered per expert in slot
-    // order, so expert e's rows are xs[first[e] .. first[e+1]).
+    // second: two wake-ups of the pool per layer instead of three per expert. Expert e reads the rows of x at
+    // source[first[e] .. first[e+1]) (slot order); the matmul quantizes each row of x once for all experts.
     const int64_t F = s.n_ff;
-    float* xs = scratch.take<float>(T * K * H);
-    parallel_each(a.pool, T * K, [&](int64_t i) { std::copy_n(a.x + (slots[i] / K) * H, H, xs + i * H); }, 64);
+    int64_t* source = scratch.take<int64_t>(T * K);
+    for (int64_t i = 0; i < T * K; ++i) source[i] = slots[i] / K;
     float* g = scratch.take<float>(T * K * F);
     float* u = scratch.take<float>(T * K * F);
     float* ys = scratch.take<float>(T * K * H);
@@ -103,8 +103,11 @@ void moe_forward(const MoeForwardArgs& a) {
         const int64_t n = first[e + 1] - first[e];
         if (n == 0) continue;
         const size_t ei = static_cast<size_t>(e);
-        jobs[n_jobs++] = {.w = &w.expert_gate[ei], .x = xs + first[e] * H, .y = g + first[e] * F, .n_tokens = n};
-        jobs[n_jobs++] = {.w = &w.expert_up[ei], .x = xs + first[e] * H, .y = u + first[e] * F, .n_tokens = n};
+        const int64_t* rows = source + first[e];
+        jobs[n_jobs++] = {
+            .w = &w.expert_gate[ei], .x = a.x, .y = g + first[e] * F, .n_tokens = n, .x_rows = rows, .x_count = T};
+        jobs[n_jobs++] = {
+            .w = &w.expert_up[ei], .x = a.x, .y = u + first[e] * F, .n_tokens = n, .x_rows = rows, .x_count = T};
     }
     if (FS > 0) {
         jobs[n_jobs++] = {.w = &*w.shared_gate_proj, .x = a.x, .y = shared_g, .n_tokens = T};

@@ -3,6 +3,7 @@
 // weight unpacking is shared by several tokens of a prompt. Packed weights (packed.h) go to the GEMMs instead.
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "backend/cpu/gemm_packed.h"
@@ -46,10 +47,21 @@ struct QuantizeTask {
     size_t stride;
 };
 
+// Quantized rows of a source copied out to a job's contiguous columns.
+struct GatherTask {
+    size_t src_offset;
+    int64_t src_rows;
+    size_t stride;
+    const int64_t* rows;
+    int64_t n;
+    size_t dst_offset;
+};
+
 // Per calling thread, reused from call to call.
 struct MatmulBuffers {
     std::vector<PreparedJob> jobs;
     std::vector<QuantizeTask> quantize;
+    std::vector<GatherTask> gather;
     std::vector<uint8_t> activations;
 };
 thread_local MatmulBuffers t_buffers;
@@ -163,6 +175,7 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
     MatmulBuffers& b = t_buffers;
     b.jobs.clear();
     b.quantize.clear();
+    b.gather.clear();
     const Isa isa = active_isa();
     const int n_threads = pool ? pool->size() : 1;
     size_t act_bytes = 0;
@@ -194,19 +207,35 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
             p.act_stride = static_cast<size_t>(in / kQK_K) * kQ8KSumsBlockBytes;
         }
         // Products that read the same activations (gate and up, q/k/v) share one quantized copy.
-        bool shared = false;
+        const int64_t source_rows = job.x_rows ? job.x_count : job.n_tokens;
+        STRATA_ASSERT(!job.x_rows || job.x_count > 0);
+        const QuantizeTask* source = nullptr;
         for (const QuantizeTask& q : b.quantize) {
-            if (q.x == job.x && q.act == act && q.layout == layout && q.in == in && q.n_tokens >= job.n_tokens) {
-                p.act_offset = q.offset;
-                shared = true;
+            if (q.x == job.x && q.act == act && q.layout == layout && q.in == in && q.n_tokens >= source_rows) {
+                source = &q;
                 break;
             }
         }
-        if (!shared) {
+        if (!source) {
             act_bytes = (act_bytes + 63) / 64 * 64;
-            p.act_offset = act_bytes;
-            b.quantize.push_back({act, layout, job.x, in, job.n_tokens, act_bytes, p.act_stride});
-            act_bytes += p.act_stride * static_cast<size_t>(job.n_tokens);
+            b.quantize.push_back({act, layout, job.x, in, source_rows, act_bytes, p.act_stride});
+            act_bytes += p.act_stride * static_cast<size_t>(source_rows);
+            source = &b.quantize.back();
+        }
+        if (!job.x_rows) {
+            p.act_offset = source->offset;
+        } else {
+            // Jobs gathering the same rows of the same source (an expert's gate and up) share one copy.
+            const GatherTask* copy = nullptr;
+            for (const GatherTask& g : b.gather)
+                if (g.src_offset == source->offset && g.rows == job.x_rows && g.n >= job.n_tokens) copy = &g;
+            if (!copy) {
+                act_bytes = (act_bytes + 63) / 64 * 64;
+                b.gather.push_back({source->offset, source_rows, p.act_stride, job.x_rows, job.n_tokens, act_bytes});
+                act_bytes += p.act_stride * static_cast<size_t>(job.n_tokens);
+                copy = &b.gather.back();
+            }
+            p.act_offset = copy->dst_offset;
         }
         p.rows_per_unit = rows_per_unit(w, job.n_tokens, n_threads, packed);
         p.first_unit = units;
@@ -242,6 +271,26 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
         pool->parallel_for(quantize_items, quantize_range);
     } else {
         quantize_range(0, quantize_items);
+    }
+
+    // Copy out the gathered rows: one item per (task, row).
+    int64_t gather_items = 0;
+    for (const GatherTask& g : b.gather) gather_items += g.n;
+    auto gather_range = [&](int64_t begin, int64_t end) {
+        int64_t base = 0;
+        for (const GatherTask& g : b.gather) {
+            for (int64_t i = std::max(begin - base, int64_t{0}); i < std::min(end - base, g.n); ++i) {
+                STRATA_ASSERT(g.rows[i] >= 0 && g.rows[i] < g.src_rows);
+                std::memcpy(activations + g.dst_offset + static_cast<size_t>(i) * g.stride,
+                            activations + g.src_offset + static_cast<size_t>(g.rows[i]) * g.stride, g.stride);
+            }
+            base += g.n;
+        }
+    };
+    if (parallel && gather_items >= 64) {
+        pool->parallel_for(gather_items, gather_range);
+    } else if (gather_items > 0) {
+        gather_range(0, gather_items);
     }
 
     auto unit_range = [&](int64_t begin, int64_t end) {

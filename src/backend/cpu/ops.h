@@ -48,12 +48,16 @@ struct MatmulArgs {
 void matmul(const MatmulArgs& args);
 
 // Independent products computed in one parallel pass (one wake-up of the pool for all): the experts of a MoE layer,
-// q/k/v projections. Jobs that read the same x quantize it once.
+// q/k/v projections. Jobs that read the same x quantize it once. A job may read its tokens from scattered rows of x
+// (x_rows: token t is row x_rows[t] of the x_count rows of x): the rows of x are quantized once for every job that
+// reads them, then each job's rows are copied out in their quantized form (MoE experts gathering their tokens).
 struct MatmulJob {
     const Tensor* w;
     const float* x;
     float* y;
     int64_t n_tokens = 1;
+    const int64_t* x_rows = nullptr;
+    int64_t x_count = 0;
 };
 void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool);
 

@@ -262,34 +262,44 @@ TEST(Ops, GatedDeltaRuleMatchesRecurrentFormula) {
     }
 }
 
+// Head sizes 64, 128 and 256 take the AVX-512 form where the CPU has it (four cells per step, then a tail): cell
+// counts around multiples of 4 and a strided, shuffled selection; 16 the scalar loop.
 TEST(Ops, AttendOverSelectedCells) {
     std::mt19937 rng(9);
-    const int64_t hd = 16, stride = 40, n_cells = 9;
-    const auto q = random_vec(rng, hd), kv = random_vec(rng, n_cells * stride * 2);
-    const float* keys = kv.data() + 3;
-    const float* values = kv.data() + n_cells * stride + 5;
-    const std::vector<int32_t> cells = {0, 2, 3, 7, 8};
-    std::vector<float> out(hd);
-    cpu::attend({.q = q.data(),
-                 .keys = keys,
-                 .values = values,
-                 .row_stride = stride,
-                 .head_dim = hd,
-                 .cells = cells,
-                 .scale = 0.25f,
-                 .out = out.data()});
-    std::vector<double> w;
-    double z = 0;
-    for (int32_t c : cells) {
-        double s = 0;
-        for (int64_t d = 0; d < hd; ++d) s += static_cast<double>(q[d]) * keys[c * stride + d];
-        w.push_back(std::exp(0.25 * s));
-        z += w.back();
+    for (const int64_t hd : {16, 64, 128, 256}) {
+        for (const int64_t n_sel : {1, 3, 4, 5, 9, 67}) {
+            SCOPED_TRACE("head_dim " + std::to_string(hd) + ", " + std::to_string(n_sel) + " cells");
+            const int64_t stride = hd + 24, n_cells = 2 * n_sel + 1;
+            const auto q = random_vec(rng, hd), kv = random_vec(rng, n_cells * stride * 2);
+            const float* keys = kv.data() + 3;
+            const float* values = kv.data() + n_cells * stride + 5;
+            std::vector<int32_t> cells;
+            for (int64_t c = 0; c < n_sel; ++c) cells.push_back(static_cast<int32_t>((7 * c + 2) % n_cells));
+            std::vector<float> out(hd);
+            const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+            cpu::attend({.q = q.data(),
+                         .keys = keys,
+                         .values = values,
+                         .row_stride = stride,
+                         .head_dim = hd,
+                         .cells = cells,
+                         .scale = scale,
+                         .out = out.data()});
+            std::vector<double> w;
+            double z = 0;
+            for (int32_t c : cells) {
+                double s = 0;
+                for (int64_t d = 0; d < hd; ++d) s += static_cast<double>(q[d]) * keys[c * stride + d];
+                w.push_back(std::exp(scale * s));
+                z += w.back();
+            }
+            std::vector<double> ref(hd, 0.0);
+            for (size_t i = 0; i < cells.size(); ++i)
+                for (int64_t d = 0; d < hd; ++d) ref[d] += w[i] / z * values[cells[i] * stride + d];
+            // float sums of up to 256 products and 67 weighted rows against double: a few ulp each.
+            EXPECT_LT(rel_err(out, ref), 1e-6);
+        }
     }
-    std::vector<double> ref(hd, 0.0);
-    for (size_t i = 0; i < cells.size(); ++i)
-        for (int64_t d = 0; d < hd; ++d) ref[d] += w[i] / z * values[cells[i] * stride + d];
-    EXPECT_LT(rel_err(out, ref), 1e-6);
 }
 
 TEST(Ops, PleRowsFollowShiftRightIgnoreEos) {

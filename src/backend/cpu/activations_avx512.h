@@ -1,12 +1,16 @@
-// Private to the CPU backend: AVX-512 versions of the array activations in ops.h (activations_avx512.cpp), called
-// only when active_isa() is AVX-512.
+// Private to the CPU backend: AVX-512 versions of the array activations in ops.h (activations_avx512.cpp) and of
+// attend (attend_avx512.cpp), called only when active_isa() is AVX-512.
 #pragma once
 
 #include <cstdint>
+
+#include "backend/cpu/ops.h"
 
 namespace strata::cpu {
 
 void sigmoid_avx512(float* x, int64_t n);
 void silu_mul_avx512(float* g, const float* u, int64_t n);
+// false (nothing done) for a head size it has no register form for: 64, 128 and 256 have one.
+bool attend_avx512(const AttendArgs& args);
 
 }  // namespace strata::cpu

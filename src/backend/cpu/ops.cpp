@@ -179,6 +179,7 @@ void gated_delta_step(const DeltaStepArgs& a) {
 }
 
 void attend(const AttendArgs& a) {
+    if (active_isa() == Isa::Avx512 && attend_avx512(a)) return;
     const int64_t n = static_cast<int64_t>(a.cells.size());
     thread_local std::vector<float> scores;  // grows with the context; no allocation per token after that
     scores.resize(static_cast<size_t>(n));

@@ -284,16 +284,25 @@ inline void decode_groups(const BlockIQ2_XS& b, DecodedGroups& u, const BiasedGr
 // times the group scales and d_a.
 // Column c's accumulator over super-block i: the 16 group dot products (4 vpdpbusd, started at -64 x the group sums)
 // times the group scales and d_a. Fully unrolled, so the accumulators stay in registers.
+// Where block i's f32 scale sits, counted from the block (the scales follow a row's blocks: gemm_packed.h).
+inline size_t to_scale(int64_t n, int64_t i) {
+    return static_cast<size_t>(n / kQK_K - i) * kQ8KGroupsBlockBytes + 4 * static_cast<size_t>(i);
+}
+
+// Column c's accumulator over super-block i: the 16 group dot products (4 vpdpbusd, started at -64 x the group sums)
+// times the group scales and d_a. Fully unrolled, so the accumulators stay in registers.
 template <int C>
-inline void add_groups(const DecodedGroups& u, const uint8_t* act, size_t a_stride, int64_t i, __m512 (&acc)[C]) {
+inline void add_groups(const DecodedGroups& u, const uint8_t* act, size_t a_stride, int64_t n, int64_t i,
+                       __m512 (&acc)[C]) {
     const uint8_t* block = act + static_cast<size_t>(i) * kQ8KGroupsBlockBytes;
+    const size_t scale_at = to_scale(n, i);
 #pragma GCC unroll 16
     for (int c = 0; c < C; ++c) {
-        __m512i sum = _mm512_loadu_si512(block + 256);  // -B times each group's activation sum
+        __m512i sum = _mm512_load_si512(block + 256);  // -B times each group's activation sum
 #pragma GCC unroll 4
-        for (int k = 0; k < 4; ++k) sum = _mm512_dpbusd_epi32(sum, u.t[k], _mm512_loadu_si512(block + 64 * k));
+        for (int k = 0; k < 4; ++k) sum = _mm512_dpbusd_epi32(sum, u.t[k], _mm512_load_si512(block + 64 * k));
         float da;
-        std::memcpy(&da, block + 320, 4);
+        std::memcpy(&da, block + scale_at, 4);
         acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(u.group_scale, _mm512_set1_ps(da)), acc[c]);
         block += a_stride;
     }
@@ -322,7 +331,7 @@ void iq2_xs_groups_c(int64_t n, const void* w, const void* a, size_t a_stride, f
         _mm_prefetch(reinterpret_cast<const char*>(x + i) + kPrefetchBytes, _MM_HINT_T0);
         DecodedGroups u;
         decode_groups(x[i], u, tables);
-        add_groups<C>(u, static_cast<const uint8_t*>(a), a_stride, i, acc);
+        add_groups<C>(u, static_cast<const uint8_t*>(a), a_stride, n, i, acc);
     }
     store_sums<C>(acc, out);
 }
@@ -333,7 +342,7 @@ void iq2_xs_decoded_c(int64_t n, const void* decoded, const void* a, size_t a_st
     __m512 acc[C];
 #pragma GCC unroll 16
     for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n / kQK_K; ++i) add_groups<C>(u[i], static_cast<const uint8_t*>(a), a_stride, i, acc);
+    for (int64_t i = 0; i < n / kQK_K; ++i) add_groups<C>(u[i], static_cast<const uint8_t*>(a), a_stride, n, i, acc);
     store_sums<C>(acc, out);
 }
 
@@ -349,17 +358,18 @@ void iq2_xs_decoded_pair_c(int64_t n, const DecodedGroups* u0, const DecodedGrou
     for (int c = 0; c < C; ++c) acc0[c] = acc1[c] = _mm512_setzero_ps();
     for (int64_t i = 0; i < n / kQK_K; ++i) {
         const uint8_t* block = a + static_cast<size_t>(i) * kQ8KGroupsBlockBytes;
+        const size_t scale_at = to_scale(n, i);
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) {
-            __m512i sum0 = _mm512_loadu_si512(block + 256), sum1 = sum0;
+            __m512i sum0 = _mm512_load_si512(block + 256), sum1 = sum0;
 #pragma GCC unroll 4
             for (int k = 0; k < 4; ++k) {
-                const __m512i act = _mm512_loadu_si512(block + 64 * k);
+                const __m512i act = _mm512_load_si512(block + 64 * k);
                 sum0 = _mm512_dpbusd_epi32(sum0, u0[i].t[k], act);
                 sum1 = _mm512_dpbusd_epi32(sum1, u1[i].t[k], act);
             }
             float da;
-            std::memcpy(&da, block + 320, 4);
+            std::memcpy(&da, block + scale_at, 4);
             const __m512 d = _mm512_set1_ps(da);
             acc0[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum0), _mm512_mul_ps(u0[i].group_scale, d), acc0[c]);
             acc1[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum1), _mm512_mul_ps(u1[i].group_scale, d), acc1[c]);

@@ -44,12 +44,18 @@ void quantize_q8_k_sums(const float* x, uint8_t* dst, int64_t n);
 void quantize_q8_k_avx512(const float* x, void* dst, int64_t n);
 
 // IQ2_XS with AVX-512 (dot_iq2_avx512.cpp): a row kernel (a DotFn, up to kMaxDotCols tokens) over activations laid
-// out by group of 16. Per 256 activations: at 64k + 4g the Q8_K quants 16g + 4k .. + 3 (k < 4, g < 16), at 256 + 4g
-// the int32 -64 x group g's quant sum (the weights are decoded biased by 64), at 320 the f32 scale. Numerics per
-// output: 16 lane accumulators, lane g over the super-blocks in order:
+// out by group of 16. Per 256 activations (a block of kQ8KGroupsBlockBytes): at 64k + 4g the Q8_K quants
+// 16g + 4k .. + 3 (k < 4, g < 16), at 256 + 4g the int32 -64 x group g's quant sum (the weights are decoded biased
+// by 64). The blocks' f32 scales follow all the blocks of a row, so that every block starts a cache line (a row is
+// q8_k_groups_row_bytes, a multiple of 64). Numerics per output: 16 lane accumulators, lane g over the super-blocks
+// in order:
 //   lane_g = fma(float(s_g), (float(2 ls_g + 1) * d_w) * d_a, lane_g), s_g the exact dot of group g,
 // then 0.125 x the lanes summed as g + (g + 8), + 4, + 2, + 1.
-constexpr size_t kQ8KGroupsBlockBytes = 256 + 64 + 4;
+constexpr size_t kQ8KGroupsBlockBytes = 256 + 64;
+constexpr size_t q8_k_groups_row_bytes(int64_t n) {
+    const auto blocks = static_cast<size_t>(n / 256);
+    return blocks * kQ8KGroupsBlockBytes + (blocks * 4 + 63) / 64 * 64;
+}
 void quantize_q8_k_groups(const float* x, uint8_t* dst, int64_t n);
 void dot_iq2_xs_groups(int64_t n, const void* w, const void* a, size_t a_stride, float* out, int n_cols);
 // The same kernel split in two, for prompts: a row's super-blocks decoded once into a scratch (n / 256 blocks of

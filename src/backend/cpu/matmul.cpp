@@ -194,7 +194,7 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
             layout = ActLayout::Q8_KGroups;
             p.kernel = dot_iq2_xs_groups;
             p.cols = kMaxDotCols;
-            p.act_stride = static_cast<size_t>(in / kQK_K) * kQ8KGroupsBlockBytes;
+            p.act_stride = q8_k_groups_row_bytes(in);
             p.decode_once = job.n_tokens > kMaxDotCols;
         } else if (!packed) {
             p.act_stride = row_bytes(act, in);
@@ -244,8 +244,10 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
         b.jobs.push_back(p);
     }
     if (b.jobs.empty()) return;
-    if (b.activations.size() < act_bytes) b.activations.resize(act_bytes);
-    uint8_t* activations = b.activations.data();
+    // 64-byte aligned: the by-group layout's blocks start cache lines.
+    if (b.activations.size() < act_bytes + 64) b.activations.resize(act_bytes + 64);
+    uint8_t* activations =
+        b.activations.data() + (64 - reinterpret_cast<uintptr_t>(b.activations.data()) % 64) % 64;
     const bool parallel = pool && pool->size() > 1 && work >= 65536.0;
 
     // Quantize the activations: one item per (task, token).

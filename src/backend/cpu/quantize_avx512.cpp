@@ -101,6 +101,7 @@ void quantize_q8_k_sums(const float* x, uint8_t* dst, int64_t n) {
 
 void quantize_q8_k_groups(const float* x, uint8_t* dst, int64_t n) {
     Q8KBlock b;
+    uint8_t* scales = dst + static_cast<size_t>(n / kQK_K) * kQ8KGroupsBlockBytes;
     for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K, dst += kQ8KGroupsBlockBytes) {
         quantize_q8_k_block(x, b);
         for (int g = 0; g < 16; ++g) {
@@ -111,7 +112,7 @@ void quantize_q8_k_groups(const float* x, uint8_t* dst, int64_t n) {
             const int32_t start = -64 * b.sums[g];
             std::memcpy(dst + 256 + 4 * g, &start, 4);
         }
-        std::memcpy(dst + 320, &b.d, 4);
+        std::memcpy(scales + 4 * i, &b.d, 4);
     }
 }
 

@@ -225,40 +225,44 @@ TEST(Ops, DilatedCausalConvStepMatchesFullConv) {
     }
 }
 
+// Value heads of 64 and 128 take the AVX-512 form where the CPU has it; 6 the generic loop.
 TEST(Ops, GatedDeltaRuleMatchesRecurrentFormula) {
     // torch_recurrent_gated_delta_rule: S *= exp(g); kv = S^T k; delta = (v - kv) * beta; S += k delta^T; o = S^T q.
     std::mt19937 rng(8);
-    const int64_t dk = 8, dv = 6, T = 12;
-    std::vector<float> state(dk * dv, 0.0f);
-    std::vector<double> ref_state(dk * dv, 0.0);
-    std::uniform_real_distribution<float> ug(-2.0f, 0.0f), ub(0.0f, 1.0f);
-    for (int64_t t = 0; t < T; ++t) {
-        auto q = random_vec(rng, dk), k = random_vec(rng, dk), v = random_vec(rng, dv);
-        cpu::l2_norm(q.data(), dk, 1e-6f, q.data());
-        cpu::l2_norm(k.data(), dk, 1e-6f, k.data());
-        const float g = ug(rng), beta = ub(rng);
-        std::vector<float> out(dv);
-        cpu::gated_delta_step({.state = state.data(),
-                               .q = q.data(),
-                               .k = k.data(),
-                               .v = v.data(),
-                               .g = g,
-                               .beta = beta,
-                               .dk = dk,
-                               .dv = dv,
-                               .out = out.data()});
-        for (double& s : ref_state) s *= std::exp(static_cast<double>(g));
-        std::vector<double> delta(dv, 0.0), ref_out(dv, 0.0);
-        for (int64_t j = 0; j < dv; ++j) {
-            double kv = 0;
-            for (int64_t i = 0; i < dk; ++i) kv += ref_state[i * dv + j] * k[i];
-            delta[j] = (v[j] - kv) * beta;
+    for (const auto& [dk, dv] : {std::pair<int64_t, int64_t>{8, 6}, {64, 64}, {128, 128}, {16, 128}}) {
+        SCOPED_TRACE("dk " + std::to_string(dk) + ", dv " + std::to_string(dv));
+        const int64_t T = 12;
+        std::vector<float> state(dk * dv, 0.0f);
+        std::vector<double> ref_state(dk * dv, 0.0);
+        std::uniform_real_distribution<float> ug(-2.0f, 0.0f), ub(0.0f, 1.0f);
+        for (int64_t t = 0; t < T; ++t) {
+            auto q = random_vec(rng, dk), k = random_vec(rng, dk), v = random_vec(rng, dv);
+            cpu::l2_norm(q.data(), dk, 1e-6f, q.data());
+            cpu::l2_norm(k.data(), dk, 1e-6f, k.data());
+            const float g = ug(rng), beta = ub(rng);
+            std::vector<float> out(dv);
+            cpu::gated_delta_step({.state = state.data(),
+                                   .q = q.data(),
+                                   .k = k.data(),
+                                   .v = v.data(),
+                                   .g = g,
+                                   .beta = beta,
+                                   .dk = dk,
+                                   .dv = dv,
+                                   .out = out.data()});
+            for (double& s : ref_state) s *= std::exp(static_cast<double>(g));
+            std::vector<double> delta(dv, 0.0), ref_out(dv, 0.0);
+            for (int64_t j = 0; j < dv; ++j) {
+                double kv = 0;
+                for (int64_t i = 0; i < dk; ++i) kv += ref_state[i * dv + j] * k[i];
+                delta[j] = (v[j] - kv) * beta;
+            }
+            for (int64_t i = 0; i < dk; ++i)
+                for (int64_t j = 0; j < dv; ++j) ref_state[i * dv + j] += k[i] * delta[j];
+            for (int64_t j = 0; j < dv; ++j)
+                for (int64_t i = 0; i < dk; ++i) ref_out[j] += ref_state[i * dv + j] * q[i];
+            EXPECT_LT(rel_err(out, ref_out), 1e-5) << "token " << t;
         }
-        for (int64_t i = 0; i < dk; ++i)
-            for (int64_t j = 0; j < dv; ++j) ref_state[i * dv + j] += k[i] * delta[j];
-        for (int64_t j = 0; j < dv; ++j)
-            for (int64_t i = 0; i < dk; ++i) ref_out[j] += ref_state[i * dv + j] * q[i];
-        EXPECT_LT(rel_err(out, ref_out), 1e-5) << "token " << t;
     }
 }
 

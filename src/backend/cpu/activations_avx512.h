@@ -1,5 +1,5 @@
-// Private to the CPU backend: AVX-512 versions of the array activations in ops.h (activations_avx512.cpp) and of
-// attend (attend_avx512.cpp), called only when active_isa() is AVX-512.
+// Private to the CPU backend: AVX-512 versions of the array activations in ops.h (activations_avx512.cpp), of attend
+// (attend_avx512.cpp) and of gated_delta_step (delta_step_avx512.cpp), called only when active_isa() is AVX-512.
 #pragma once
 
 #include <cstdint>
@@ -12,5 +12,7 @@ void sigmoid_avx512(float* x, int64_t n);
 void silu_mul_avx512(float* g, const float* u, int64_t n);
 // false (nothing done) for a head size it has no register form for: 64, 128 and 256 have one.
 bool attend_avx512(const AttendArgs& args);
+// false (nothing done) unless the value head is 64 or 128 wide.
+bool gated_delta_step_avx512(const DeltaStepArgs& args);
 
 }  // namespace strata::cpu

@@ -60,10 +60,17 @@ bool attend_avx512(const AttendArgs& a) {
     thread_local std::vector<float> scores;  // grows with the context; no allocation per token after that
     scores.resize(a.cells.size());
     switch (a.head_dim) {
-        case 64: attend_n<4>(a, scores.data()); return true;
-        case 128: attend_n<8>(a, scores.data()); return true;
-        case 256: attend_n<16>(a, scores.data()); return true;
-        default: return false;
+        case 64:
+            attend_n<4>(a, scores.data());
+            return true;
+        case 128:
+            attend_n<8>(a, scores.data());
+            return true;
+        case 256:
+            attend_n<16>(a, scores.data());
+            return true;
+        default:
+            return false;
     }
 }
 

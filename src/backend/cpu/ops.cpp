@@ -160,6 +160,7 @@ void silu_mul(float* g, const float* u, int64_t n) {
 // results still never depend on batching or threads.
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void gated_delta_step(const DeltaStepArgs& a) {
+    if (active_isa() == Isa::Avx512 && gated_delta_step_avx512(a)) return;
     const float decay = std::exp(a.g);
     thread_local std::vector<float> delta_buffer;  // grows once; no allocation per token
     delta_buffer.assign(static_cast<size_t>(a.dv), 0.0f);

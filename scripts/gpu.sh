@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine (issue 7), run from the repository root with build-deps/ carried along (made on
 # the dev machine by scripts/gpu_deps.sh): configures the CUDA build, builds the CUDA op tests (test_cuda_ops: matrix
-# products; test_cuda_recurrent: the GDN/attention recurrent and elementwise ops), runs both with the perf mode, and
+# products; test_cuda_recurrent: the GDN/attention recurrent and elementwise ops; test_cuda_attention: the paged KV
+# cache and QSA decode attention), runs them with the perf mode, and
 # copies the logs to $OUT when it is set.
 #   STRATA_CUDA_ARCH      CMAKE_CUDA_ARCHITECTURES (default 90: the H200; `native` works too)
 #   STRATA_CUDA_BUILD     build folder (default build-cuda)
@@ -35,12 +36,12 @@ nvcc_path=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
         -DCMAKE_CUDA_COMPILER="$nvcc_path" -DGTest_DIR="$gtest_dir" \
         -DCMAKE_CUDA_FLAGS="${STRATA_CUDA_FLAGS:-}"
     echo "== build"
-    time ninja -C "$build" -j"$(nproc)" test_cuda_ops test_cuda_recurrent
+    time ninja -C "$build" -j"$(nproc)" test_cuda_ops test_cuda_recurrent test_cuda_attention
 } 2>&1 | tee "$logs/build.log"
 
-# Both programs run even when the first fails; the script's status is the first failure's.
+# Every program runs even when an earlier one fails; the script's status is the first failure's.
 status=0
-for program in test_cuda_recurrent test_cuda_ops; do
+for program in test_cuda_attention test_cuda_recurrent test_cuda_ops; do
     echo "== $program$([[ ${STRATA_CUDA_PERF:-1} == 1 ]] && echo ' (tests and perf)')"
     STRATA_CUDA_PERF=${STRATA_CUDA_PERF:-1} "$build/$program" --gtest_filter="${STRATA_CUDA_TEST_FILTER:-*}" 2>&1 |
         tee "$logs/$program.log" || { rc=$?; [[ $status != 0 ]] || status=$rc; }
@@ -52,5 +53,7 @@ if [[ ${STRATA_CUDA_SANITIZE:-0} == 1 ]]; then
         2>&1 | tee "$logs/memcheck.log"
     compute-sanitizer --tool memcheck --error-exitcode 1 "$build/test_cuda_recurrent" --gtest_filter='-CudaPerf*' \
         2>&1 | tee "$logs/memcheck_recurrent.log"
+    compute-sanitizer --tool memcheck --error-exitcode 1 "$build/test_cuda_attention" --gtest_filter='-CudaPerf*' \
+        2>&1 | tee "$logs/memcheck_attention.log"
 fi
 exit $status

@@ -244,8 +244,9 @@ inline float sum_lanes(__m512 v) {
 }
 
 // Column c's 16 lanes summed as sum_lanes does, for 16 columns at once: each step adds the halves of two registers'
-// pieces, so the additions per column (and so the bits) are sum_lanes', at 15 additions instead of 60.
-inline void sum_lanes_16(const __m512 (&acc)[16], float* out, int n_cols) {
+// pieces, so the additions per column (and so the bits) are sum_lanes', at 15 additions instead of 60. Lane c of the
+// result is 0.125 x column c's sum (IQ2_XS's 1/8).
+inline __m512 lane_sums_16(const __m512 (&acc)[16]) {
     __m512 h[8], q[4], r[2];
     for (int p = 0; p < 8; ++p) {  // g + (g + 8): columns 2p, 2p + 1 in the low and high 256 bits
         const __m512 lo = _mm512_insertf32x8(acc[2 * p], _mm512_castps512_ps256(acc[2 * p + 1]), 1);
@@ -261,8 +262,11 @@ inline void sum_lanes_16(const __m512 (&acc)[16], float* out, int n_cols) {
     const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(r[0], r[1], _MM_SHUFFLE(2, 0, 2, 0)),
                                       _mm512_shuffle_ps(r[0], r[1], _MM_SHUFFLE(3, 1, 3, 1)));
     const __m512i by_column = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    const __m512 ordered = _mm512_mul_ps(_mm512_permutexvar_ps(by_column, sums), _mm512_set1_ps(0.125f));
-    _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << n_cols) - 1), ordered);
+    return _mm512_mul_ps(_mm512_permutexvar_ps(by_column, sums), _mm512_set1_ps(0.125f));
+}
+
+inline void sum_lanes_16(const __m512 (&acc)[16], float* out, int n_cols) {
+    _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << n_cols) - 1), lane_sums_16(acc));
 }
 
 // One decoded IQ2_XS super-block as the by-group kernels read it: the 4 registers of by_group, then the 16 group
@@ -351,7 +355,7 @@ void iq2_xs_decoded_c(int64_t n, const void* decoded, const void* a, size_t a_st
 // Each (row, column) does exactly the single-row kernel's operations.
 template <int C>
 void iq2_xs_decoded_pair_c(int64_t n, const DecodedGroups* u0, const DecodedGroups* u1, const uint8_t* a,
-                           size_t a_stride, float* out0, float* out1) {
+                           size_t a_stride, float* y, size_t y_stride) {
     static_assert(C <= 8);
     __m512 acc0[C], acc1[C];
 #pragma GCC unroll 8
@@ -381,21 +385,23 @@ void iq2_xs_decoded_pair_c(int64_t n, const DecodedGroups* u0, const DecodedGrou
         all[c] = c < C ? acc0[c] : _mm512_setzero_ps();
         all[8 + c] = c < C ? acc1[c] : _mm512_setzero_ps();
     }
-    float sums[16];
-    sum_lanes_16(all, sums, 16);
-    for (int c = 0; c < C; ++c) {
-        out0[c] = sums[c];
-        out1[c] = sums[8 + c];
+    // Row 0's and row 1's result for a column side by side: one 8-byte store per column.
+    const __m512i pairs = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    const __m512 both = _mm512_permutexvar_ps(pairs, lane_sums_16(all));
+    for (int c = 0; c < C; c += 2) {
+        const __m128 piece = _mm512_extractf32x4_ps(both, c / 2);  // lanes of columns c and c + 1
+        _mm_storel_pi(reinterpret_cast<__m64*>(y + static_cast<size_t>(c) * y_stride), piece);
+        if (c + 1 < C) _mm_storeh_pi(reinterpret_cast<__m64*>(y + static_cast<size_t>(c + 1) * y_stride), piece);
     }
 }
 
 template <int C>
 void iq2_xs_decoded_pair_up_to(int64_t n, const DecodedGroups* u0, const DecodedGroups* u1, const uint8_t* a,
-                               size_t a_stride, float* out0, float* out1, int n_cols) {
+                               size_t a_stride, float* y, size_t y_stride, int n_cols) {
     if constexpr (C > 1) {
-        if (n_cols < C) return iq2_xs_decoded_pair_up_to<C - 1>(n, u0, u1, a, a_stride, out0, out1, n_cols);
+        if (n_cols < C) return iq2_xs_decoded_pair_up_to<C - 1>(n, u0, u1, a, a_stride, y, y_stride, n_cols);
     }
-    iq2_xs_decoded_pair_c<C>(n, u0, u1, a, a_stride, out0, out1);
+    iq2_xs_decoded_pair_c<C>(n, u0, u1, a, a_stride, y, y_stride);
 }
 
 template <int C>
@@ -440,7 +446,7 @@ void dot_iq2_xs_decoded(int64_t n, const void* decoded, const void* a, size_t a_
 void dot_iq2_xs_decoded_pair(const DecodedPair& p) {
     iq2_xs_decoded_pair_up_to<kIq2XsPairCols>(p.n, static_cast<const DecodedGroups*>(p.row0),
                                               static_cast<const DecodedGroups*>(p.row1),
-                                              static_cast<const uint8_t*>(p.act), p.act_stride, p.out0, p.out1,
+                                              static_cast<const uint8_t*>(p.act), p.act_stride, p.y, p.y_stride,
                                               p.n_cols);
 }
 

@@ -64,7 +64,7 @@ constexpr size_t kIq2XsDecodedBlockBytes = 5 * 64;
 void decode_iq2_xs_groups(int64_t n, const void* w, void* decoded);
 void dot_iq2_xs_decoded(int64_t n, const void* decoded, const void* a, size_t a_stride, float* out, int n_cols);
 // Two decoded rows against up to kIq2XsPairCols columns in one pass (each activation load serves both rows):
-// out0[c], out1[c] are what dot_iq2_xs_decoded gives for each row, bit for bit.
+// y[c * y_stride] and y[c * y_stride + 1] are what dot_iq2_xs_decoded gives for the two rows, bit for bit.
 constexpr int kIq2XsPairCols = 8;
 struct DecodedPair {
     int64_t n;
@@ -72,8 +72,8 @@ struct DecodedPair {
     const void* row1;
     const void* act;
     size_t act_stride;
-    float* out0;
-    float* out1;
+    float* y;
+    size_t y_stride;
     int n_cols;
 };
 void dot_iq2_xs_decoded_pair(const DecodedPair& p);

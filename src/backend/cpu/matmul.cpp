@@ -146,10 +146,7 @@ void run_decoded_unit(const PreparedJob& j, const uint8_t* activations, int64_t 
     for (int64_t r = row_begin; r < row_end; ++r)
         decode_iq2_xs_groups(in, w.row(r), decoded + row_bytes * static_cast<size_t>(r - row_begin));
     const uint8_t* act = activations + j.act_offset;
-    float tile[2][kIq2XsPairCols];
-    auto store = [&](int64_t t, int64_t r, const float* values, int cols) {
-        for (int c = 0; c < cols; ++c) j.y[(t + c) * out + r] = values[c];
-    };
+    float tile[kIq2XsPairCols];
     for (int64_t t = 0; t < j.n_tokens; t += kIq2XsPairCols) {
         const int cols = static_cast<int>(std::min<int64_t>(kIq2XsPairCols, j.n_tokens - t));
         const uint8_t* a = act + static_cast<size_t>(t) * j.act_stride;
@@ -157,14 +154,13 @@ void run_decoded_unit(const PreparedJob& j, const uint8_t* activations, int64_t 
         for (; r + 1 < row_end; r += 2) {
             const uint8_t* row0 = decoded + row_bytes * static_cast<size_t>(r - row_begin);
             dot_iq2_xs_decoded_pair({.n = in, .row0 = row0, .row1 = row0 + row_bytes, .act = a,
-                                     .act_stride = j.act_stride, .out0 = tile[0], .out1 = tile[1], .n_cols = cols});
-            store(t, r, tile[0], cols);
-            store(t, r + 1, tile[1], cols);
+                                     .act_stride = j.act_stride, .y = j.y + t * out + r,
+                                     .y_stride = static_cast<size_t>(out), .n_cols = cols});
         }
         if (r < row_end) {
-            dot_iq2_xs_decoded(in, decoded + row_bytes * static_cast<size_t>(r - row_begin), a, j.act_stride,
-                               tile[0], cols);
-            store(t, r, tile[0], cols);
+            dot_iq2_xs_decoded(in, decoded + row_bytes * static_cast<size_t>(r - row_begin), a, j.act_stride, tile,
+                               cols);
+            for (int c = 0; c < cols; ++c) j.y[(t + c) * out + r] = tile[c];
         }
     }
 }

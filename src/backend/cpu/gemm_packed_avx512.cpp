@@ -48,14 +48,22 @@ void gemm_cols(const PackedGemm& g) {
         const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(block)));
         const __m512i sums = _mm512_cvtepi16_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(block + 32)));
         const __m512i start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sums, 7));
-        __m512i isum[C];
-        for (int c = 0; c < C; ++c) isum[c] = start;
-#pragma GCC unroll 8
-        for (int k = 0; k < 8; ++k) {
-            const __m512i w = _mm512_load_si512(block + 64 + 64 * k);
-            for (int c = 0; c < C; ++c)
-                isum[c] = _mm512_dpbusd_epi32(isum[c], _mm512_set1_epi32(load4(act[c] + a_off + 4 * k)), w);
+        // Two integer chains per token (even and odd k) halve the vpdpbusd latency chain; the sum is exact either way.
+        __m512i isum[C], odd[C];
+        for (int c = 0; c < C; ++c) {
+            isum[c] = start;
+            odd[c] = _mm512_setzero_si512();
         }
+#pragma GCC unroll 4
+        for (int k = 0; k < 8; k += 2) {
+            const __m512i w0 = _mm512_load_si512(block + 64 + 64 * k);
+            const __m512i w1 = _mm512_load_si512(block + 128 + 64 * k);
+            for (int c = 0; c < C; ++c) {
+                isum[c] = _mm512_dpbusd_epi32(isum[c], _mm512_set1_epi32(load4(act[c] + a_off + 4 * k)), w0);
+                odd[c] = _mm512_dpbusd_epi32(odd[c], _mm512_set1_epi32(load4(act[c] + a_off + 4 * k + 4)), w1);
+            }
+        }
+        for (int c = 0; c < C; ++c) isum[c] = _mm512_add_epi32(isum[c], odd[c]);
         for (int c = 0; c < C; ++c) {
             const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(load_float(act[c] + a_off + 32)));
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), scale, acc[c]);

@@ -558,9 +558,9 @@ TEST(CudaAttention, GraphReplayMatchesCpu) {
         const int32_t pos = c.n_cells;
         const std::vector<float> k = gaussian(static_cast<size_t>(c.width), rng, 2.0f);
         const std::vector<float> v = gaussian(static_cast<size_t>(c.width), rng);
-        CHECK_CUDA(cudaMemcpy(kd.data(), k.data(), k.size() * 4, cudaMemcpyHostToDevice));
-        CHECK_CUDA(cudaMemcpy(vd.data(), v.data(), v.size() * 4, cudaMemcpyHostToDevice));
-        CHECK_CUDA(cudaMemcpy(pos_dev.data(), &pos, 4, cudaMemcpyHostToDevice));
+        CHECK_CUDA(cudaMemcpyAsync(kd.data(), k.data(), k.size() * 4, cudaMemcpyHostToDevice, stream));
+        CHECK_CUDA(cudaMemcpyAsync(vd.data(), v.data(), v.size() * 4, cudaMemcpyHostToDevice, stream));
+        CHECK_CUDA(cudaMemcpyAsync(pos_dev.data(), &pos, 4, cudaMemcpyHostToDevice, stream));
         CHECK_CUDA(cudaGraphLaunch(exec, stream));
         CHECK_CUDA(cudaStreamSynchronize(stream));
         // The host mirror takes the same token.

@@ -189,7 +189,13 @@ DeviceBuffer Context::allocate(size_t bytes, const std::string& label) {
 
 DeviceBuffer Context::upload(const void* host, size_t bytes, const std::string& label) {
     DeviceBuffer b = allocate(bytes, label);
-    if (bytes) STRATA_CUDA_CHECK(cudaMemcpy(b.data(), host, bytes, cudaMemcpyHostToDevice));
+    // On the context's stream, then waited for: a plain cudaMemcpy from pageable memory may return before its DMA
+    // has landed, and it is not ordered with this non-blocking stream, so a kernel queued next could read stale bytes
+    // (seen on the H200: a greedy test read the previous row's logits at a reused address).
+    if (bytes) {
+        STRATA_CUDA_CHECK(cudaMemcpyAsync(b.data(), host, bytes, cudaMemcpyHostToDevice, stream_->handle()));
+        stream_->synchronize();
+    }
     return b;
 }
 

@@ -24,6 +24,20 @@ struct QuantizedActivations {
     const float* s16;
 };
 
+// Expert gather (MoE): one launch runs n_pairs single-token products, pair p with the weights of expert ids[p]
+// (w + ids[p] * expert_bytes), the activation row p / pairs_per_act_row, writing y + p * rows. The ids are read on the
+// device, so the launch can sit in a captured graph after the kernel that chose them.
+struct ExpertGather {
+    const int32_t* ids = nullptr;  // device, n_pairs entries (null: no gather)
+    size_t expert_bytes = 0;
+    int64_t n_pairs = 0;
+    int64_t pairs_per_act_row = 1;
+    // Two stacked tensors in one launch (separate gate and up): pairs from second_from on are pair - second_from of
+    // the second tensor, which starts second_offset bytes after w (0: one tensor).
+    int64_t second_from = 0;
+    int64_t second_offset = 0;
+};
+
 // One matrix-vector launch: rows [0, rows) of W (row_bytes apart) against n_tokens (1..8) activation rows.
 struct MatvecLaunch {
     DType type;
@@ -36,6 +50,7 @@ struct MatvecLaunch {
     const float* x;            // float types: the f32 activations
     float* y;                  // y[t * rows + r]
     cudaStream_t stream;
+    ExpertGather gather = {};  // with gather.ids set, n_tokens must be 1
 };
 // Each family's launcher returns false for a type it does not own.
 bool launch_matvec_float(const MatvecLaunch& l);  // F32, F16, BF16
@@ -57,5 +72,39 @@ bool launch_dequantize_float(const DequantizeLaunch& l);
 bool launch_dequantize_basic(const DequantizeLaunch& l);
 bool launch_dequantize_kquant(const DequantizeLaunch& l);
 bool launch_dequantize_iq(const DequantizeLaunch& l);
+
+// Any family (false: a type no family owns).
+bool launch_matvec_any(const MatvecLaunch& l);
+bool launch_dequantize_any(const DequantizeLaunch& l);
+
+// The activations of a product with weights of type w_type, quantized on the device as matmul does (the CPU's rules);
+// n_rows rows of `in` floats. Device bytes of each array for that many values (0 for float weights, which read f32):
+struct QuantizedActivationBytes {
+    size_t q = 0, d = 0, s16 = 0;
+    size_t total() const { return q + d + s16; }
+};
+QuantizedActivationBytes quantized_activation_bytes(DType w_type, int64_t n_values);
+// Whether products with weights of types a and b read the same activations (both f32, Q8_0 or Q8_K).
+bool same_activation_format(DType a, DType b);
+// Whether w_type's products read quantized activations (false: f32 x).
+bool reads_quantized_activations(DType w_type);
+// Carves the three arrays out of `base` (quantized_activation_bytes apart).
+QuantizedActivations quantized_activations_at(void* base, DType w_type, int64_t n_values);
+void quantize_activations(DType w_type, const float* x, int64_t in, int64_t n_rows, const QuantizedActivations& out,
+                          cudaStream_t stream);
+// The same for the rows hidden[t] = silu(gate[t]) * up[t] (cpu::silu_mul), computed on the way: one launch instead of
+// two. hidden (may be null for quant types) also gets the f32 values.
+struct SwiGluQuantize {
+    DType w_type;
+    const float* gate;
+    const float* up;
+    int64_t stride;  // floats between rows of gate (and of up)
+    int64_t in;
+    int64_t n_rows;
+    float* hidden;
+    QuantizedActivations out;
+    cudaStream_t stream;
+};
+void quantize_swiglu(const SwiGluQuantize& args);
 
 }  // namespace strata::cuda

@@ -66,9 +66,28 @@ __device__ __forceinline__ int sum16(int v) {
 // rule of dtype.cpp's quantize_row(Q8_0): d = max|x| / 127 rounded to f16, q = roundf(x * (1 / d_unrounded)).
 // Q8_K (in a multiple of 256): the whole thread block is one block, quant_k.cpp's quantize_q8_k: iscale = -127 / (the
 // signed value of largest magnitude), q = min(127, nearest_int(iscale * x)), d = 1 / iscale.
-template <ActivationFormat kFormat>
+// Where the values come from: the rows of x, or (MoE, model_ops.h) silu(gate) * up computed on the way, each value
+// also stored to `hidden` when asked (one thread per value).
+struct RowSource {
+    const float* x;
+    __device__ __forceinline__ float operator()(int64_t t, int64_t in, int64_t e) const { return x[t * in + e]; }
+};
+struct SwiGluSource {
+    const float* gate;
+    const float* up;
+    int64_t stride;  // between rows of gate and of up
+    float* hidden;   // [t * in + e], or null
+    __device__ __forceinline__ float operator()(int64_t t, int64_t in, int64_t e) const {
+        const float g = gate[t * stride + e];
+        const float v = __fmul_rn(g / (1.0f + expf(-g)), up[t * stride + e]);  // cpu::silu_mul, no contraction
+        if (hidden) hidden[t * in + e] = v;
+        return v;
+    }
+};
+
+template <ActivationFormat kFormat, typename Source = RowSource>
 __global__ void __launch_bounds__(kQuantizeThreads)
-    quantize_activations_kernel(const float* x, int64_t in, int64_t n_tokens, int8_t* q, float* d, float* s16) {
+    quantize_activations_kernel(const Source x, int64_t in, int64_t n_tokens, int8_t* q, float* d, float* s16) {
     __shared__ AbsMax warp_best[kQuantizeThreads / 32];
     kernels::allow_next_grid_to_launch();  // the matvec kernel may start loading weights already
     const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
@@ -76,7 +95,7 @@ __global__ void __launch_bounds__(kQuantizeThreads)
     for (int64_t t = blockIdx.y; t < n_tokens; t += gridDim.y) {
         if constexpr (kFormat == ActivationFormat::Q8_0) {
             if (e - lane >= in) return;  // whole warps: in is a multiple of 32
-            const float v = x[t * in + e];
+            const float v = x(t, in, e);
             float amax = fabsf(v);
 #pragma unroll
             for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
@@ -89,7 +108,7 @@ __global__ void __launch_bounds__(kQuantizeThreads)
             if (lane == 0) d[t * (in / 32) + e / 32] = stored;
             if (lane % 16 == 0) s16[t * (in / 16) + e / 16] = stored * static_cast<float>(s);
         } else {
-            const float v = x[t * in + e];
+            const float v = x(t, in, e);
             AbsMax m = warp_absmax({fabsf(v), static_cast<int>(threadIdx.x), v});
             if (lane == 0) warp_best[warp] = m;
             __syncthreads();
@@ -110,6 +129,13 @@ __global__ void __launch_bounds__(kQuantizeThreads)
             if (lane % 16 == 0) s16[t * (in / 16) + e / 16] = scale * static_cast<float>(s);
         }
     }
+}
+
+// hidden = silu(gate) * up for float weights (no quantization).
+__global__ void swiglu_rows_kernel(const SwiGluSource src, int64_t in, int64_t n_rows) {
+    const int64_t e = static_cast<int64_t>(blockIdx.x) * kQuantizeThreads + threadIdx.x;
+    if (e >= in) return;
+    for (int64_t t = blockIdx.y; t < n_rows; t += gridDim.y) (void)src(t, in, e);
 }
 
 // xhat[t * in + i] = d * q: the activations the quantized path multiplies with, as f32 for the GEMM path.
@@ -187,6 +213,86 @@ constexpr size_t kGemmPanelBytes = size_t{64} << 20;
 
 }  // namespace
 
+bool launch_matvec_any(const MatvecLaunch& l) {
+    return launch_matvec(l);
+}
+
+bool launch_dequantize_any(const DequantizeLaunch& l) {
+    return launch_dequantize(l);
+}
+
+bool same_activation_format(DType a, DType b) {
+    return activation_format(a) == activation_format(b);
+}
+
+bool reads_quantized_activations(DType w_type) {
+    return activation_format(w_type) != ActivationFormat::F32;
+}
+
+QuantizedActivationBytes quantized_activation_bytes(DType w_type, int64_t n_values) {
+    if (!reads_quantized_activations(w_type)) return {};
+    const size_t n = static_cast<size_t>(n_values);
+    return {.q = align_up(n), .d = align_up(n / 32 * 4), .s16 = align_up(n / 16 * 4)};
+}
+
+QuantizedActivations quantized_activations_at(void* base, DType w_type, int64_t n_values) {
+    const QuantizedActivationBytes b = quantized_activation_bytes(w_type, n_values);
+    if (b.total() == 0) return {nullptr, nullptr, nullptr};
+    auto* p = static_cast<uint8_t*>(base);
+    return {.q = reinterpret_cast<int8_t*>(p), .d = reinterpret_cast<float*>(p + b.q),
+            .s16 = reinterpret_cast<float*>(p + b.q + b.d)};
+}
+
+void quantize_activations(DType w_type, const float* x, int64_t in, int64_t n_rows, const QuantizedActivations& out,
+                          cudaStream_t stream) {
+    const ActivationFormat format = activation_format(w_type);
+    if (format == ActivationFormat::F32 || n_rows <= 0) return;
+    const dim3 grid(static_cast<unsigned>((in + kQuantizeThreads - 1) / kQuantizeThreads),
+                    static_cast<unsigned>(std::min<int64_t>(n_rows, 65535)));
+    auto* q = const_cast<int8_t*>(out.q);
+    auto* d = const_cast<float*>(out.d);
+    auto* s16 = const_cast<float*>(out.s16);
+    if (format == ActivationFormat::Q8_0) {
+        STRATA_ASSERT(in % 32 == 0);
+        quantize_activations_kernel<ActivationFormat::Q8_0>
+            <<<grid, kQuantizeThreads, 0, stream>>>(RowSource{x}, in, n_rows, q, d, s16);
+    } else {
+        STRATA_ASSERT(in % 256 == 0);
+        quantize_activations_kernel<ActivationFormat::Q8_K>
+            <<<grid, kQuantizeThreads, 0, stream>>>(RowSource{x}, in, n_rows, q, d, s16);
+    }
+    STRATA_CUDA_CHECK_LAUNCH("quantize_activations_kernel");
+}
+
+void quantize_swiglu(const SwiGluQuantize& a) {
+    const ActivationFormat format = activation_format(a.w_type);
+    if (a.n_rows <= 0) return;
+    const dim3 grid(static_cast<unsigned>((a.in + kQuantizeThreads - 1) / kQuantizeThreads),
+                    static_cast<unsigned>(std::min<int64_t>(a.n_rows, 65535)));
+    if (format == ActivationFormat::F32) {
+        STRATA_ASSERT(a.hidden != nullptr);
+        // Float weights read f32: the Q8_0 kernel's arithmetic would be wasted, so only the values are written.
+        swiglu_rows_kernel<<<grid, kQuantizeThreads, 0, a.stream>>>(
+            SwiGluSource{a.gate, a.up, a.stride, a.hidden}, a.in, a.n_rows);
+        STRATA_CUDA_CHECK_LAUNCH("swiglu_rows_kernel");
+        return;
+    }
+    const SwiGluSource src{a.gate, a.up, a.stride, a.hidden};
+    auto* q = const_cast<int8_t*>(a.out.q);
+    auto* d = const_cast<float*>(a.out.d);
+    auto* s16 = const_cast<float*>(a.out.s16);
+    if (format == ActivationFormat::Q8_0) {
+        STRATA_ASSERT(a.in % 32 == 0);
+        quantize_activations_kernel<ActivationFormat::Q8_0>
+            <<<grid, kQuantizeThreads, 0, a.stream>>>(src, a.in, a.n_rows, q, d, s16);
+    } else {
+        STRATA_ASSERT(a.in % 256 == 0);
+        quantize_activations_kernel<ActivationFormat::Q8_K>
+            <<<grid, kQuantizeThreads, 0, a.stream>>>(src, a.in, a.n_rows, q, d, s16);
+    }
+    STRATA_CUDA_CHECK_LAUNCH("quantize_activations_kernel (swiglu)");
+}
+
 bool supports_matmul(DType t) {
     switch (t) {
         case DType::F32:
@@ -250,11 +356,11 @@ void matmul(Context& ctx, const MatmulArgs& a) {
         if (format == ActivationFormat::Q8_0) {
             STRATA_ASSERT(in % 32 == 0);
             quantize_activations_kernel<ActivationFormat::Q8_0>
-                <<<grid, kQuantizeThreads, 0, stream>>>(a.x, in, tokens, q, d, s16);
+                <<<grid, kQuantizeThreads, 0, stream>>>(RowSource{a.x}, in, tokens, q, d, s16);
         } else {
             STRATA_ASSERT(in % 256 == 0);
             quantize_activations_kernel<ActivationFormat::Q8_K>
-                <<<grid, kQuantizeThreads, 0, stream>>>(a.x, in, tokens, q, d, s16);
+                <<<grid, kQuantizeThreads, 0, stream>>>(RowSource{a.x}, in, tokens, q, d, s16);
         }
         STRATA_CUDA_CHECK_LAUNCH("quantize_activations_kernel");
     }

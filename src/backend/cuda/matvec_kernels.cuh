@@ -105,6 +105,7 @@ struct MatvecParams {
     const float* x;
     float* y;
     int warps_per_row;  // 1, 2 or 4: the warps of a block that share a row, each taking every n-th chunk
+    ExpertGather gather;  // MoE: blockIdx.y is the pair (see internal.h)
 };
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -141,6 +142,30 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
     const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * (kWarpsPerBlock / split) + warp / split) * kRows;
     const bool active = row0 < p.rows;  // no early return: the block synchronizes below when split > 1
 
+    // The weights, activations and outputs of this launch, or with an expert gather those of pair blockIdx.y.
+    const uint8_t* w_base = p.w;
+    QuantizedActivations act = p.act;
+    const float* x_base = p.x;
+    float* y_base = p.y;
+    if (p.gather.ids) {
+        wait_for_previous_grid();  // the expert ids come from the kernel before
+        const int64_t pair = blockIdx.y;
+        int64_t slot = pair;
+        if (p.gather.second_from > 0 && pair >= p.gather.second_from) {
+            slot = pair - p.gather.second_from;
+            w_base += p.gather.second_offset;
+        }
+        const int64_t act_row = slot / p.gather.pairs_per_act_row;
+        w_base += static_cast<size_t>(p.gather.ids[slot]) * p.gather.expert_bytes;
+        if (act.q) {
+            act.q += act_row * p.in;
+            act.d += act_row * (p.in / 32);
+            if (act.s16) act.s16 += act_row * (p.in / 16);
+        }
+        if (x_base) x_base += act_row * p.in;
+        y_base += pair * p.rows;
+    }
+
     const int64_t in = p.in;
     const int64_t blocks_per_row = in / F::kBlockElems;
     const int64_t n_chunks = (blocks_per_row + Shape::kBlocks - 1) / Shape::kBlocks;
@@ -156,7 +181,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
             next_shift[r] = 0;
             if (row0 + r >= p.rows) continue;
             const uintptr_t start =
-                reinterpret_cast<uintptr_t>(p.w + (row0 + r) * p.row_bytes + b0 * F::kBlockBytes);
+                reinterpret_cast<uintptr_t>(w_base + (row0 + r) * p.row_bytes + b0 * F::kBlockBytes);
             const uintptr_t base = start & ~uintptr_t{15};
             const int n_granules = static_cast<int>((start + nb * F::kBlockBytes - base + 15) / 16);
             next_shift[r] = static_cast<int>(start - base);
@@ -204,7 +229,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
                               piece_in_block, wv[r]);
 #pragma unroll
                 for (int t = 0; t < kTokens; ++t) {
-                    const float4* xp = reinterpret_cast<const float4*>(p.x + t * in + e0);
+                    const float4* xp = reinterpret_cast<const float4*>(x_base + t * in + e0);
                     float xs[kPieceElems];
 #pragma unroll
                     for (int j = 0; j < 4; ++j) {
@@ -227,9 +252,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
                 float ad[kTokens], as[kTokens];
 #pragma unroll
                 for (int t = 0; t < kTokens; ++t) {
-                    aq[t] = __ldg(reinterpret_cast<const int4*>(p.act.q + t * in + e0));
-                    ad[t] = __ldg(p.act.d + t * (in / 32) + e0 / 32);
-                    if constexpr (F::kHasOffset) as[t] = __ldg(p.act.s16 + t * (in / 16) + e0 / 16);
+                    aq[t] = __ldg(reinterpret_cast<const int4*>(act.q + t * in + e0));
+                    ad[t] = __ldg(act.d + t * (in / 32) + e0 / 32);
+                    if constexpr (F::kHasOffset) as[t] = __ldg(act.s16 + t * (in / 16) + e0 / 16);
                 }
 #pragma unroll
                 for (int r = 0; r < kRows; ++r) {
@@ -279,7 +304,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
     for (int r = 0; r < kRows; ++r) {
 #pragma unroll
         for (int t = 0; t < kTokens; ++t)
-            if (lane == t && row0 + r < p.rows) p.y[t * p.rows + row0 + r] = acc[r][t];
+            if (lane == t && row0 + r < p.rows) y_base[t * p.rows + row0 + r] = acc[r][t];
     }
 }
 
@@ -299,9 +324,10 @@ void launch_matvec_tokens(const MatvecLaunch& l) {
     while (split < kWarpsPerBlock && l.rows * split < kTargetRowParts && split * 2 <= n_chunks) split *= 2;
     const int64_t rows_per_block = kWarpsPerBlock / split * kRows;
     const MatvecParams p{.w = l.w, .row_bytes = l.row_bytes, .rows = l.rows, .in = l.in, .act = l.act, .x = l.x,
-                         .y = l.y, .warps_per_row = split};
+                         .y = l.y, .warps_per_row = split, .gather = l.gather};
     cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>((l.rows + rows_per_block - 1) / rows_per_block));
+    config.gridDim = dim3(static_cast<unsigned>((l.rows + rows_per_block - 1) / rows_per_block),
+                          l.gather.ids ? static_cast<unsigned>(l.gather.n_pairs) : 1u);
     config.blockDim = dim3(kWarpsPerBlock * kWarpSize);
     config.stream = l.stream;
     cudaLaunchAttribute attribute = {};

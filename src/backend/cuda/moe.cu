@@ -1,0 +1,323 @@
+// The MoE layer at decode (model_ops.h): router by matmul, softmax and top-k per token in one thread block, the
+// chosen experts by gathered matrix-vector launches (the matvec kernels of matvec_*.cu, each pair reading its expert's
+// slice through the id on the device), SwiGLU, the shared expert, and the weighted combine.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/internal.h"
+#include "backend/cuda/model_ops.h"
+
+namespace strata::cuda {
+
+namespace {
+
+constexpr int kRouteThreads = 256;
+
+// (probability, expert) with the larger probability first and ties to the lower id: cpu top-k's order.
+__device__ __forceinline__ bool route_better(float pa, int ia, float pb, int ib) {
+    return pa > pb || (pa == pb && ia < ib);
+}
+
+// One block per token: softmax as cpu::softmax, then n_used rounds of a block argmax over the experts not yet chosen.
+__global__ void __launch_bounds__(kRouteThreads)
+    route_kernel(const float* logits, int n_expert, int n_used, bool normalize, int32_t* ids, float* weights) {
+    extern __shared__ float prob[];  // n_expert probabilities, then n_expert taken flags (as floats)
+    float* taken = prob + n_expert;
+    __shared__ float red_f[kRouteThreads / 32];
+    __shared__ int red_i[kRouteThreads / 32];
+    __shared__ double red_d[kRouteThreads / 32];
+    const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+    const float* l = logits + static_cast<int64_t>(blockIdx.x) * n_expert;
+
+    float mx = -INFINITY;
+    for (int i = tid; i < n_expert; i += kRouteThreads) mx = fmaxf(mx, l[i]);
+    for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (lane == 0) red_f[warp] = mx;
+    __syncthreads();
+    mx = red_f[0];
+    for (int w = 1; w < kRouteThreads / 32; ++w) mx = fmaxf(mx, red_f[w]);
+    double sum = 0.0;
+    for (int i = tid; i < n_expert; i += kRouteThreads) {
+        const float e = expf(l[i] - mx);
+        prob[i] = e;
+        taken[i] = 0.0f;
+        sum += e;
+    }
+    for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) red_d[warp] = sum;
+    __syncthreads();
+    sum = 0.0;
+    for (int w = 0; w < kRouteThreads / 32; ++w) sum += red_d[w];
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int i = tid; i < n_expert; i += kRouteThreads) prob[i] *= inv;
+    __syncthreads();
+
+    int32_t* my_ids = ids + static_cast<int64_t>(blockIdx.x) * n_used;
+    float* my_weights = weights + static_cast<int64_t>(blockIdx.x) * n_used;
+    for (int k = 0; k < n_used; ++k) {
+        float best = -INFINITY;
+        int best_i = n_expert;
+        for (int i = tid; i < n_expert; i += kRouteThreads)
+            if (taken[i] == 0.0f && route_better(prob[i], i, best, best_i)) best = prob[i], best_i = i;
+        for (int o = 16; o > 0; o /= 2) {
+            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+            if (route_better(ob, oi, best, best_i)) best = ob, best_i = oi;
+        }
+        __syncthreads();  // red_* of the previous round are read
+        if (lane == 0) red_f[warp] = best, red_i[warp] = best_i;
+        __syncthreads();
+        if (tid == 0) {
+            for (int w = 1; w < kRouteThreads / 32; ++w)
+                if (route_better(red_f[w], red_i[w], best, best_i)) best = red_f[w], best_i = red_i[w];
+            my_ids[k] = best_i;
+            my_weights[k] = best;
+            taken[best_i] = 1.0f;
+        }
+        __syncthreads();
+    }
+    if (tid == 0 && normalize) {
+        float s = 0.0f;  // in top-k order, as the CPU sums
+        for (int k = 0; k < n_used; ++k) s += my_weights[k];
+        for (int k = 0; k < n_used; ++k) my_weights[k] = my_weights[k] / s;
+    }
+}
+
+constexpr int kCombineThreads = 256;
+
+// out[t][j] = sum_k w[t][k] * y[t k][j] (k in order) + sigmoid(shared_gate . x[t]) * shared[t][j], rounded step by
+// step as moe_forward's loop. Grid (chunks of H, tokens); every block forms its token's gate dot itself.
+__global__ void __launch_bounds__(kCombineThreads)
+    combine_kernel(const float* expert_out, const float* weights, int n_used, int64_t H, const float* shared_gate,
+                   const float* x, const float* shared, float* out) {
+    const int64_t t = blockIdx.y;
+    float gate = 0.0f;
+    if (shared_gate) {
+        __shared__ float partial[kCombineThreads / 32];
+        float s = 0.0f;
+        for (int64_t i = threadIdx.x; i < H; i += kCombineThreads) s = fmaf(shared_gate[i], x[t * H + i], s);
+        for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = s;
+        __syncthreads();
+        s = 0.0f;
+        for (int w = 0; w < kCombineThreads / 32; ++w) s += partial[w];
+        gate = 1.0f / (1.0f + expf(-s));
+    }
+    const int64_t j = static_cast<int64_t>(blockIdx.x) * kCombineThreads + threadIdx.x;
+    if (j >= H) return;
+    float o = 0.0f;
+    for (int k = 0; k < n_used; ++k)
+        o = __fadd_rn(o, __fmul_rn(weights[t * n_used + k], expert_out[(t * n_used + k) * H + j]));
+    if (shared_gate) o = __fadd_rn(o, __fmul_rn(gate, shared[t * H + j]));
+    out[t * H + j] = o;
+}
+
+size_t align_bytes(size_t n) {
+    return (n + 255) / 256 * 256;
+}
+
+const Tensor& gate_tensor(const MoeLayerWeights& w) {
+    return w.gate_up ? *w.gate_up : *w.gate;
+}
+
+void check_expert_tensor(const Tensor* t, const char* what, int64_t in, int64_t rows, int64_t n_expert) {
+    if (!t) throw Error(std::string("CUDA MoE: missing ") + what);
+    if (t->device != Device::Cuda) throw Error(std::string("CUDA MoE: ") + what + " is in host memory");
+    if (t->ne[0] != in || t->ne[1] != rows || t->ne[2] != n_expert)
+        throw Error(std::string("CUDA MoE: ") + what + " has the wrong shape");
+    if (!supports_matmul(t->type) || in % traits(t->type).block_size != 0 || in % 16 != 0)
+        throw Error(std::string("CUDA MoE: ") + what + " of type " + dtype_name(t->type) +
+                    " cannot run as a gathered matrix-vector product");
+}
+
+}  // namespace
+
+MoeWorkspace::MoeWorkspace(Context& ctx, const MoeLayerShape& s, const MoeLayerWeights& w) : shape_(s) {
+    if (s.n_embd <= 0 || s.n_expert <= 0 || s.n_expert_used <= 0 || s.n_expert_used > s.n_expert || s.n_ff <= 0 ||
+        s.n_ff_shared < 0)
+        throw Error("CUDA MoE: bad shape (embedding, expert count, experts used or expert width)");
+    if (!w.down || (!w.gate_up && !w.gate)) throw Error("CUDA MoE: missing expert tensors");
+    if (s.n_ff_shared > 0 && (!w.shared_gate_proj || !w.shared_down))
+        throw Error("CUDA MoE: the shape has a shared expert but its weights are missing");
+    const int64_t T = kMaxMatvecTokens, H = s.n_embd, E = s.n_expert, K = s.n_expert_used, F = s.n_ff,
+                  FS = s.n_ff_shared;
+    const int64_t pairs = T * K;
+    const DType shared_in_type = FS > 0 ? w.shared_gate_proj->type : DType::F32;
+    const DType shared_down_type = FS > 0 ? w.shared_down->type : DType::F32;
+    const size_t sizes[] = {
+        static_cast<size_t>(T * E) * 4,
+        static_cast<size_t>(pairs) * 4,
+        static_cast<size_t>(pairs) * 4,
+        quantized_activation_bytes(gate_tensor(w).type, T * H).total(),
+        static_cast<size_t>(pairs * 2 * F) * 4,
+        static_cast<size_t>(pairs * F) * 4,
+        quantized_activation_bytes(w.down->type, pairs * F).total(),
+        static_cast<size_t>(pairs * H) * 4,
+        quantized_activation_bytes(shared_in_type, T * H).total(),
+        static_cast<size_t>(T * FS) * 4,
+        static_cast<size_t>(T * FS) * 4,
+        static_cast<size_t>(T * FS) * 4,
+        static_cast<size_t>(T * H) * 4,
+        quantized_activation_bytes(shared_down_type, T * FS).total(),
+    };
+    size_t total = 0;
+    for (size_t b : sizes) total += align_bytes(b);
+    buffer_ = ctx.allocate(total, "scratch");
+    auto* base = static_cast<uint8_t*>(buffer_.data());
+    void* parts[std::size(sizes)];
+    for (size_t i = 0; i < std::size(sizes); ++i) {
+        parts[i] = base;
+        base += align_bytes(sizes[i]);
+    }
+    logits_ = static_cast<float*>(parts[0]);
+    ids_ = static_cast<int32_t*>(parts[1]);
+    weights_ = static_cast<float*>(parts[2]);
+    x_act_ = parts[3];
+    gate_out_ = static_cast<float*>(parts[4]);
+    hidden_ = static_cast<float*>(parts[5]);
+    hidden_act_ = parts[6];
+    expert_out_ = static_cast<float*>(parts[7]);
+    shared_x_act_ = parts[8];
+    shared_g_ = static_cast<float*>(parts[9]);
+    shared_u_ = static_cast<float*>(parts[10]);
+    shared_h_ = static_cast<float*>(parts[11]);
+    shared_out_ = static_cast<float*>(parts[12]);
+    shared_h_act_ = parts[13];
+    STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
+    STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+    STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+    STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&x_ready_, cudaEventDisableTiming));
+    STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&shared_done_, cudaEventDisableTiming));
+}
+
+MoeWorkspace::~MoeWorkspace() {
+    // Errors here come from an earlier fault that a checked call reports anyway.
+    if (side_ && cudaStreamSynchronize(side_) != cudaSuccess) (void)cudaGetLastError();
+    for (cudaEvent_t e : {fork_, x_ready_, shared_done_})
+        if (e && cudaEventDestroy(e) != cudaSuccess) (void)cudaGetLastError();
+    if (side_ && cudaStreamDestroy(side_) != cudaSuccess) (void)cudaGetLastError();
+}
+
+void moe_layer(Context& ctx, const MoeLayerArgs& a) {
+    const MoeLayerShape& s = a.shape;
+    const MoeLayerWeights& w = a.weights;
+    MoeWorkspace& ws = a.workspace;
+    const int64_t T = a.n_tokens, H = s.n_embd, E = s.n_expert, K = s.n_expert_used, F = s.n_ff, FS = s.n_ff_shared;
+    if (T < 1 || T > kMaxMatvecTokens)
+        throw Error("CUDA MoE: " + std::to_string(T) + " tokens; the decode path takes 1.." +
+                    std::to_string(kMaxMatvecTokens));
+    if (ws.shape_.n_embd != H || ws.shape_.n_expert != E || ws.shape_.n_expert_used != K || ws.shape_.n_ff != F ||
+        ws.shape_.n_ff_shared != FS)
+        throw Error("CUDA MoE: the workspace was made for another shape");
+    if (!a.x || !a.out) throw Error("CUDA MoE: null x or out");
+    if (!w.router || w.router->device != Device::Cuda || w.router->ne[0] != H || w.router->ne[1] != E)
+        throw Error("CUDA MoE: the router must be a device tensor {n_embd, n_expert}");
+    if (w.gate_up) {
+        check_expert_tensor(w.gate_up, "gate_up", H, 2 * F, E);
+    } else {
+        check_expert_tensor(w.gate, "gate", H, F, E);
+        check_expert_tensor(w.up, "up", H, F, E);
+        if (w.up->type != w.gate->type || w.up->nb[1] != w.gate->nb[1] || w.up->nb[2] != w.gate->nb[2])
+            throw Error("CUDA MoE: gate and up must share their type and layout");
+    }
+    check_expert_tensor(w.down, "down", F, H, E);
+    if (FS > 0) {
+        if (!w.shared_gate || !w.shared_gate_proj || !w.shared_up || !w.shared_down)
+            throw Error("CUDA MoE: the shape has a shared expert but its weights are missing");
+        const Tensor* shared[] = {w.shared_gate_proj, w.shared_up, w.shared_down};
+        for (const Tensor* t : shared)
+            if (t->device != Device::Cuda || !supports_matmul(t->type) || t->ne[2] != 1 ||
+                t->ne[0] % traits(t->type).block_size != 0 || t->ne[0] % 16 != 0)
+                throw Error("CUDA MoE: the shared expert's weights must be device matrices of a supported type");
+        if (w.shared_gate_proj->ne[0] != H || w.shared_gate_proj->ne[1] != FS || w.shared_up->ne[0] != H ||
+            w.shared_up->ne[1] != FS || w.shared_down->ne[0] != FS || w.shared_down->ne[1] != H ||
+            w.shared_up->type != w.shared_gate_proj->type)
+            throw Error("CUDA MoE: the shared expert's weights have the wrong shapes or differing gate/up types");
+    }
+    if (E * static_cast<int64_t>(sizeof(float)) * 2 > 96 * 1024) throw Error("CUDA MoE: too many experts for routing");
+
+    STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
+    cudaStream_t main = ctx.stream().handle();
+    cudaStream_t side = ws.side_;
+    STRATA_CUDA_CHECK(cudaEventRecord(ws.fork_, main));
+    STRATA_CUDA_CHECK(cudaStreamWaitEvent(side, ws.fork_, 0));
+
+    // Side branch: x quantized for the experts, then the whole shared expert.
+    const int64_t pairs = T * K;
+    const Tensor& gt = gate_tensor(w);
+    const QuantizedActivations x_act = quantized_activations_at(ws.x_act_, gt.type, T * H);
+    quantize_activations(gt.type, a.x, H, T, x_act, side);
+    STRATA_CUDA_CHECK(cudaEventRecord(ws.x_ready_, side));
+    auto plain = [&](const Tensor& t, const QuantizedActivations& act, const float* x, float* y) {
+        const MatvecLaunch l{.type = t.type, .w = static_cast<const uint8_t*>(t.data), .row_bytes = t.nb[1],
+                             .rows = t.ne[1], .in = t.ne[0], .n_tokens = static_cast<int>(T), .act = act, .x = x,
+                             .y = y, .stream = side};
+        STRATA_ASSERT(launch_matvec_any(l));
+    };
+    if (FS > 0) {
+        const DType st = w.shared_gate_proj->type;
+        QuantizedActivations sx = quantized_activations_at(ws.shared_x_act_, st, T * H);
+        if (same_activation_format(st, gt.type))
+            sx = x_act;  // the experts' quantized x serves the shared expert too
+        else
+            quantize_activations(st, a.x, H, T, sx, side);
+        plain(*w.shared_gate_proj, sx, a.x, ws.shared_g_);
+        plain(*w.shared_up, sx, a.x, ws.shared_u_);
+        const DType dt = w.shared_down->type;
+        const QuantizedActivations h_act = quantized_activations_at(ws.shared_h_act_, dt, T * FS);
+        quantize_swiglu({.w_type = dt, .gate = ws.shared_g_, .up = ws.shared_u_, .stride = FS, .in = FS,
+                         .n_rows = T, .hidden = ws.shared_h_, .out = h_act, .stream = side});
+        plain(*w.shared_down, h_act, ws.shared_h_, ws.shared_out_);
+    }
+    STRATA_CUDA_CHECK(cudaEventRecord(ws.shared_done_, side));
+
+    // Main branch: router and routing.
+    matmul(ctx, {.w = *w.router, .x = a.x, .y = ws.logits_, .n_tokens = T});
+    const size_t route_shared = static_cast<size_t>(2 * E) * sizeof(float);
+    if (route_shared > 48 * 1024)
+        STRATA_CUDA_CHECK(cudaFuncSetAttribute(route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(route_shared)));
+    route_kernel<<<static_cast<unsigned>(T), kRouteThreads, route_shared, main>>>(
+        ws.logits_, static_cast<int>(E), static_cast<int>(K), s.normalize_weights, ws.ids_, ws.weights_);
+    STRATA_CUDA_CHECK_LAUNCH("route_kernel");
+
+    // Gate and up of every (token, slot) pair in one launch (two stacked tensors: the up pairs follow the gate ones).
+    STRATA_CUDA_CHECK(cudaStreamWaitEvent(main, ws.x_ready_, 0));
+    auto gathered = [&](const Tensor& t, int64_t rows, const QuantizedActivations& act, const float* x, float* y,
+                        int64_t n_pairs, int64_t pairs_per_row, int64_t second_from, int64_t second_offset) {
+        const MatvecLaunch l{.type = t.type, .w = static_cast<const uint8_t*>(t.data), .row_bytes = t.nb[1],
+                             .rows = rows, .in = t.ne[0], .n_tokens = 1, .act = act, .x = x, .y = y, .stream = main,
+                             .gather = {.ids = ws.ids_, .expert_bytes = t.nb[2], .n_pairs = n_pairs,
+                                        .pairs_per_act_row = pairs_per_row, .second_from = second_from,
+                                        .second_offset = second_offset}};
+        STRATA_ASSERT(launch_matvec_any(l));
+    };
+    const float* up_out;
+    int64_t stride;
+    if (w.gate_up) {
+        gathered(*w.gate_up, 2 * F, x_act, a.x, ws.gate_out_, pairs, K, 0, 0);
+        up_out = ws.gate_out_ + F;
+        stride = 2 * F;
+    } else {
+        const int64_t offset = static_cast<const uint8_t*>(w.up->data) - static_cast<const uint8_t*>(w.gate->data);
+        gathered(*w.gate, F, x_act, a.x, ws.gate_out_, 2 * pairs, K, pairs, offset);
+        up_out = ws.gate_out_ + pairs * F;
+        stride = F;
+    }
+    const QuantizedActivations h_act = quantized_activations_at(ws.hidden_act_, w.down->type, pairs * F);
+    quantize_swiglu({.w_type = w.down->type, .gate = ws.gate_out_, .up = up_out, .stride = stride, .in = F,
+                     .n_rows = pairs, .hidden = reads_quantized_activations(w.down->type) ? nullptr : ws.hidden_,
+                     .out = h_act, .stream = main});
+    gathered(*w.down, H, h_act, ws.hidden_, ws.expert_out_, pairs, 1, 0, 0);
+
+    // Join, then the weighted combine with the shared expert.
+    STRATA_CUDA_CHECK(cudaStreamWaitEvent(main, ws.shared_done_, 0));
+    const dim3 grid(static_cast<unsigned>((H + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(T));
+    combine_kernel<<<grid, kCombineThreads, 0, main>>>(ws.expert_out_, ws.weights_, static_cast<int>(K), H,
+                                                       FS > 0 ? w.shared_gate : nullptr, a.x, ws.shared_out_, a.out);
+    STRATA_CUDA_CHECK_LAUNCH("combine_kernel");
+}
+
+}  // namespace strata::cuda

@@ -37,6 +37,7 @@
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_backend.h"
+#include "cuda_test_util.h"
 #endif
 
 namespace {
@@ -51,61 +52,9 @@ TEST(CudaAttention, SkippedWithoutTheBackend) {
 
 namespace cuda = strata::cuda;
 namespace cpu = strata::cpu;
+using namespace strata::cuda_test;
+constexpr const char* kDeviceTests = "CUDA attention tests";
 using cuda::KvStorage;
-
-std::string skip_reason() {
-    if (cuda::device_count() == 0)
-        return "no CUDA device: CUDA attention tests skipped (" + cuda::no_device_reason() + ")";
-    return "";
-}
-
-#define SKIP_WITHOUT_DEVICE()                                      \
-    do {                                                           \
-        if (const std::string why = skip_reason(); !why.empty()) { \
-            GTEST_SKIP() << why;                                   \
-        }                                                          \
-    } while (0)
-
-#define CHECK_CUDA(call)                                                           \
-    do {                                                                           \
-        const cudaError_t err_ = (call);                                           \
-        ASSERT_EQ(err_, cudaSuccess) << #call << ": " << cudaGetErrorString(err_); \
-    } while (0)
-
-cuda::Context& context() {
-    static std::unique_ptr<cuda::Context> ctx = std::make_unique<cuda::Context>();
-    return *ctx;
-}
-
-std::vector<float> gaussian(size_t n, std::mt19937& rng, float sigma = 1.0f) {
-    std::normal_distribution<float> d(0.0f, sigma);
-    std::vector<float> v(n);
-    for (float& x : v) x = d(rng);
-    return v;
-}
-
-template <typename T>
-cuda::DeviceBuffer upload(const std::vector<T>& v) {
-    return context().upload(v.data(), std::max<size_t>(1, v.size()) * sizeof(T), "test");
-}
-
-template <typename T>
-std::vector<T> download(const void* device, size_t n) {
-    std::vector<T> v(n);
-    context().download(device, v.data(), n * sizeof(T));
-    return v;
-}
-
-// sum (got - ref)^2 / sum ref^2; a non-finite value makes it infinite.
-double nmse(const std::vector<float>& got, const std::vector<float>& ref) {
-    double err2 = 0, ref2 = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-        if (!std::isfinite(got[i])) return INFINITY;
-        err2 += (static_cast<double>(got[i]) - ref[i]) * (static_cast<double>(got[i]) - ref[i]);
-        ref2 += static_cast<double>(ref[i]) * ref[i];
-    }
-    return ref2 > 0 ? err2 / ref2 : err2;
-}
 
 template <typename Fn>
 void expect_error(Fn fn, const std::string& what) {
@@ -605,63 +554,6 @@ TEST(CudaAttention, RejectsBadArguments) {
 }
 
 // ---- timing ---------------------------------------------------------------------------------------------------------
-
-// Device-to-device copy bandwidth (read + write) over 1 GiB: the roofline the timings are set against.
-double copy_bandwidth_gbs(cuda::Context& ctx) {
-    const size_t bytes = size_t{1} << 30;
-    const cuda::DeviceBuffer a = ctx.allocate(bytes, "perf"), b = ctx.allocate(bytes, "perf");
-    cudaStream_t s = ctx.stream().handle();
-    if (cudaMemsetAsync(a.data(), 1, bytes, s) != cudaSuccess) return 0;
-    cudaEvent_t start, stop;
-    cudaEventCreate(&start);
-    cudaEventCreate(&stop);
-    cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, s);  // warm-up
-    constexpr int kReps = 10;
-    cudaEventRecord(start, s);
-    for (int i = 0; i < kReps; ++i)
-        cudaMemcpyAsync(i % 2 ? a.data() : b.data(), i % 2 ? b.data() : a.data(), bytes, cudaMemcpyDeviceToDevice, s);
-    cudaEventRecord(stop, s);
-    cudaEventSynchronize(stop);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    return 2.0 * static_cast<double>(bytes) * kReps / (ms * 1e-3) / 1e9;
-}
-
-// Median time of one replay of a graph holding the work `record` queues, in microseconds.
-template <typename Fn>
-double graph_median_us(cuda::Context& ctx, Fn record, int reps = 21) {
-    cudaStream_t stream = ctx.stream().handle();
-    record();  // eager warm-up (and any one-time attribute set-up)
-    ctx.synchronize();
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return -1;
-    record();
-    if (cudaStreamEndCapture(stream, &graph) != cudaSuccess) return -1;
-    if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) return -1;
-    cudaGraphLaunch(exec, stream);
-    cudaEvent_t start, stop;
-    cudaEventCreate(&start);
-    cudaEventCreate(&stop);
-    std::vector<float> runs;
-    for (int r = 0; r < reps; ++r) {
-        cudaEventRecord(start, stream);
-        cudaGraphLaunch(exec, stream);
-        cudaEventRecord(stop, stream);
-        cudaEventSynchronize(stop);
-        float ms = 0;
-        cudaEventElapsedTime(&ms, start, stop);
-        runs.push_back(ms);
-    }
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    std::sort(runs.begin(), runs.end());
-    return runs[runs.size() / 2] * 1e3;
-}
 
 // The Flash-Next attention layers at decode: 12 layers (48 blocks, one in 4 attention) in one graph, each layer with
 // its own cache, pooled keys and page table (shuffled), so nothing a replay reads was left in L2 by the layer before.

@@ -42,6 +42,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/model_ops.h"
+#include "cuda_test_util.h"
 #endif
 
 namespace {
@@ -58,59 +59,8 @@ TEST(CudaModelOps, SkippedWithoutTheBackend) {
 
 namespace cuda = strata::cuda;
 namespace cpu = strata::cpu;
-
-std::string skip_reason() {
-    if (cuda::device_count() == 0)
-        return "no CUDA device: CUDA model-op tests skipped (" + cuda::no_device_reason() + ")";
-    return "";
-}
-
-#define SKIP_WITHOUT_DEVICE()                                      \
-    do {                                                           \
-        if (const std::string why = skip_reason(); !why.empty()) { \
-            GTEST_SKIP() << why;                                   \
-        }                                                          \
-    } while (0)
-
-#define CHECK_CUDA(call)                                                           \
-    do {                                                                           \
-        const cudaError_t err_ = (call);                                           \
-        ASSERT_EQ(err_, cudaSuccess) << #call << ": " << cudaGetErrorString(err_); \
-    } while (0)
-
-cuda::Context& context() {
-    static std::unique_ptr<cuda::Context> ctx = std::make_unique<cuda::Context>();
-    return *ctx;
-}
-
-std::vector<float> gaussian(size_t n, std::mt19937& rng, float sigma = 1.0f) {
-    std::normal_distribution<float> d(0.0f, sigma);
-    std::vector<float> v(n);
-    for (float& x : v) x = d(rng);
-    return v;
-}
-
-template <typename T>
-cuda::DeviceBuffer upload(const std::vector<T>& v) {
-    return context().upload(v.data(), std::max<size_t>(1, v.size()) * sizeof(T), "test");
-}
-
-template <typename T>
-std::vector<T> download(const void* device, size_t n) {
-    std::vector<T> v(n);
-    context().download(device, v.data(), n * sizeof(T));
-    return v;
-}
-
-double nmse(const std::vector<float>& got, const std::vector<float>& ref) {
-    double err2 = 0, ref2 = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-        if (!std::isfinite(got[i])) return INFINITY;
-        err2 += (static_cast<double>(got[i]) - ref[i]) * (static_cast<double>(got[i]) - ref[i]);
-        ref2 += static_cast<double>(ref[i]) * ref[i];
-    }
-    return ref2 > 0 ? err2 / ref2 : err2;
-}
+using namespace strata::cuda_test;
+constexpr const char* kDeviceTests = "CUDA model-op tests";
 
 // rows x in weights of type t, each row quantized from its own gaussian floats (scaled like trained weights).
 std::vector<uint8_t> random_rows(DType t, int64_t rows, int64_t in, std::mt19937& rng, float sigma = 0.05f) {
@@ -570,61 +520,6 @@ TEST(CudaSampling, TopKMatchesTheCpuSampler) {
 }
 
 // ---- timing (STRATA_CUDA_PERF=1) ------------------------------------------------------------------------------------
-
-double copy_bandwidth_gbs(cuda::Context& ctx) {
-    const size_t bytes = size_t{1} << 30;
-    const cuda::DeviceBuffer a = ctx.allocate(bytes, "perf"), b = ctx.allocate(bytes, "perf");
-    cudaStream_t s = ctx.stream().handle();
-    if (cudaMemsetAsync(a.data(), 1, bytes, s) != cudaSuccess) return 0;
-    cudaEvent_t start, stop;
-    cudaEventCreate(&start);
-    cudaEventCreate(&stop);
-    cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, s);
-    constexpr int kReps = 10;
-    cudaEventRecord(start, s);
-    for (int i = 0; i < kReps; ++i)
-        cudaMemcpyAsync(i % 2 ? a.data() : b.data(), i % 2 ? b.data() : a.data(), bytes, cudaMemcpyDeviceToDevice, s);
-    cudaEventRecord(stop, s);
-    cudaEventSynchronize(stop);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    return 2.0 * static_cast<double>(bytes) * kReps / (ms * 1e-3) / 1e9;
-}
-
-template <typename Fn>
-double graph_median_us(cuda::Context& ctx, Fn record, int reps = 21) {
-    cudaStream_t stream = ctx.stream().handle();
-    record();
-    ctx.synchronize();
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return -1;
-    record();
-    if (cudaStreamEndCapture(stream, &graph) != cudaSuccess) return -1;
-    if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) return -1;
-    cudaGraphLaunch(exec, stream);
-    cudaEvent_t start, stop;
-    cudaEventCreate(&start);
-    cudaEventCreate(&stop);
-    std::vector<float> runs;
-    for (int r = 0; r < reps; ++r) {
-        cudaEventRecord(start, stream);
-        cudaGraphLaunch(exec, stream);
-        cudaEventRecord(stop, stream);
-        cudaEventSynchronize(stop);
-        float ms = 0;
-        cudaEventElapsedTime(&ms, start, stop);
-        runs.push_back(ms);
-    }
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    std::sort(runs.begin(), runs.end());
-    return runs[runs.size() / 2] * 1e3;
-}
 
 // `pattern_rows` distinct quantized rows tiled over rows x in (realistic bytes without quantizing billions of weights).
 std::vector<uint8_t> tiled_rows(DType t, int64_t rows, int64_t in, std::mt19937& rng) {

@@ -31,6 +31,7 @@
 #include <memory>
 
 #include "backend/cuda/cuda_backend.h"
+#include "cuda_test_util.h"
 #endif
 
 namespace strata {
@@ -53,6 +54,8 @@ TEST(CudaOps, SkippedWithoutTheBackend) {
 
 namespace cuda = strata::cuda;
 namespace cpu = strata::cpu;
+using namespace strata::cuda_test;
+constexpr const char* kDeviceTests = "CUDA op tests";
 
 const DType kWeightTypes[] = {DType::F32,    DType::F16,    DType::BF16,    DType::Q8_0,  DType::Q4_0,  DType::Q2_K,
                               DType::Q3_K,   DType::Q4_K,   DType::Q5_K,    DType::Q6_K,  DType::IQ4_NL, DType::IQ4_XS,
@@ -69,24 +72,6 @@ const DType kWeightTypes[] = {DType::F32,    DType::F16,    DType::BF16,    DTyp
 // 1e-9 leaves orders of headroom, while one activation value quantized differently (off by one step in a 256-block)
 // already costs ~1e-8 and one misread block of 16 weights in the shortest rows ~1/16.
 constexpr double kReassociationNmse = 1e-9;
-
-std::string skip_reason() {
-    if (cuda::device_count() == 0) return "no CUDA device: CUDA op tests skipped (" + cuda::no_device_reason() + ")";
-    return "";
-}
-
-#define SKIP_WITHOUT_DEVICE()                                      \
-    do {                                                           \
-        if (const std::string why = skip_reason(); !why.empty()) { \
-            GTEST_SKIP() << why;                                   \
-        }                                                          \
-    } while (0)
-
-// One context for the whole program: creating one uploads the codebooks and takes the device's memory figures.
-cuda::Context& context() {
-    static std::unique_ptr<cuda::Context> ctx = std::make_unique<cuda::Context>();
-    return *ctx;
-}
 
 int64_t block_of(DType t) {
     return strata::traits(t).block_size;
@@ -320,35 +305,6 @@ TEST(CudaErrors, SayWhatIsWrong) {
 }
 
 // ---- performance (STRATA_CUDA_PERF=1) -------------------------------------------------------------------------------
-
-#define CHECK_CUDA(call)                                                                   \
-    do {                                                                                   \
-        const cudaError_t err_ = (call);                                                   \
-        ASSERT_EQ(err_, cudaSuccess) << #call << ": " << cudaGetErrorString(err_);         \
-    } while (0)
-
-// Device-to-device copy bandwidth counting bytes read plus bytes written (KINDS.md's convention), in GB/s.
-double copy_bandwidth_gbs(cuda::Context& ctx) {
-    const size_t bytes = size_t{1} << 30;
-    const cuda::DeviceBuffer a = ctx.allocate(bytes, "perf"), b = ctx.allocate(bytes, "perf");
-    cudaStream_t s = ctx.stream().handle();
-    if (cudaMemsetAsync(a.data(), 1, bytes, s) != cudaSuccess) return 0;
-    cudaEvent_t start, stop;
-    cudaEventCreate(&start);
-    cudaEventCreate(&stop);
-    cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, s);  // warm-up
-    constexpr int kReps = 10;
-    cudaEventRecord(start, s);
-    for (int i = 0; i < kReps; ++i) cudaMemcpyAsync(i % 2 ? a.data() : b.data(), i % 2 ? b.data() : a.data(), bytes,
-                                                    cudaMemcpyDeviceToDevice, s);
-    cudaEventRecord(stop, s);
-    cudaEventSynchronize(stop);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    return 2.0 * static_cast<double>(bytes) * kReps / (ms * 1e-3) / 1e9;
-}
 
 // Whether the comma-separated list names type t.
 bool names_type(const char* list, DType t) {

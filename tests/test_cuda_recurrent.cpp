@@ -27,6 +27,7 @@
 #include <memory>
 
 #include "backend/cuda/cuda_backend.h"
+#include "cuda_test_util.h"
 #endif
 
 namespace {
@@ -41,24 +42,8 @@ TEST(CudaRecurrent, SkippedWithoutTheBackend) {
 
 namespace cuda = strata::cuda;
 namespace cpu = strata::cpu;
-
-std::string skip_reason() {
-    if (cuda::device_count() == 0)
-        return "no CUDA device: CUDA recurrent op tests skipped (" + cuda::no_device_reason() + ")";
-    return "";
-}
-
-#define SKIP_WITHOUT_DEVICE()                                      \
-    do {                                                           \
-        if (const std::string why = skip_reason(); !why.empty()) { \
-            GTEST_SKIP() << why;                                   \
-        }                                                          \
-    } while (0)
-
-cuda::Context& context() {
-    static std::unique_ptr<cuda::Context> ctx = std::make_unique<cuda::Context>();
-    return *ctx;
-}
+using namespace strata::cuda_test;
+constexpr const char* kDeviceTests = "CUDA recurrent op tests";
 
 constexpr uint32_t kPoison = 0x7fc0dead;  // a quiet NaN no kernel produces by arithmetic
 constexpr int64_t kSentinels = 64;
@@ -75,28 +60,10 @@ bool is_poison(float f) {
     return u == kPoison;
 }
 
-std::vector<float> gaussian(size_t n, std::mt19937& rng, float sigma = 1.0f) {
-    std::normal_distribution<float> d(0.0f, sigma);
-    std::vector<float> v(n);
-    for (float& x : v) x = d(rng);
-    return v;
-}
-
 std::vector<float> download(const cuda::DeviceBuffer& b, size_t n) {
     std::vector<float> v(n);
     context().download(b.data(), v.data(), n * 4);
     return v;
-}
-
-// sum (got - ref)^2 / sum ref^2 over the first n values; a non-finite or poisoned value makes it infinite.
-double nmse(const float* got, const float* ref, size_t n) {
-    double err2 = 0, ref2 = 0;
-    for (size_t i = 0; i < n; ++i) {
-        if (!std::isfinite(got[i])) return INFINITY;
-        err2 += (static_cast<double>(got[i]) - ref[i]) * (static_cast<double>(got[i]) - ref[i]);
-        ref2 += static_cast<double>(ref[i]) * ref[i];
-    }
-    return ref2 > 0 ? err2 / ref2 : err2;
 }
 
 // The largest |got - ref| / |ref| (|ref| floored at 1e-30 so exact zeros compare absolutely).
@@ -486,35 +453,6 @@ TEST(CudaActivations, SigmoidAndSiluMulMatchTheCpu) {
 }
 
 // ---- performance (STRATA_CUDA_PERF=1) -------------------------------------------------------------------------------
-
-#define CHECK_CUDA(call)                                                           \
-    do {                                                                           \
-        const cudaError_t err_ = (call);                                           \
-        ASSERT_EQ(err_, cudaSuccess) << #call << ": " << cudaGetErrorString(err_); \
-    } while (0)
-
-// Device-to-device copy bandwidth counting bytes read plus bytes written, in GB/s (as test_cuda_ops measures it).
-double copy_bandwidth_gbs(cuda::Context& ctx) {
-    const size_t bytes = size_t{1} << 30;
-    const cuda::DeviceBuffer a = ctx.allocate(bytes, "perf"), b = ctx.allocate(bytes, "perf");
-    cudaStream_t s = ctx.stream().handle();
-    if (cudaMemsetAsync(a.data(), 1, bytes, s) != cudaSuccess) return 0;
-    cudaEvent_t start, stop;
-    cudaEventCreate(&start);
-    cudaEventCreate(&stop);
-    cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, s);  // warm-up
-    constexpr int kReps = 10;
-    cudaEventRecord(start, s);
-    for (int i = 0; i < kReps; ++i)
-        cudaMemcpyAsync(i % 2 ? a.data() : b.data(), i % 2 ? b.data() : a.data(), bytes, cudaMemcpyDeviceToDevice, s);
-    cudaEventRecord(stop, s);
-    cudaEventSynchronize(stop);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    return 2.0 * static_cast<double>(bytes) * kReps / (ms * 1e-3) / 1e9;
-}
 
 // 32 value heads (32 key heads) of 128 x 128: a CUDA graph of calls replayed 5 times (median), the state rotated over
 // enough copies to span 4x the L2 so every call reads and writes HBM.

@@ -265,10 +265,6 @@ inline __m512 lane_sums_16(const __m512 (&acc)[16]) {
     return _mm512_mul_ps(_mm512_permutexvar_ps(by_column, sums), _mm512_set1_ps(0.125f));
 }
 
-inline void sum_lanes_16(const __m512 (&acc)[16], float* out, int n_cols) {
-    _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << n_cols) - 1), lane_sums_16(acc));
-}
-
 // One decoded IQ2_XS super-block as the by-group kernels read it: the 4 registers of by_group, then the 16 group
 // scales (2 ls + 1) * d_w as f32.
 struct DecodedGroups {
@@ -318,7 +314,7 @@ inline void store_sums(__m512 (&acc)[C], float* out) {
     if constexpr (C >= 8) {
         __m512 all[16];
         for (int c = 0; c < 16; ++c) all[c] = c < C ? acc[c] : _mm512_setzero_ps();
-        sum_lanes_16(all, out, C);
+        _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << C) - 1), lane_sums_16(all));
     } else {
         for (int c = 0; c < C; ++c) out[c] = 0.125f * sum_lanes(acc[c]);
     }
@@ -340,19 +336,9 @@ void iq2_xs_groups_c(int64_t n, const void* w, const void* a, size_t a_stride, f
     store_sums<C>(acc, out);
 }
 
-template <int C>
-void iq2_xs_decoded_c(int64_t n, const void* decoded, const void* a, size_t a_stride, float* out) {
-    const auto* u = static_cast<const DecodedGroups*>(decoded);
-    __m512 acc[C];
-#pragma GCC unroll 16
-    for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n / kQK_K; ++i) add_groups<C>(u[i], static_cast<const uint8_t*>(a), a_stride, n, i, acc);
-    store_sums<C>(acc, out);
-}
-
 // Two decoded rows against C <= 8 columns: each activation load feeds both rows' vpdpbusd, which halves the
 // activation traffic per product (the kernel otherwise streams activations from L2 faster than it can use them).
-// Each (row, column) does exactly the single-row kernel's operations.
+// Each (row, column) does exactly the operations of the single-row kernel (add_groups).
 template <int C>
 void iq2_xs_decoded_pair_c(int64_t n, const DecodedGroups* u0, const DecodedGroups* u1, const uint8_t* a,
                            size_t a_stride, float* y, size_t y_stride) {
@@ -412,14 +398,6 @@ void iq2_xs_groups_up_to(int64_t n, const void* w, const void* a, size_t a_strid
     iq2_xs_groups_c<C>(n, w, a, a_stride, out);
 }
 
-template <int C>
-void iq2_xs_decoded_up_to(int64_t n, const void* decoded, const void* a, size_t a_stride, float* out, int n_cols) {
-    if constexpr (C > 1) {
-        if (n_cols < C) return iq2_xs_decoded_up_to<C - 1>(n, decoded, a, a_stride, out, n_cols);
-    }
-    iq2_xs_decoded_c<C>(n, decoded, a, a_stride, out);
-}
-
 }  // namespace
 
 void dot_iq2_xs_groups(int64_t n, const void* w, const void* a, size_t a_stride, float* out, int n_cols) {
@@ -437,10 +415,6 @@ void decode_iq2_xs_groups(int64_t n, const void* w, void* decoded) {
         decode_groups(x[i], block, tables);
         std::memcpy(static_cast<void*>(u + i), &block, sizeof block);
     }
-}
-
-void dot_iq2_xs_decoded(int64_t n, const void* decoded, const void* a, size_t a_stride, float* out, int n_cols) {
-    iq2_xs_decoded_up_to<kMaxDotCols>(n, decoded, a, a_stride, out, n_cols);
 }
 
 void dot_iq2_xs_decoded_pair(const DecodedPair& p) {

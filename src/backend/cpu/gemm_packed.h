@@ -59,12 +59,11 @@ constexpr size_t q8_k_groups_row_bytes(int64_t n) {
 void quantize_q8_k_groups(const float* x, uint8_t* dst, int64_t n);
 void dot_iq2_xs_groups(int64_t n, const void* w, const void* a, size_t a_stride, float* out, int n_cols);
 // The same kernel split in two, for prompts: a row's super-blocks decoded once into a scratch (n / 256 blocks of
-// kIq2XsDecodedBlockBytes, 64-byte aligned) that all of a unit's token chunks then read. Same numerics, same bits.
+// kIq2XsDecodedBlockBytes, 64-byte aligned) that all of a unit's token chunks then read, two rows against up to
+// kIq2XsPairCols columns per pass (each activation load serves both rows): y[c * y_stride] and y[c * y_stride + 1]
+// are what dot_iq2_xs_groups gives for the two rows, bit for bit.
 constexpr size_t kIq2XsDecodedBlockBytes = 5 * 64;
 void decode_iq2_xs_groups(int64_t n, const void* w, void* decoded);
-void dot_iq2_xs_decoded(int64_t n, const void* decoded, const void* a, size_t a_stride, float* out, int n_cols);
-// Two decoded rows against up to kIq2XsPairCols columns in one pass (each activation load serves both rows):
-// y[c * y_stride] and y[c * y_stride + 1] are what dot_iq2_xs_decoded gives for the two rows, bit for bit.
 constexpr int kIq2XsPairCols = 8;
 struct DecodedPair {
     int64_t n;

@@ -157,9 +157,8 @@ void run_decoded_unit(const PreparedJob& j, const uint8_t* activations, int64_t 
                                      .act_stride = j.act_stride, .y = j.y + t * out + r,
                                      .y_stride = static_cast<size_t>(out), .n_cols = cols});
         }
-        if (r < row_end) {
-            dot_iq2_xs_decoded(in, decoded + row_bytes * static_cast<size_t>(r - row_begin), a, j.act_stride, tile,
-                               cols);
+        if (r < row_end) {  // an odd last row: the kernel that decodes as it goes (the same bits)
+            dot_iq2_xs_groups(in, w.row(r), a, j.act_stride, tile, cols);
             for (int c = 0; c < cols; ++c) j.y[(t + c) * out + r] = tile[c];
         }
     }
@@ -223,8 +222,12 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
         } else {
             // Jobs gathering the same rows of the same source (an expert's gate and up) share one copy.
             const GatherTask* copy = nullptr;
-            for (const GatherTask& g : b.gather)
-                if (g.src_offset == source->offset && g.rows == job.x_rows && g.n >= job.n_tokens) copy = &g;
+            for (const GatherTask& g : b.gather) {
+                if (g.src_offset == source->offset && g.rows == job.x_rows && g.n >= job.n_tokens) {
+                    copy = &g;
+                    break;
+                }
+            }
             if (!copy) {
                 act_bytes = (act_bytes + 63) / 64 * 64;
                 b.gather.push_back({source->offset, source_rows, p.act_stride, job.x_rows, job.n_tokens, act_bytes});

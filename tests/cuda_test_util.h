@@ -8,14 +8,35 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "test_util.h"
 
 namespace strata::cuda_test {
+
+using strata::testing::expect_error;
+
+// Outputs are pre-filled with a quiet NaN no kernel produces by arithmetic, so unwritten values (and writes past the
+// end, into sentinels) show.
+constexpr uint32_t kPoison = 0x7fc0dead;
+
+inline float poison() {
+    float f;
+    std::memcpy(&f, &kPoison, 4);
+    return f;
+}
+
+inline bool is_poison(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u == kPoison;
+}
 
 // Why the tests named `tests` cannot run here, or "" when a device is present.
 inline std::string device_skip_reason(const std::string& tests) {

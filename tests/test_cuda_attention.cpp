@@ -56,18 +56,6 @@ using namespace strata::cuda_test;
 constexpr const char* kDeviceTests = "CUDA attention tests";
 using cuda::KvStorage;
 
-template <typename Fn>
-void expect_error(Fn fn, const std::string& what) {
-    try {
-        fn();
-        ADD_FAILURE() << "no error; expected one mentioning \"" << what << "\"";
-    } catch (const strata::Error& e) {
-        const std::string msg = e.what();
-        EXPECT_NE(msg.find(what), std::string::npos) << "message: " << msg;
-        EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-    }
-}
-
 // ---- the storage rule of attention.h, on the host ------------------------------------------------------------------
 
 struct Int8Group {

@@ -131,20 +131,7 @@ struct Outcome {
     int64_t clobbered = 0;   // sentinels after the output that changed
 };
 
-constexpr uint32_t kPoison = 0x7fc0dead;  // a quiet NaN no kernel produces by arithmetic
-constexpr int64_t kSentinels = 64;
-
-float poison() {
-    float f;
-    std::memcpy(&f, &kPoison, 4);
-    return f;
-}
-
-bool is_poison(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return u == kPoison;
-}
+constexpr int64_t kSentinels = 64;  // values after an output that must stay poison
 
 Outcome run_case(DType t, const std::vector<uint8_t>& w, int64_t rows, int64_t in, int64_t tokens, std::mt19937& rng) {
     std::vector<float> x(static_cast<size_t>(tokens * in));
@@ -252,18 +239,6 @@ TEST_P(CudaMatmul, TokenResultsDoNotDependOnTheBatch) {
 }
 
 // ---- errors and memory ----------------------------------------------------------------------------------------------
-
-template <typename Fn>
-void expect_error(Fn fn, const std::string& what) {
-    try {
-        fn();
-        ADD_FAILURE() << "no error; expected one mentioning \"" << what << "\"";
-    } catch (const strata::Error& e) {
-        const std::string msg = e.what();
-        EXPECT_NE(msg.find(what), std::string::npos) << "message: " << msg;
-        EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-    }
-}
 
 TEST(CudaMemory, AccountantRefusesOverBudgetAndKeepsItsBooks) {
     // Host-only bookkeeping: runs wherever the backend is compiled in.

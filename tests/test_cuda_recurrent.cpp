@@ -45,25 +45,10 @@ namespace cpu = strata::cpu;
 using namespace strata::cuda_test;
 constexpr const char* kDeviceTests = "CUDA recurrent op tests";
 
-constexpr uint32_t kPoison = 0x7fc0dead;  // a quiet NaN no kernel produces by arithmetic
-constexpr int64_t kSentinels = 64;
-
-float poison() {
-    float f;
-    std::memcpy(&f, &kPoison, 4);
-    return f;
-}
-
-bool is_poison(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return u == kPoison;
-}
+constexpr int64_t kSentinels = 64;  // values after an output that must stay poison
 
 std::vector<float> download(const cuda::DeviceBuffer& b, size_t n) {
-    std::vector<float> v(n);
-    context().download(b.data(), v.data(), n * 4);
-    return v;
+    return strata::cuda_test::download<float>(b.data(), n);
 }
 
 // The largest |got - ref| / |ref| (|ref| floored at 1e-30 so exact zeros compare absolutely).
@@ -76,18 +61,6 @@ double max_relative_error(const float* got, const float* ref, size_t n) {
                                     std::max(std::fabs(static_cast<double>(ref[i])), 1e-30));
     }
     return worst;
-}
-
-template <typename Fn>
-void expect_error(Fn fn, const std::string& what) {
-    try {
-        fn();
-        ADD_FAILURE() << "no error; expected one mentioning \"" << what << "\"";
-    } catch (const strata::Error& e) {
-        const std::string msg = e.what();
-        EXPECT_NE(msg.find(what), std::string::npos) << "message: " << msg;
-        EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-    }
 }
 
 // ---- gated delta rule -----------------------------------------------------------------------------------------------

@@ -347,23 +347,7 @@ void matmul(Context& ctx, const MatmulArgs& a) {
                                    .d = reinterpret_cast<float*>(scratch + q_bytes),
                                    .s16 = reinterpret_cast<float*>(scratch + q_bytes + d_bytes)};
 
-    if (format != ActivationFormat::F32) {
-        const dim3 grid(static_cast<unsigned>((in + kQuantizeThreads - 1) / kQuantizeThreads),
-                        static_cast<unsigned>(std::min<int64_t>(tokens, 65535)));
-        auto* q = const_cast<int8_t*>(act.q);
-        auto* d = const_cast<float*>(act.d);
-        auto* s16 = const_cast<float*>(act.s16);
-        if (format == ActivationFormat::Q8_0) {
-            STRATA_ASSERT(in % 32 == 0);
-            quantize_activations_kernel<ActivationFormat::Q8_0>
-                <<<grid, kQuantizeThreads, 0, stream>>>(RowSource{a.x}, in, tokens, q, d, s16);
-        } else {
-            STRATA_ASSERT(in % 256 == 0);
-            quantize_activations_kernel<ActivationFormat::Q8_K>
-                <<<grid, kQuantizeThreads, 0, stream>>>(RowSource{a.x}, in, tokens, q, d, s16);
-        }
-        STRATA_CUDA_CHECK_LAUNCH("quantize_activations_kernel");
-    }
+    quantize_activations(w.type, a.x, in, tokens, act, stream);
 
     if (matvec) {
         const MatvecLaunch l{.type = w.type, .w = wdata, .row_bytes = w.nb[1], .rows = rows, .in = in,

@@ -374,11 +374,10 @@ void iq2_xs_decoded_pair_c(int64_t n, const DecodedGroups* u0, const DecodedGrou
     // Row 0's and row 1's result for a column side by side: one 8-byte store per column.
     const __m512i pairs = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
     const __m512 both = _mm512_permutexvar_ps(pairs, lane_sums_16(all));
-    for (int c = 0; c < C; c += 2) {
-        const __m128 piece = _mm512_extractf32x4_ps(both, c / 2);  // lanes of columns c and c + 1
-        _mm_storel_pi(reinterpret_cast<__m64*>(y + static_cast<size_t>(c) * y_stride), piece);
-        if (c + 1 < C) _mm_storeh_pi(reinterpret_cast<__m64*>(y + static_cast<size_t>(c + 1) * y_stride), piece);
-    }
+    // Through memory: _mm512_extractf32x4_ps needs a constant lane index, which only full unrolling (-O3) gives.
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, both);
+    for (int c = 0; c < C; ++c) std::memcpy(y + static_cast<size_t>(c) * y_stride, lanes + 2 * c, 8);
 }
 
 template <int C>

@@ -174,7 +174,7 @@ constexpr double kDeltaNmse = 1e-9;
 TEST(CudaGatedDelta, MatchesTheCpuStepTokenByToken) {
     SKIP_WITHOUT_DEVICE();
     const DeltaShape shapes[] = {{64, 64, 8, 4, false}, {128, 128, 6, 3, true}, {128, 80, 4, 4, false},
-                                 {256, 128, 2, 1, false}};
+                                 {256, 128, 2, 1, false}, {16, 16, 4, 2, true}, {32, 24, 3, 1, false}};
     std::mt19937 rng(2026);
     for (const DeltaShape& s : shapes)
         for (const int64_t tokens : {1, 7, 64, 300}) {

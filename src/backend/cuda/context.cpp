@@ -204,14 +204,63 @@ void Context::download(const void* device, void* host, size_t bytes) const {
     if (bytes) STRATA_CUDA_CHECK(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost));
 }
 
+void Context::copy_to_device(void* device, const void* host, size_t bytes) {
+    if (bytes) STRATA_CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_->handle()));
+}
+
+void Context::zero(void* device, size_t bytes) {
+    if (bytes) STRATA_CUDA_CHECK(cudaMemsetAsync(device, 0, bytes, stream_->handle()));
+}
+
 void* Context::scratch(size_t bytes) {
     if (scratch_.size() < bytes) {
+        cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+        STRATA_CUDA_CHECK(cudaStreamIsCapturing(stream_->handle(), &capturing));
+        if (capturing != cudaStreamCaptureStatusNone)
+            throw Error("CUDA backend: the scratch buffer (" + std::to_string(scratch_.size()) +
+                        " bytes) must grow to " + std::to_string(bytes) +
+                        " bytes during a graph capture; reserve it before capturing");
         // The old scratch may still be read by queued kernels.
         stream_->synchronize();
         scratch_ = DeviceBuffer();
         scratch_ = allocate(bytes, "scratch");
     }
     return scratch_.data();
+}
+
+// ---- graphs ---------------------------------------------------------------------------------------------------------
+
+Graph::~Graph() {
+    clear();
+}
+
+void Graph::clear() noexcept {
+    if (exec_ && cudaGraphExecDestroy(exec_) != cudaSuccess) (void)cudaGetLastError();
+    if (graph_ && cudaGraphDestroy(graph_) != cudaSuccess) (void)cudaGetLastError();
+    exec_ = nullptr;
+    graph_ = nullptr;
+}
+
+void Graph::capture(Context& ctx, const std::function<void()>& enqueue) {
+    clear();
+    cudaStream_t stream = ctx.stream().handle();
+    STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
+    STRATA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    try {
+        enqueue();
+    } catch (...) {
+        cudaGraph_t broken = nullptr;
+        if (cudaStreamEndCapture(stream, &broken) == cudaSuccess && broken) cudaGraphDestroy(broken);
+        (void)cudaGetLastError();
+        throw;
+    }
+    STRATA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph_));
+    STRATA_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+}
+
+void Graph::replay(Context& ctx) const {
+    STRATA_ASSERT(exec_ != nullptr);
+    STRATA_CUDA_CHECK(cudaGraphLaunch(exec_, ctx.stream().handle()));
 }
 
 }  // namespace strata::cuda

@@ -6,14 +6,19 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/tensor.h"
 
-struct CUstream_st;  // cudaStream_t is CUstream_st*
+struct CUstream_st;     // cudaStream_t is CUstream_st*
+struct CUgraph_st;      // cudaGraph_t
+struct CUgraphExec_st;  // cudaGraphExec_t
+struct CUevent_st;      // cudaEvent_t
 
 namespace strata::cuda {
 
@@ -133,9 +138,15 @@ public:
     DeviceBuffer upload(const void* host, size_t bytes, const std::string& label);
     // Device bytes to host after all work queued on the stream (synchronous).
     void download(const void* device, void* host, size_t bytes) const;
+    // Host bytes into device memory, queued on the stream (the host bytes may be reused as soon as it returns).
+    void copy_to_device(void* device, const void* host, size_t bytes);
+    // Device bytes set to zero, queued on the stream.
+    void zero(void* device, size_t bytes);
     void synchronize() const { stream_->synchronize(); }
 
-    // Device scratch of at least `bytes`, valid until the next call; contents undefined. Counted as "scratch".
+    // Device scratch of at least `bytes`, valid until the next call; contents undefined. Counted as "scratch". It
+    // only grows, and never while the stream is being captured into a graph (that throws Error: reserve enough
+    // before capturing, since a captured graph keeps the address).
     void* scratch(size_t bytes);
 
 private:
@@ -144,6 +155,55 @@ private:
     std::unique_ptr<Stream> stream_;
     DeviceBuffer scratch_;
 };
+
+// A CUDA graph: the work one call queues on a context's stream (and on side streams it joins back with events),
+// captured once and then replayed with one launch. Whatever the work reads per replay must sit in device memory that
+// the host rewrites between replays (copy_to_device); the launches themselves never change.
+class Graph {
+public:
+    Graph() = default;
+    ~Graph();
+    Graph(const Graph&) = delete;
+    Graph& operator=(const Graph&) = delete;
+    // Runs `enqueue` with the context's stream in capture mode (nothing executes) and instantiates the result.
+    // Throws Error when a call inside cannot be captured; the stream is left out of capture mode either way.
+    void capture(Context& ctx, const std::function<void()>& enqueue);
+    // Queues one replay on the context's stream.
+    void replay(Context& ctx) const;
+    bool ready() const { return exec_ != nullptr; }
+    // Back to no graph (before the buffers it captured go away or move).
+    void clear() noexcept;
+
+private:
+    CUgraph_st* graph_ = nullptr;
+    CUgraphExec_st* exec_ = nullptr;
+};
+
+// Times sections of the work queued eagerly on a context's stream with CUDA events (not usable inside a graph
+// capture): mark(kind) starts a section of that kind and ends the previous one; finish() ends the last, waits for the
+// stream and adds each section's time to its kind.
+class StreamProfiler {
+public:
+    explicit StreamProfiler(std::vector<std::string> kinds);
+    ~StreamProfiler();
+    StreamProfiler(const StreamProfiler&) = delete;
+    StreamProfiler& operator=(const StreamProfiler&) = delete;
+    void mark(Context& ctx, int kind);
+    void finish(Context& ctx);
+    // One line per kind: total ms, µs per token over n_tokens, share of the total.
+    std::string report(int64_t n_tokens) const;
+
+private:
+    std::vector<std::string> kinds_;
+    std::vector<double> ms_;
+    std::vector<CUevent_st*> events_;  // a pool, reused
+    std::vector<int> marks_;           // the kind of each recorded event, in order
+};
+
+// Device-to-device copy bandwidth in GB/s (10^9 bytes), counting each copied byte read once and written once
+// (2 * bytes / time) over ten copies of `bytes`: the roofline that decode figures are set against (bytes a token
+// reads / this).
+double measure_copy_bandwidth(Context& ctx, size_t bytes = size_t{256} << 20);
 
 // ---- matrix products ------------------------------------------------------------------------------------------------
 
@@ -167,6 +227,8 @@ struct MatmulArgs {
     int64_t n_tokens = 1;
 };
 void matmul(Context& ctx, const MatmulArgs& args);
+// The context scratch one matmul of these weights over n_tokens tokens takes (to reserve it before a graph capture).
+size_t matmul_scratch_bytes(const Tensor& w, int64_t n_tokens);
 
 // ---- recurrent and elementwise ops of the GDN and attention blocks (gdn.cu, elementwise.cu) -------------------------
 //
@@ -179,7 +241,7 @@ void matmul(Context& ctx, const MatmulArgs& args);
 // window and written back once; every token's output is written. Token t of value head h reads q at
 // q + t * q_stride + kh * dk (likewise k), v at v + t * v_stride + h * dv, g and beta at [t * heads + h], and writes
 // out + t * out_stride + h * dv, where the key head kh = h / (heads / key_heads), or h % key_heads when
-// tiled_value_heads. dk is 64, 128 or 256; dv any positive count; q and k rows 16-byte aligned (pointers and strides
+// tiled_value_heads. dk is 16, 32, 64, 128 or 256; dv any positive count; q and k rows 16-byte aligned (pointers and strides
 // multiples of 4 floats). Each token is computed the same way wherever a window starts, so a window split over
 // several calls gives the same bits as one call.
 struct GatedDeltaArgs {

@@ -206,9 +206,9 @@ void gated_delta(Context& ctx, const GatedDeltaArgs& a) {
         throw Error("CUDA gated_delta: " + std::to_string(a.heads) + " value heads are no multiple of " +
                     std::to_string(a.key_heads) + " key heads");
     if (a.heads > 65535) throw Error("CUDA gated_delta: more than 65535 heads in one call");
-    if (a.dk != 64 && a.dk != 128 && a.dk != 256)
+    if (a.dk != 16 && a.dk != 32 && a.dk != 64 && a.dk != 128 && a.dk != 256)
         throw Error("CUDA gated_delta: key head size dk = " + std::to_string(a.dk) +
-                    " is not supported (64, 128, 256)");
+                    " is not supported (16, 32, 64, 128, 256)");
     if (a.dv <= 0) throw Error("CUDA gated_delta: value head size dv must be positive");
     if (!a.state || !a.q || !a.k || !a.v || !a.g || !a.beta || !a.out)
         throw Error("CUDA gated_delta: a null pointer among state, q, k, v, g, beta, out");
@@ -221,8 +221,11 @@ void gated_delta(Context& ctx, const GatedDeltaArgs& a) {
                         .out_stride = a.out_stride, .n_tokens = a.n_tokens, .heads = a.heads,
                         .key_heads = a.key_heads, .tiled = a.tiled_value_heads, .dv = a.dv};
     cudaStream_t stream = ctx.stream().handle();
-    // 8 lanes per column up to dk 128 (16 values each), 16 at 256: the same registers per lane.
+    // 8 lanes per column up to dk 128 (16 values each), 16 at 256: the same registers per lane. The small heads of
+    // the test models (16, 32) take 4 values per lane.
     switch (a.dk) {
+        case 16: launch_gated_delta<16, 4>(p, stream); break;
+        case 32: launch_gated_delta<32, 8>(p, stream); break;
         case 64: launch_gated_delta<64, 8>(p, stream); break;
         case 128: launch_gated_delta<128, 8>(p, stream); break;
         default: launch_gated_delta<256, 16>(p, stream); break;

@@ -315,6 +315,38 @@ bool supports_matmul(DType t) {
     }
 }
 
+namespace {
+
+// Scratch of one product: quantized activations [, f32 activations, one f32 weight panel].
+struct ScratchLayout {
+    size_t q = 0, d = 0, s = 0, x = 0, panel = 0;
+    int64_t panel_rows = 0;
+    size_t total() const { return q + d + s + x + panel + 256; }
+};
+
+ScratchLayout scratch_layout(const Tensor& w, int64_t tokens) {
+    const int64_t in = w.ne[0], rows = w.ne[1];
+    const ActivationFormat format = activation_format(w.type);
+    const bool matvec = tokens <= kMaxMatvecTokens && in % 16 == 0;  // float rows of other lengths: GEMM path
+    ScratchLayout l;
+    l.panel_rows = std::clamp<int64_t>(
+        static_cast<int64_t>(kGemmPanelBytes / (static_cast<size_t>(in) * 4)) / kGemmTile * kGemmTile, kGemmTile,
+        (rows + kGemmTile - 1) / kGemmTile * kGemmTile);
+    const size_t n_act = static_cast<size_t>(tokens * in);
+    l.q = format == ActivationFormat::F32 ? 0 : align_up(n_act);
+    l.d = format == ActivationFormat::F32 ? 0 : align_up(n_act / 32 * 4);
+    l.s = format == ActivationFormat::F32 ? 0 : align_up(n_act / 16 * 4);
+    l.x = matvec || format == ActivationFormat::F32 ? 0 : align_up(n_act * 4);
+    l.panel = matvec ? 0 : align_up(static_cast<size_t>(l.panel_rows * in) * 4);
+    return l;
+}
+
+}  // namespace
+
+size_t matmul_scratch_bytes(const Tensor& w, int64_t n_tokens) {
+    return scratch_layout(w, n_tokens).total();
+}
+
 void matmul(Context& ctx, const MatmulArgs& a) {
     const Tensor& w = a.w;
     if (w.device != Device::Cuda)
@@ -332,17 +364,11 @@ void matmul(Context& ctx, const MatmulArgs& a) {
     const ActivationFormat format = activation_format(w.type);
     const bool matvec = tokens <= kMaxMatvecTokens && in % 16 == 0;  // float rows of other lengths: GEMM path
 
-    // Scratch: quantized activations [, f32 activations, one f32 weight panel].
-    const int64_t panel_rows = std::clamp<int64_t>(
-        static_cast<int64_t>(kGemmPanelBytes / (static_cast<size_t>(in) * 4)) / kGemmTile * kGemmTile, kGemmTile,
-        (rows + kGemmTile - 1) / kGemmTile * kGemmTile);
+    const ScratchLayout layout = scratch_layout(w, tokens);
+    const size_t q_bytes = layout.q, d_bytes = layout.d, s_bytes = layout.s, x_bytes = layout.x;
+    const int64_t panel_rows = layout.panel_rows;
     const size_t n_act = static_cast<size_t>(tokens * in);
-    const size_t q_bytes = format == ActivationFormat::F32 ? 0 : align_up(n_act);
-    const size_t d_bytes = format == ActivationFormat::F32 ? 0 : align_up(n_act / 32 * 4);
-    const size_t s_bytes = format == ActivationFormat::F32 ? 0 : align_up(n_act / 16 * 4);
-    const size_t x_bytes = matvec || format == ActivationFormat::F32 ? 0 : align_up(n_act * 4);
-    const size_t panel_bytes = matvec ? 0 : align_up(static_cast<size_t>(panel_rows * in) * 4);
-    auto* scratch = static_cast<uint8_t*>(ctx.scratch(q_bytes + d_bytes + s_bytes + x_bytes + panel_bytes + 256));
+    auto* scratch = static_cast<uint8_t*>(ctx.scratch(layout.total()));
     const QuantizedActivations act{.q = reinterpret_cast<int8_t*>(scratch),
                                    .d = reinterpret_cast<float*>(scratch + q_bytes),
                                    .s16 = reinterpret_cast<float*>(scratch + q_bytes + d_bytes)};

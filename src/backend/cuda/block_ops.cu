@@ -1,0 +1,427 @@
+// The small per-token ops of the model's blocks (block_ops.h), each doing the CPU code's operations in the CPU's order
+// where that order decides the bits: products and sums rounded one by one (__fmul_rn / __fadd_rn, so nvcc never
+// contracts them into fused multiply-adds the baseline x86-64 reference does not have), sums of squares in double,
+// cpu::dot's eight interleaved partial sums, rope angles in double. What cannot match bit for bit is the device's
+// expf / log1pf (within 2 ulp of the host's) and double pow / sincos (within 2 ulp in double, so the float cos and sin
+// agree with the host's but for rare rounding ties). Every op is a few launches of fixed shape with no host sync and
+// no allocation, so the model can capture them in a CUDA graph.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "backend/cuda/block_ops.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/internal.h"
+
+namespace strata::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+size_t align256(size_t bytes) {
+    return (bytes + 255) / 256 * 256;
+}
+
+// Blocks of a grid-stride loop over n items (the kernels loop, so the count is capped).
+unsigned stride_blocks(int64_t n) {
+    return static_cast<unsigned>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, 65536));
+}
+
+// Blocks of kWarps warps for one warp per item.
+unsigned warp_blocks(int64_t items, const char* op) {
+    const int64_t blocks = (items + kWarps - 1) / kWarps;
+    if (blocks > 0x7fffffff) throw Error(std::string("CUDA ") + op + ": too many rows in one call");
+    return static_cast<unsigned>(blocks);
+}
+
+unsigned one_block_each(int64_t items, const char* op) {
+    if (items > 0x7fffffff) throw Error(std::string("CUDA ") + op + ": too many rows in one call");
+    return static_cast<unsigned>(items);
+}
+
+void select_device(Context& ctx) {
+    STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
+}
+
+// cpu::silu and cpu::sigmoid with the device's expf and IEEE division (no fast math in this backend).
+__device__ __forceinline__ float silu(float x) {
+    return x / (1.0f + expf(-x));
+}
+__device__ __forceinline__ float sigmoid(float x) {
+    return 1.0f / (1.0f + expf(-x));
+}
+// cpu::softplus: linear above 20.
+__device__ __forceinline__ float softplus(float x) {
+    return x > 20.0f ? x : log1pf(expf(x));
+}
+
+__device__ __forceinline__ double warp_sum(double v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+// One NEOX pair (x[i], x[i + n_rot / 2]) of cpu::rope_neox at position pos.
+__device__ __forceinline__ void rope_pair(float* x, int64_t i, int64_t n_rot, double pos, float freq_base) {
+    const double inv_freq =
+        pow(static_cast<double>(freq_base), -2.0 * static_cast<double>(i) / static_cast<double>(n_rot));
+    double sin_angle, cos_angle;
+    sincos(pos * inv_freq, &sin_angle, &cos_angle);
+    const float c = static_cast<float>(cos_angle), s = static_cast<float>(sin_angle);
+    const int64_t half = n_rot / 2;
+    const float x0 = x[i], x1 = x[i + half];
+    x[i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    x[i + half] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
+// ---- embedding rows -------------------------------------------------------------------------------------------------
+
+// Block t copies the bytes of row tokens[t] into staging row t, zeros for a token outside [0, rows). Rows are an even
+// number of bytes at even addresses (every type's block is), so 16-bit granules always work; 16-byte ones when aligned.
+__global__ void embed_copy_rows_kernel(const uint8_t* table, size_t table_stride, int64_t table_rows, size_t rb,
+                                       const int32_t* tokens, uint8_t* staging) {
+    const int64_t token = tokens[blockIdx.x];
+    const bool valid = token >= 0 && token < table_rows;
+    uint8_t* dst = staging + blockIdx.x * rb;
+    const uint8_t* src = table + static_cast<size_t>(valid ? token : 0) * table_stride;
+    if (rb % 16 == 0 && table_stride % 16 == 0 && reinterpret_cast<uintptr_t>(table) % 16 == 0 &&
+        reinterpret_cast<uintptr_t>(staging) % 16 == 0) {
+        for (size_t i = threadIdx.x; i < rb / 16; i += blockDim.x)
+            reinterpret_cast<uint4*>(dst)[i] = valid ? reinterpret_cast<const uint4*>(src)[i] : make_uint4(0, 0, 0, 0);
+    } else {
+        for (size_t i = threadIdx.x; i < rb / 2; i += blockDim.x)
+            reinterpret_cast<uint16_t*>(dst)[i] = valid ? reinterpret_cast<const uint16_t*>(src)[i] : uint16_t{0};
+    }
+}
+
+// out row t * copies + c = f32 row t, for the hc streams' copies.
+__global__ void embed_broadcast_kernel(const float* rows, int64_t n_tokens, int64_t copies, int64_t width,
+                                       float* out) {
+    const int64_t n = n_tokens * copies * width;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int64_t row = i / width, e = i % width;
+        out[i] = rows[(row / copies) * width + e];
+    }
+}
+
+// ---- rope -----------------------------------------------------------------------------------------------------------
+
+__global__ void rope_kernel(RopeArgs a) {
+    const int64_t half = a.n_rot / 2, n = a.n_tokens * a.n_heads * half;
+    for (int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; item < n;
+         item += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int64_t i = item % half, th = item / half, h = th % a.n_heads, t = th / a.n_heads;
+        rope_pair(a.x + t * a.token_stride + h * a.head_stride, i, a.n_rot, static_cast<double>(a.positions[t]),
+                  a.freq_base);
+    }
+}
+
+// ---- GDN ------------------------------------------------------------------------------------------------------------
+
+// Block t: silu over the v part of the row; warp w the q and k heads w, w + kWarps, ...: silu, then cpu::l2_norm
+// (sum of squares in double), then q times q_scale (a second rounding, as the CPU's separate loop). Each lane rewrites
+// only the values it wrote itself, so no barrier is needed.
+__global__ void __launch_bounds__(kThreads) gdn_activate_kernel(GdnActivateArgs a) {
+    float* row = a.conv + static_cast<int64_t>(blockIdx.x) * a.conv_dim;
+    const int64_t qk = 2 * a.key_dim, q_heads = a.key_dim / a.head_dim;
+    for (int64_t i = qk + threadIdx.x; i < a.conv_dim; i += blockDim.x) row[i] = silu(row[i]);
+    const int lane = static_cast<int>(threadIdx.x) % 32;
+    for (int64_t h = threadIdx.x / 32; h < 2 * q_heads; h += kWarps) {
+        float* x = row + h * a.head_dim;
+        double sum = 0.0;
+        for (int64_t i = lane; i < a.head_dim; i += 32) {
+            const float v = silu(x[i]);
+            x[i] = v;
+            sum += static_cast<double>(v) * v;
+        }
+        sum = warp_sum(sum);
+        const float scale = static_cast<float>(1.0 / sqrt(sum + static_cast<double>(1e-6f)));
+        for (int64_t i = lane; i < a.head_dim; i += 32) {
+            const float v = __fmul_rn(x[i], scale);
+            x[i] = h < q_heads ? __fmul_rn(v, a.q_scale) : v;
+        }
+    }
+}
+
+__global__ void gdn_gates_kernel(GdnGatesArgs a) {
+    const int64_t n = a.n_tokens * a.n_heads;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int64_t h = i % a.n_heads;
+        a.beta[i] = sigmoid(a.beta[i]);
+        a.alpha[i] = __fmul_rn(a.a[h], softplus(__fadd_rn(a.alpha[i], a.dt_bias[h])));
+    }
+}
+
+// One warp per (token, head): cpu::rms_norm (x * scale, then * gamma), then * act(z): three roundings, as the CPU.
+__global__ void __launch_bounds__(kThreads) gated_norm_kernel(GatedNormArgs a) {
+    const int lane = static_cast<int>(threadIdx.x) % 32;
+    const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+    if (item >= a.n_tokens * a.n_heads) return;  // whole warps leave together
+    float* x = a.x + item * a.head_dim;
+    const float* z = a.z + item * a.head_dim;
+    double sum = 0.0;
+    for (int64_t i = lane; i < a.head_dim; i += 32) sum += static_cast<double>(x[i]) * x[i];
+    sum = warp_sum(sum);
+    const float scale =
+        static_cast<float>(1.0 / sqrt(sum / static_cast<double>(a.head_dim) + static_cast<double>(a.eps)));
+    for (int64_t i = lane; i < a.head_dim; i += 32) {
+        float v = __fmul_rn(x[i], scale);
+        if (a.gamma) v = __fmul_rn(v, a.gamma[i]);
+        x[i] = __fmul_rn(v, a.sigmoid_gate ? sigmoid(z[i]) : silu(z[i]));
+    }
+}
+
+// ---- rows at positions and the QSA indexer --------------------------------------------------------------------------
+
+__global__ void store_rows_kernel(StoreRowsArgs a, int64_t src_stride) {
+    const int64_t t = blockIdx.x, p = a.positions[t];
+    if (p < 0 || p >= a.dst_rows) return;
+    const float* src = a.src + t * src_stride;
+    float* dst = a.dst + p * a.width;
+    for (int64_t i = threadIdx.x; i < a.width; i += blockDim.x) dst[i] = src[i];
+}
+
+// One warp per token that completes a block: the mean of the block's raw rows (summed in order in float, divided by
+// ratio), cpu::rms_norm with k_norm, then cpu::rope_neox at the block's first position. The rope pairs values other
+// lanes wrote, hence the __syncwarp (which also orders the memory accesses of the warp).
+__global__ void __launch_bounds__(kThreads) indexer_pool_kernel(IndexerPoolArgs a) {
+    const int lane = static_cast<int>(threadIdx.x) % 32;
+    const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+    if (t >= a.n_tokens) return;
+    const int64_t p = a.positions[t];
+    if (p < 0 || (p + 1) % a.ratio != 0) return;
+    const int64_t b = (p + 1) / a.ratio - 1;
+    if (b >= a.max_blocks) return;
+    const int64_t di = a.head_dim;
+    const float* raw = a.raw + b * a.ratio * di;
+    float* pooled = a.pooled + b * di;
+    double sum = 0.0;
+    for (int64_t d = lane; d < di; d += 32) {
+        float s = 0.0f;
+        for (int64_t r = 0; r < a.ratio; ++r) s = __fadd_rn(s, raw[r * di + d]);
+        const float v = s / static_cast<float>(a.ratio);
+        pooled[d] = v;
+        sum += static_cast<double>(v) * v;
+    }
+    sum = warp_sum(sum);
+    const float scale = static_cast<float>(1.0 / sqrt(sum / static_cast<double>(di) + static_cast<double>(a.eps)));
+    for (int64_t d = lane; d < di; d += 32) {
+        const float v = __fmul_rn(pooled[d], scale);
+        pooled[d] = a.k_norm ? __fmul_rn(v, a.k_norm[d]) : v;
+    }
+    __syncwarp();
+    for (int64_t i = lane; i < a.n_rot / 2; i += 32)
+        rope_pair(pooled, i, a.n_rot, static_cast<double>(b * a.ratio), a.freq_base);
+}
+
+// ---- PLE ------------------------------------------------------------------------------------------------------------
+
+constexpr int kPleThreads = 128;
+
+// Block (t, s): threads 0..7 each sum one of cpu::dot's eight interleaved partial sums (element i goes to sum i % 8,
+// the tail included, in increasing i), thread 0 combines them in cpu::dot's order and forms the gate, then the block
+// writes the gated row.
+__global__ void __launch_bounds__(kPleThreads) ple_gate_kernel(PleGateArgs a, float inv_sqrt_h) {
+    __shared__ float partial[8];
+    __shared__ float gate;
+    const int64_t ts = blockIdx.x, t = ts / a.n_streams, H = a.n_embd;
+    const float* k = a.key + ts * H;
+    const float* q = a.query + ts * H;
+    if (threadIdx.x < 8) {
+        float acc = 0.0f;
+        for (int64_t i = threadIdx.x; i < H; i += 8) acc = __fadd_rn(acc, __fmul_rn(k[i], q[i]));
+        partial[threadIdx.x] = acc;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const float* c = partial;
+        const float dot = __fadd_rn(__fadd_rn(__fadd_rn(c[0], c[4]), __fadd_rn(c[1], c[5])),
+                                    __fadd_rn(__fadd_rn(c[2], c[6]), __fadd_rn(c[3], c[7])));
+        float g = __fmul_rn(dot, inv_sqrt_h);
+        const float magnitude = fabsf(g) < 1e-6f ? 1e-6f : fabsf(g);  // std::max(|g|, 1e-6f), NaN kept
+        g = __fmul_rn(__fsqrt_rn(magnitude), g > 0.0f ? 1.0f : (g < 0.0f ? -1.0f : 0.0f));
+        gate = sigmoid(g);
+    }
+    __syncthreads();
+    const float* value = a.value + t * H;
+    float* out = a.gated + ts * H;
+    for (int64_t j = threadIdx.x; j < H; j += blockDim.x) out[j] = __fmul_rn(gate, value[j]);
+}
+
+__global__ void ple_residual_kernel(float* residual, const float* gated, const float* conv, int64_t n) {
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+        residual[i] = __fadd_rn(residual[i], __fadd_rn(gated[i], silu(conv[i])));
+}
+
+__global__ void add_kernel(float* x, const float* y, int64_t n) {
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+        x[i] = __fadd_rn(x[i], y[i]);
+}
+
+}  // namespace
+
+// ---- embedding rows -------------------------------------------------------------------------------------------------
+
+// Staging: the raw rows (256-byte aligned), then their f32 conversion (used when copies > 1).
+size_t embed_staging_bytes(const Tensor& table, int64_t n_tokens) {
+    if (n_tokens <= 0) return 0;
+    const size_t n = static_cast<size_t>(n_tokens);
+    return align256(n * row_bytes(table.type, table.ne[0])) + n * static_cast<size_t>(table.ne[0]) * sizeof(float);
+}
+
+void embed_rows(Context& ctx, const EmbedArgs& a) {
+    if (a.n_tokens < 0 || a.copies < 1) throw Error("CUDA embed_rows: negative token count or copies < 1");
+    if (!a.table) throw Error("CUDA embed_rows: null table");
+    const Tensor& table = *a.table;
+    if (table.device != Device::Cuda)
+        throw Error("CUDA embed_rows: table " + table.name + " is in host memory; upload it to the device first");
+    if (!supports_matmul(table.type))
+        throw Error(std::string("CUDA embed_rows: table type ") + dtype_name(table.type) + " is not supported");
+    if (table.ne[2] != 1 || table.ne[3] != 1 || table.ne[0] <= 0 || table.ne[1] <= 0 || !table.data)
+        throw Error("CUDA embed_rows: table " + table.name + " must be a 2-D {width, rows} tensor with data");
+    const int64_t width = table.ne[0];
+    const size_t rb = row_bytes(table.type, width);
+    if (table.nb[1] < rb || table.nb[1] % 2 != 0 || rb % 2 != 0)
+        throw Error("CUDA embed_rows: table " + table.name + " has rows of an unexpected stride");
+    if (a.n_tokens == 0) return;
+    if (!a.tokens || !a.out || !a.staging) throw Error("CUDA embed_rows: null tokens, out or staging");
+    const unsigned blocks = one_block_each(a.n_tokens, "embed_rows");
+    select_device(ctx);
+    cudaStream_t stream = ctx.stream().handle();
+    auto* raw = static_cast<uint8_t*>(a.staging);
+    embed_copy_rows_kernel<<<blocks, 128, 0, stream>>>(static_cast<const uint8_t*>(table.data), table.nb[1],
+                                                       table.ne[1], rb, a.tokens, raw);
+    STRATA_CUDA_CHECK_LAUNCH("embed_copy_rows_kernel");
+    // One copy: straight into out. More: into staging's f32 rows, then copied out copies times.
+    float* rows = a.copies == 1 ? a.out
+                                : reinterpret_cast<float*>(raw + align256(static_cast<size_t>(a.n_tokens) * rb));
+    const DequantizeLaunch l{.type = table.type, .w = raw, .row_bytes = rb, .rows = a.n_tokens, .in = width,
+                             .out = rows, .stream = stream};
+    STRATA_ASSERT(launch_dequantize_any(l));
+    if (a.copies > 1) {
+        embed_broadcast_kernel<<<stride_blocks(a.n_tokens * a.copies * width), kThreads, 0, stream>>>(
+            rows, a.n_tokens, a.copies, width, a.out);
+        STRATA_CUDA_CHECK_LAUNCH("embed_broadcast_kernel");
+    }
+}
+
+// ---- rope -----------------------------------------------------------------------------------------------------------
+
+void rope_neox(Context& ctx, const RopeArgs& a) {
+    if (a.n_tokens < 0 || a.n_heads < 0) throw Error("CUDA rope_neox: negative token or head count");
+    if (a.n_rot < 0 || a.n_rot % 2 != 0)
+        throw Error("CUDA rope_neox: n_rot " + std::to_string(a.n_rot) + " must be even and not negative");
+    if (a.n_tokens == 0 || a.n_heads == 0 || a.n_rot == 0) return;
+    if (!a.x || !a.positions) throw Error("CUDA rope_neox: null x or positions");
+    if ((a.n_heads > 1 && a.head_stride < a.n_rot) || (a.n_tokens > 1 && a.token_stride < a.n_rot))
+        throw Error("CUDA rope_neox: head or token stride shorter than n_rot " + std::to_string(a.n_rot));
+    select_device(ctx);
+    rope_kernel<<<stride_blocks(a.n_tokens * a.n_heads * (a.n_rot / 2)), kThreads, 0, ctx.stream().handle()>>>(a);
+    STRATA_CUDA_CHECK_LAUNCH("rope_kernel");
+}
+
+// ---- GDN ------------------------------------------------------------------------------------------------------------
+
+void gdn_activate(Context& ctx, const GdnActivateArgs& a) {
+    if (a.n_tokens < 0) throw Error("CUDA gdn_activate: negative token count");
+    if (a.head_dim <= 0 || a.key_dim < 0 || a.key_dim % a.head_dim != 0 || 2 * a.key_dim > a.conv_dim)
+        throw Error("CUDA gdn_activate: bad shape (conv_dim " + std::to_string(a.conv_dim) + ", key_dim " +
+                    std::to_string(a.key_dim) + ", head_dim " + std::to_string(a.head_dim) +
+                    "): key_dim must be a multiple of head_dim and 2 * key_dim at most conv_dim");
+    if (a.n_tokens == 0 || a.conv_dim == 0) return;
+    if (!a.conv) throw Error("CUDA gdn_activate: null conv rows");
+    const unsigned blocks = one_block_each(a.n_tokens, "gdn_activate");
+    select_device(ctx);
+    gdn_activate_kernel<<<blocks, kThreads, 0, ctx.stream().handle()>>>(a);
+    STRATA_CUDA_CHECK_LAUNCH("gdn_activate_kernel");
+}
+
+void gdn_gates(Context& ctx, const GdnGatesArgs& a) {
+    if (a.n_tokens < 0 || a.n_heads < 0) throw Error("CUDA gdn_gates: negative token or head count");
+    if (a.n_tokens == 0 || a.n_heads == 0) return;
+    if (!a.beta || !a.alpha || !a.a || !a.dt_bias) throw Error("CUDA gdn_gates: null pointer");
+    select_device(ctx);
+    gdn_gates_kernel<<<stride_blocks(a.n_tokens * a.n_heads), kThreads, 0, ctx.stream().handle()>>>(a);
+    STRATA_CUDA_CHECK_LAUNCH("gdn_gates_kernel");
+}
+
+void gated_norm(Context& ctx, const GatedNormArgs& a) {
+    if (a.n_tokens < 0 || a.n_heads < 0 || a.head_dim < 0)
+        throw Error("CUDA gated_norm: negative token, head or head_dim count");
+    if (a.n_tokens == 0 || a.n_heads == 0 || a.head_dim == 0) return;
+    if (!a.x || !a.z) throw Error("CUDA gated_norm: null x or z");
+    const unsigned blocks = warp_blocks(a.n_tokens * a.n_heads, "gated_norm");
+    select_device(ctx);
+    gated_norm_kernel<<<blocks, kThreads, 0, ctx.stream().handle()>>>(a);
+    STRATA_CUDA_CHECK_LAUNCH("gated_norm_kernel");
+}
+
+// ---- rows at positions and the QSA indexer --------------------------------------------------------------------------
+
+void store_rows(Context& ctx, const StoreRowsArgs& a) {
+    if (a.n_tokens < 0 || a.width < 0 || a.dst_rows < 0 || a.src_stride < 0)
+        throw Error("CUDA store_rows: negative token count, width, row count or stride");
+    const int64_t src_stride = a.src_stride ? a.src_stride : a.width;
+    if (a.n_tokens > 1 && src_stride < a.width) throw Error("CUDA store_rows: src_stride shorter than width");
+    if (a.n_tokens == 0 || a.width == 0) return;
+    if (!a.dst || !a.src || !a.positions) throw Error("CUDA store_rows: null dst, src or positions");
+    const unsigned blocks = one_block_each(a.n_tokens, "store_rows");
+    select_device(ctx);
+    store_rows_kernel<<<blocks, 128, 0, ctx.stream().handle()>>>(a, src_stride);
+    STRATA_CUDA_CHECK_LAUNCH("store_rows_kernel");
+}
+
+void indexer_pool(Context& ctx, const IndexerPoolArgs& a) {
+    if (a.n_tokens < 0 || a.max_blocks < 0) throw Error("CUDA indexer_pool: negative token or block count");
+    if (a.head_dim <= 0 || a.ratio <= 0 || a.n_rot < 0 || a.n_rot % 2 != 0 || a.n_rot > a.head_dim)
+        throw Error("CUDA indexer_pool: bad shape (head_dim " + std::to_string(a.head_dim) + ", ratio " +
+                    std::to_string(a.ratio) + ", n_rot " + std::to_string(a.n_rot) +
+                    "): n_rot must be even and at most head_dim, ratio positive");
+    if (a.n_tokens == 0 || a.max_blocks == 0) return;
+    if (!a.raw || !a.pooled || !a.positions) throw Error("CUDA indexer_pool: null raw, pooled or positions");
+    const unsigned blocks = warp_blocks(a.n_tokens, "indexer_pool");
+    select_device(ctx);
+    indexer_pool_kernel<<<blocks, kThreads, 0, ctx.stream().handle()>>>(a);
+    STRATA_CUDA_CHECK_LAUNCH("indexer_pool_kernel");
+}
+
+// ---- PLE ------------------------------------------------------------------------------------------------------------
+
+void ple_gate(Context& ctx, const PleGateArgs& a) {
+    if (a.n_tokens < 0 || a.n_streams < 0 || a.n_embd < 0)
+        throw Error("CUDA ple_gate: negative token, stream or width count");
+    if (a.n_tokens == 0 || a.n_streams == 0 || a.n_embd == 0) return;
+    if (!a.key || !a.query || !a.value || !a.gated) throw Error("CUDA ple_gate: null pointer");
+    const unsigned blocks = one_block_each(a.n_tokens * a.n_streams, "ple_gate");
+    // As the CPU: 1 / sqrt(float(H)) in float (both correctly rounded, so the same bits here).
+    const float inv_sqrt_h = 1.0f / std::sqrt(static_cast<float>(a.n_embd));
+    select_device(ctx);
+    ple_gate_kernel<<<blocks, kPleThreads, 0, ctx.stream().handle()>>>(a, inv_sqrt_h);
+    STRATA_CUDA_CHECK_LAUNCH("ple_gate_kernel");
+}
+
+void ple_residual_add(Context& ctx, float* residual, const float* gated, const float* conv, int64_t n) {
+    if (n < 0) throw Error("CUDA ple_residual_add: negative length");
+    if (n == 0) return;
+    if (!residual || !gated || !conv) throw Error("CUDA ple_residual_add: null pointer");
+    select_device(ctx);
+    ple_residual_kernel<<<stride_blocks(n), kThreads, 0, ctx.stream().handle()>>>(residual, gated, conv, n);
+    STRATA_CUDA_CHECK_LAUNCH("ple_residual_kernel");
+}
+
+void add_inplace(Context& ctx, float* x, const float* y, int64_t n) {
+    if (n < 0) throw Error("CUDA add_inplace: negative length");
+    if (n == 0) return;
+    if (!x || !y) throw Error("CUDA add_inplace: null pointer");
+    select_device(ctx);
+    add_kernel<<<stride_blocks(n), kThreads, 0, ctx.stream().handle()>>>(x, y, n);
+    STRATA_CUDA_CHECK_LAUNCH("add_kernel");
+}
+
+}  // namespace strata::cuda

@@ -26,6 +26,7 @@
 #include "format/gguf.h"
 #include "format/hf_config.h"
 #include "format/safetensors.h"
+#include "model/model.h"
 
 namespace strata {
 namespace {
@@ -876,6 +877,198 @@ TEST(Convert, Errors) {
                  {});
     expect_error([&] { convert_hf_to_gguf({.hf_dir = dir3, .out_path = tmp / "x.gguf", .vocab_placeholder = true}); },
                  "missing tensor 'layers.2.linear_attn.A_log'");
+}
+
+// ---- synth --fast (random quant blocks) and --ple-vocab-base ----
+
+// Every element of a tensor of any type this build dequantizes, rows of ne0.
+std::vector<float> dequantized(const gguf::TensorInfo& t) {
+    int64_t n = 1;
+    for (int d = 0; d < t.n_dims; ++d) n *= t.ne[d];
+    std::vector<float> out(static_cast<size_t>(n));
+    const size_t rb = row_bytes(t.type, t.ne[0]);
+    for (int64_t r = 0; r < n / t.ne[0]; ++r)
+        dequantize_row(t.type, t.data + static_cast<size_t>(r) * rb, out.data() + r * t.ne[0], t.ne[0]);
+    return out;
+}
+
+double rms_of(const std::vector<float>& v) {
+    double s = 0;
+    for (float x : v) s += static_cast<double>(x) * x;
+    return std::sqrt(s / static_cast<double>(v.size()));
+}
+
+bool same_bytes(const gguf::TensorInfo& a, const gguf::TensorInfo& b) {
+    return a.type == b.type && a.n_bytes == b.n_bytes && std::memcmp(a.data, b.data, a.n_bytes) == 0;
+}
+
+// Logits of a few tokens: all finite, not all equal.
+void expect_runs(const std::string& path) {
+    const auto model = load_model(path);
+    const int64_t V = model->info().n_vocab;
+    const std::vector<int32_t> ids = {1, 7, 100, 42, 300, 5};
+    auto seq = model->new_sequence(static_cast<int64_t>(ids.size()));
+    std::vector<float> logits(ids.size() * static_cast<size_t>(V));
+    model->forward(*seq, ids, logits);
+    float lo = logits[0], hi = logits[0];
+    for (float x : logits) {
+        ASSERT_TRUE(std::isfinite(x)) << path;
+        lo = std::min(lo, x);
+        hi = std::max(hi, x);
+    }
+    EXPECT_GT(hi - lo, 1e-3f) << path;
+}
+
+// The float generator's values (the f32 file) are the oracle for the scale of the random blocks; float tensors are
+// the float generator's bytes as they are without --fast.
+TEST(SynthFast, EveryQuantTypeGivesFiniteValuesAtTheFloatScale) {
+    TempDir tmp;
+    const std::string ref_path = tmp / "ref.gguf";
+    synth_model({.preset = "small-k", .out_path = ref_path, .seed = 5});
+    const auto ref = gguf::File::open(ref_path);
+    const DType all[] = {DType::Q8_0,    DType::Q4_0,  DType::IQ4_NL, DType::Q2_K,   DType::Q3_K,
+                         DType::Q4_K,    DType::Q5_K,  DType::Q6_K,   DType::IQ4_XS, DType::IQ2_XS,
+                         DType::IQ3_XXS, DType::IQ3_S, DType::IQ1_M};
+    for (DType type : all) {
+        SCOPED_TRACE(dtype_name(type));
+        EXPECT_TRUE(synth_fast_fills(type));
+        const std::string path = tmp / (std::string(dtype_name(type)) + ".gguf");
+        synth_model({.preset = "small-k", .expert_type = type, .out_path = path, .seed = 5, .fast = true});
+        const auto f = gguf::File::open(path);
+        ASSERT_EQ(f->tensors().size(), ref->tensors().size());
+        int n_experts = 0;
+        for (const auto& t : f->tensors()) {
+            const auto* r = ref->find_tensor(t.name);
+            ASSERT_NE(r, nullptr) << t.name;
+            if (t.type == DType::F32) {
+                EXPECT_TRUE(same_bytes(t, *r)) << t.name;
+                continue;
+            }
+            const std::vector<float> v = dequantized(t);
+            for (float x : v) ASSERT_TRUE(std::isfinite(x)) << t.name;
+            const double ratio = rms_of(v) / rms_of(dequantized(*r));
+            EXPECT_GT(ratio, 0.5) << t.name;
+            EXPECT_LT(ratio, 2.0) << t.name;
+            if (t.name.find("_exps.") != std::string::npos) {
+                EXPECT_EQ(t.type, type) << t.name;
+                ++n_experts;
+            }
+        }
+        EXPECT_EQ(n_experts, 12);  // 4 layers x gate, up, down
+        expect_runs(path);
+    }
+}
+
+TEST(SynthFast, DeterministicAndFloatOnlyFilesUnchanged) {
+    TempDir tmp;
+    const SynthOptions iq2{.preset = "small-k", .expert_type = DType::IQ2_XS, .seed = 9, .fast = true};
+    SynthOptions a = iq2, b = iq2, c = iq2;
+    a.out_path = tmp / "a.gguf";
+    b.out_path = tmp / "b.gguf";
+    b.threads = 1;  // another chunking of the same streams
+    c.out_path = tmp / "c.gguf";
+    c.seed = 10;
+    synth_model(a);
+    synth_model(b);
+    synth_model(c);
+    const std::string bytes_a = strata::testing::read_text(a.out_path);
+    EXPECT_EQ(bytes_a, strata::testing::read_text(b.out_path));
+    const auto fa = gguf::File::open(a.out_path), fc = gguf::File::open(c.out_path);
+    EXPECT_FALSE(
+        same_bytes(*fa->find_tensor("blk.0.ffn_up_exps.weight"), *fc->find_tensor("blk.0.ffn_up_exps.weight")));
+    // two expert tensors of one file are different streams
+    const auto* up = fa->find_tensor("blk.0.ffn_up_exps.weight");
+    const auto* gate = fa->find_tensor("blk.0.ffn_gate_exps.weight");
+    EXPECT_NE(std::memcmp(up->data, gate->data, up->n_bytes), 0);
+
+    // a file without quantized tensors is the normal path's file, byte for byte
+    synth_model({.preset = "tiny", .out_path = tmp / "tiny.gguf", .seed = 3});
+    synth_model({.preset = "tiny", .out_path = tmp / "tiny-fast.gguf", .seed = 3, .fast = true});
+    EXPECT_EQ(strata::testing::read_text(tmp / "tiny.gguf"), strata::testing::read_text(tmp / "tiny-fast.gguf"));
+}
+
+// Primes at or above base, as many as heads: the PLE head table sizes (transformers' definition).
+std::vector<uint64_t> primes_from(uint64_t base, int n) {
+    std::vector<uint64_t> out;
+    for (uint64_t p = base; static_cast<int>(out.size()) < n; ++p) {
+        bool prime = p >= 2;
+        for (uint64_t k = 2; k * k <= p && prime; ++k) prime = p % k != 0;
+        if (prime) out.push_back(p);
+    }
+    return out;
+}
+
+TEST(SynthFast, PleVocabBaseShrinksOnlyThePleTable) {
+    TempDir tmp;
+    const std::string path = tmp / "tiny-ple.gguf";
+    synth_model({.preset = "tiny", .out_path = path, .fast = true, .ple_vocab_base = 100});
+    const auto f = gguf::File::open(path);
+    const std::vector<uint64_t> sizes = primes_from(100, 4);  // tiny: 2 x 2 heads
+    EXPECT_EQ(f->get_u64_array("qwen4exp.ple.head_vocab_sizes"), sizes);
+    uint64_t total = 0;
+    for (uint64_t s : sizes) total += s;
+    const auto* table = f->find_tensor("per_layer_token_embd.weight");
+    ASSERT_NE(table, nullptr);
+    EXPECT_EQ(table->ne[1], static_cast<int64_t>((total + 127) / 128 * 128));  // make_ngram_vocab_size_divisible_by
+    expect_runs(path);
+
+    // flash-next: the table comes down to ~1 GB, every other tensor keeps the preset's shape
+    const SynthModel full = build_synth({.preset = "flash-next", .expert_type = DType::IQ2_XS});
+    const SynthModel small =
+        build_synth({.preset = "flash-next", .expert_type = DType::IQ2_XS, .ple_vocab_base = 200000});
+    ASSERT_EQ(full.plan.tensors.size(), small.plan.tensors.size());
+    for (size_t i = 0; i < full.plan.tensors.size(); ++i) {
+        const PlannedTensor& a = full.plan.tensors[i];
+        const PlannedTensor& b = small.plan.tensors[i];
+        ASSERT_EQ(a.name, b.name);
+        if (a.name == "per_layer_token_embd.weight") {
+            uint64_t rows = 0;
+            for (uint64_t s : primes_from(200000, 16)) rows += s;
+            EXPECT_EQ(b.ne[1], static_cast<int64_t>((rows + 127) / 128 * 128));
+            EXPECT_GE(a.ne[1], 320000000);
+        } else {
+            EXPECT_EQ(a.ne, b.ne) << a.name;
+            EXPECT_EQ(planned_type(a, full.types), planned_type(b, small.types)) << a.name;
+        }
+    }
+    EXPECT_LT(synth_planned_bytes(small), synth_planned_bytes(full) - (uint64_t{90} << 30));
+    // the 640-wide ffn_down_exps rows hold no 256-element block: llama-quantize's fallback for IQ2_XS is IQ4_NL
+    // (llama_tensor_get_type), not F16; gate and up (2560 wide) stay IQ2_XS
+    for (const PlannedTensor& t : small.plan.tensors) {
+        if (t.name.find("_exps.") == std::string::npos) continue;
+        const bool down = t.name.find("ffn_down_exps") != std::string::npos;
+        EXPECT_EQ(planned_type(t, small.types), down ? DType::IQ4_NL : DType::IQ2_XS) << t.name;
+    }
+    EXPECT_LT(synth_planned_bytes(small), uint64_t{56} << 30);  // fits the GPU machine's 64 GB disk
+
+    expect_error([&] { build_synth({.preset = "tiny", .ple_vocab_base = 0}); }, "--ple-vocab-base must be between");
+    expect_error([&] { build_synth({.preset = "tiny", .ple_vocab_base = int64_t{1} << 40}); },
+                 "--ple-vocab-base must be between");
+    expect_error([&] { build_synth({.preset = "qwen35moe-tiny", .ple_vocab_base = 100}); }, "has no PLE table");
+}
+
+TEST(SynthFast, CommandLine) {
+    TempDir tmp;
+    const std::string out = tmp / "k.gguf";
+    auto r = strata::testing::run_strata(
+        "synth --preset small-k --type q4_k --fast --threads 2 --ple-vocab-base 300 "
+        "--out " +
+        strata::testing::shell_quote(out));
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("random quant blocks"), std::string::npos) << r.out;
+    EXPECT_EQ(gguf::File::open(out)->find_tensor("blk.0.ffn_down_exps.weight")->type, DType::Q4_K);
+    r = strata::testing::run_strata("synth --preset flash-next --type iq2_xs --ple-vocab-base 200000 --dry-run");
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("iq2_xs"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("GiB"), std::string::npos) << r.out;
+    for (const char* bad : {"--ple-vocab-base 0", "--ple-vocab-base x", "--threads 2", "--fast --threads 0"}) {
+        r = strata::testing::run_strata(std::string("synth --preset tiny ") + bad + " --out " +
+                                        strata::testing::shell_quote(tmp / "x.gguf"));
+        strata::testing::expect_user_error(r);
+    }
+    r = strata::testing::run_strata("synth --preset qwen3next-tiny --ple-vocab-base 100 --out " +
+                                    strata::testing::shell_quote(tmp / "x.gguf"));
+    strata::testing::expect_user_error(r, "has no PLE table");
 }
 
 }  // namespace

@@ -3,9 +3,11 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
 
 #include "app/commands.h"
 #include "convert/convert.h"
+#include "convert/synth.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -74,19 +76,51 @@ int run_convert(const Args& args) {
     return 0;
 }
 
+// --dry-run: what the file would hold, by type, without writing it.
+void print_synth_plan(const SynthOptions& options) {
+    const SynthModel m = build_synth(options);
+    std::map<std::string, std::pair<int64_t, uint64_t>> by_type;  // tensors, bytes
+    for (const PlannedTensor& t : m.plan.tensors) {
+        auto& [n, bytes] = by_type[dtype_name(planned_type(t, m.types))];
+        ++n;
+        bytes += row_bytes(planned_type(t, m.types), t.ne[0]) * static_cast<uint64_t>(t.n_rows());
+    }
+    const auto gib = [](uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0); };
+    std::printf("preset %s: %zu tensors, %.2f GiB of tensor data\n", options.preset.c_str(), m.plan.tensors.size(),
+                gib(synth_planned_bytes(m)));
+    for (const auto& [type, total] : by_type)
+        std::printf("  %-8s %5lld tensors %10.3f GiB\n", type.c_str(), static_cast<long long>(total.first),
+                    gib(total.second));
+    if (m.plan.ple_rows > 0)
+        std::printf("  PLE table: %lld rows of %lld\n", static_cast<long long>(m.plan.ple_rows),
+                    static_cast<long long>(m.plan.ple_row_width));
+}
+
 int run_synth(const Args& args) {
+    const bool dry_run = args.has("--dry-run");
     SynthOptions options{
         .preset = args.require("--preset"),
         .arch = args.get("--arch").value_or(""),
-        .out_path = args.require("--out"),
+        .out_path = dry_run ? args.get("--out").value_or("") : args.require("--out"),
     };
     if (args.has("--type"))
         options.expert_type = parse_type(args, "--type",
                                          {"f32", "f16", "bf16", "q8_0", "q4_0", "q2_k", "q3_k", "q4_k", "q5_k",
                                           "q6_k", "iq4_nl", "iq4_xs", "iq2_xs", "iq3_xxs", "iq3_s", "iq1_m"});
     if (auto seed = args.get_u64("--seed")) options.seed = *seed;
+    options.fast = args.has("--fast");
+    if (auto base = args.get_int("--ple-vocab-base", 1, 0x7FFFFFFF)) options.ple_vocab_base = *base;
+    if (auto threads = args.get_int("--threads", 1, 4096)) {
+        if (!options.fast) throw Error("--threads applies to --fast (the default path writes on one thread)");
+        options.threads = static_cast<int>(*threads);
+    }
+    if (dry_run) {
+        print_synth_plan(options);
+        return 0;
+    }
     synth_model(options);
-    std::printf("wrote %s (preset %s, random weights)\n", options.out_path.c_str(), options.preset.c_str());
+    std::printf("wrote %s (preset %s, random weights%s)\n", options.out_path.c_str(), options.preset.c_str(),
+                options.fast ? ", random quant blocks" : "");
     return 0;
 }
 
@@ -132,7 +166,8 @@ Command synth_command() {
             {
                 .name = "synth",
                 .summary = "write a random-weight GGUF of a named shape (for tests and benchmarks)",
-                .usage = "strata synth --preset NAME [--arch ARCH] [--type T] --out FILE.gguf [--seed S]",
+                .usage = "strata synth --preset NAME [--arch ARCH] [--type T] --out FILE.gguf [--seed S] [--fast "
+                         "[--threads N]] [--ple-vocab-base N] [--dry-run]",
                 .flags =
                     {
                         {"--preset", "NAME", "the shape (see the presets below)"},
@@ -142,9 +177,22 @@ Command synth_command() {
                          "q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, iq2_xs, iq3_xxs, iq3_s or iq1_m"},
                         {"--out", "FILE.gguf", "output file"},
                         {"--seed", "S", "random seed (default 1): the same seed writes the same file"},
+                        {"--fast", "",
+                         "fill quantized tensors with random quant blocks (scaled to the float weights' RMS) "
+                         "instead of quantizing random floats: writes at disk speed; float tensors are unchanged"},
+                        {"--threads", "N", "with --fast: threads (default: all cores)"},
+                        {"--ple-vocab-base", "N",
+                         "PLE table size: its heads get the primes at or above N as row counts, about heads x N "
+                         "rows (the preset's ngram_vocab_size_base; flash-next: 16 heads, 20000000); every other "
+                         "tensor keeps its shape"},
+                        {"--dry-run", "", "print the planned tensor bytes by type and write nothing (--out optional)"},
                     },
-                .notes = presets + "\n\nRandom weights give near-uniform expert routing: the pessimistic case for "
-                                   "expert caches.",
+                .notes = presets +
+                         "\n\nRandom weights give near-uniform expert routing: the pessimistic case for expert "
+                         "caches. Routed experts whose rows hold no whole block of --type take llama-quantize's "
+                         "fallback (iq4_nl for the 2- and 3-bit types and iq4_xs, q8_0 for q4_k, q5_k, q6_k).\n"
+                         "The full flash-next shape in about 52 GB (PLE table cut to ~1 GB):\n"
+                         "  strata synth --preset flash-next --type iq2_xs --fast --ple-vocab-base 200000 --out F.gguf",
             },
         .run = run_synth,
     };

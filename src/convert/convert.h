@@ -33,7 +33,15 @@ struct SynthOptions {
     std::optional<DType> expert_type;  // --type
     std::string out_path;
     uint64_t seed = 1;
+    // Quantized tensors get random quant blocks (scaled to the float generator's RMS) instead of quantized random
+    // floats: disk speed instead of quantizer speed. Float tensors are the same as without it.
+    bool fast = false;
+    // The PLE table's ngram_vocab_size_base (every head's table size is a prime at or above it); nullopt: the
+    // preset's. Only for presets with a PLE table; shrinks the table while every other tensor keeps its shape.
+    std::optional<int64_t> ple_vocab_base;
+    int threads = 0;  // --fast: threads per tensor (0: all cores)
 };
+// Throws Error (one line) on a bad option.
 void synth_model(const SynthOptions& options);
 // "name: description" of every synth preset, for --help.
 std::vector<std::string> synth_preset_names();

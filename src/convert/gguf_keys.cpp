@@ -27,7 +27,11 @@ DType planned_type(const PlannedTensor& t, const TensorTypes& types) {
         PlannedTensor as_matrix{t.name, t.ne, false, nullptr};
         return planned_type(as_matrix, *types.table_type);
     }
-    if (types.expert_type && t.name.find("_exps.") != std::string::npos) return planned_type(t, *types.expert_type);
+    if (types.expert_type && t.name.find("_exps.") != std::string::npos) {
+        if (types.expert_fallback && !t.ne.empty() && t.ne[0] % traits(*types.expert_type).block_size != 0)
+            return planned_type(t, *types.expert_fallback);
+        return planned_type(t, *types.expert_type);
+    }
     const DType plain = planned_type(t, types.out_type);
     if (types.mix.empty() || !types.expert_type || plain == DType::F32) return plain;
     const DType wanted = quantize_choose_type(t.name, static_cast<int>(t.ne.size()), plain,

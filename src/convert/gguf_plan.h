@@ -72,6 +72,9 @@ struct TensorTypes {
     std::optional<DType> expert_type;
     std::optional<DType> table_type;
     std::string mix;
+    // Routed experts whose rows hold no whole expert_type block take this type instead of F16 (llama-quantize's
+    // fallback: IQ4_NL for the 2- and 3-bit types, e.g. flash-next's 640-wide ffn_down_exps); F16 if it misfits too.
+    std::optional<DType> expert_fallback;
 };
 DType planned_type(const PlannedTensor& t, const TensorTypes& types);
 void add_planned_tensors(gguf::Writer& writer, const ConversionPlan& plan, const TensorTypes& types);

@@ -1,6 +1,7 @@
 // `strata synth`: random-weight GGUF files of named shapes. A preset is an HF config; a generator stands in for the
 // safetensors checkpoint (same tensor names and shapes as transformers' save_pretrained), and the file is written
 // through the converter's own plan, so synth files and converted files cannot drift apart.
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -386,6 +387,24 @@ std::optional<uint32_t> quant_ftype(DType t) {
     }
 }
 
+// llama-quantize's type for expert rows that hold no whole block of t (llama_tensor_get_type's fallback), as far as
+// this build writes it: its Q5_0 / Q5_1 (for Q4_K / Q5_K) are not written here, Q8_0 stands in.
+std::optional<DType> expert_fallback(DType t) {
+    switch (t) {
+        case DType::IQ2_XS:
+        case DType::IQ3_XXS:
+        case DType::IQ3_S:
+        case DType::IQ1_M:
+        case DType::Q2_K:
+        case DType::Q3_K:
+        case DType::IQ4_XS: return DType::IQ4_NL;
+        case DType::Q4_K:
+        case DType::Q5_K:
+        case DType::Q6_K: return DType::Q8_0;
+        default: return std::nullopt;
+    }
+}
+
 // An expert type synth can write for this shape: the converter's types, or a quant type with a reference quantizer
 // whose block divides at least one expert row width (hidden size for gate/up, expert intermediate size for down).
 void check_expert_type(DType t, const HfConfig& c, const std::string& preset) {
@@ -396,7 +415,7 @@ void check_expert_type(DType t, const HfConfig& c, const std::string& preset) {
                         "bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, iq2_xs, iq3_xxs, iq3_s, iq1_m)");
         return check_output_type(t);
     }
-    // A matrix whose rows do not fill whole blocks falls back to f16 (planned_type, as llama-quantize falls back);
+    // A matrix whose rows do not fill whole blocks falls back (expert_fallback, else f16, as llama-quantize does);
     // when that would leave no expert matrix in the requested type, the file would not be what was asked for.
     const int64_t block = traits(t).block_size;
     if (c.hidden_size % block != 0 && c.moe_intermediate_size % block != 0)
@@ -404,6 +423,19 @@ void check_expert_type(DType t, const HfConfig& c, const std::string& preset) {
                     "': its expert rows (" + std::to_string(c.hidden_size) + " and " +
                     std::to_string(c.moe_intermediate_size) + " wide) hold no whole " + std::to_string(block) +
                     "-element block (use a preset with wider rows, e.g. small-k)");
+}
+
+// --ple-vocab-base: per-head table sizes are the primes at or above the base, so the table has about
+// n_heads * base rows; the plan refuses a table past int32 rows, this refuses it before the prime search.
+void apply_ple_vocab_base(json& config, int64_t base, const std::string& preset) {
+    if (!config.contains("ple_layer_ids") || config["ple_layer_ids"].empty())
+        throw Error("synth: --ple-vocab-base: preset '" + preset + "' has no PLE table");
+    const int64_t n_heads = (config.value("ngram_size", int64_t{3}) - 1) * config.value("heads_per_ngram", int64_t{8});
+    const int64_t max_base = 0x7FFFFFFFll / std::max<int64_t>(n_heads, 1) - 4096;
+    if (base < 1 || base > max_base)
+        throw Error("synth: --ple-vocab-base must be between 1 and " + std::to_string(max_base) + " for preset '" +
+                    preset + "' (" + std::to_string(n_heads) + " heads), got " + std::to_string(base));
+    config["ngram_vocab_size_base"] = base;
 }
 
 }  // namespace
@@ -418,7 +450,9 @@ SynthModel build_synth(const SynthOptions& o) {
     }
     if (!preset) throw Error("synth: unknown preset '" + o.preset + "' (known: " + names + ")");
     SynthModel m;
-    m.config = parse_hf_config(preset->config.dump(), std::string("synth preset ") + preset->name);
+    json config = preset->config;
+    if (o.ple_vocab_base) apply_ple_vocab_base(config, *o.ple_vocab_base, preset->name);
+    m.config = parse_hf_config(config.dump(), std::string("synth preset ") + preset->name);
     if (!o.arch.empty() && o.arch != gguf_arch_name(m.config.arch))
         throw Error("synth: preset '" + o.preset + "' is " + gguf_arch_name(m.config.arch) + ", not " + o.arch +
                     " (known presets: " + names + ")");
@@ -434,7 +468,10 @@ SynthModel build_synth(const SynthOptions& o) {
     if (!table_type && preset->dense_type != DType::F32) table_type = preset->dense_type;
     m.types = TensorTypes{.out_type = preset->dense_type, .expert_type = o.expert_type, .table_type = table_type};
     // A quantized-expert file gets the rest by `strata quantize`'s default mix, as llama.cpp's presets would.
-    if (o.expert_type && quant_ftype(*o.expert_type)) m.types.mix = "default";
+    if (o.expert_type && quant_ftype(*o.expert_type)) {
+        m.types.mix = "default";
+        m.types.expert_fallback = expert_fallback(*o.expert_type);
+    }
     m.name = std::string("strata-synth-") + preset->name;
     return m;
 }
@@ -459,7 +496,10 @@ void synth_model(const SynthOptions& o) {
     const SynthModel m = build_synth(o);
     gguf::Writer writer;
     add_synth_keys(writer, m);
-    add_planned_tensors(writer, m.plan, m.types);
+    if (o.fast)
+        add_fast_tensors(writer, m, o.seed, o.threads);
+    else
+        add_planned_tensors(writer, m.plan, m.types);
     writer.write(o.out_path);
 }
 

@@ -26,4 +26,13 @@ SynthModel build_synth(const SynthOptions& options);
 // general.*, {arch}.* and the placeholder vocabulary keys.
 void add_synth_keys(gguf::Writer& writer, const SynthModel& model);
 
+// --fast (synth_fast.cpp): adds every planned tensor to the writer. Tensors of a type synth_fast_fills accepts get
+// random quant blocks whose values have the RMS the float generator gives that tensor; the others (F32/F16/BF16)
+// get the float generator's values, the same bytes as add_planned_tensors. Deterministic for a seed; each tensor is
+// produced by n_threads threads (0: all cores) when the writer asks for it.
+void add_fast_tensors(gguf::Writer& writer, const SynthModel& model, uint64_t seed, int n_threads = 0);
+bool synth_fast_fills(DType type);
+// Bytes of tensor data the plan writes (without alignment padding).
+uint64_t synth_planned_bytes(const SynthModel& model);
+
 }  // namespace strata

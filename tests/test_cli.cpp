@@ -132,7 +132,11 @@ TEST_F(CliTest, BadFlagValuesAreOneLineErrors) {
     expect_user_error(strata("logits " + model + " --tokens 1 --threads 0"), "--threads expects a positive integer");
     expect_user_error(strata("logits " + model + " --tokens 1 --mode chunk=0"), "--mode");
     expect_user_error(strata("logits " + model + " --tokens 1 --mode sideways"), "--mode");
+#if !STRATA_HAS_CUDA  // a CUDA build runs it (tests/test_cuda_model.cpp)
     expect_user_error(strata("logits " + model + " --tokens 1 --backend cuda"), "no CUDA backend");
+#endif
+    expect_user_error(strata("logits " + model + " --tokens 1 --vram-budget 1G"), "--backend cuda only");
+    expect_user_error(strata("logits " + model + " --tokens 1 --backend cuda --vram-budget lots"), "--vram-budget");
     expect_user_error(strata("logits " + model + " --tokens 1 --backend tpu"), "--backend");
     expect_user_error(strata("logits --model " + quote(tiny_) + " --tokens 1"), "--out is required");
     expect_user_error(strata("generate --model " + quote(tiny_) + " --tokens 1 -n 0"), "-n expects");

@@ -16,6 +16,10 @@
 #include "format/gguf.h"
 #include "model/model.h"
 
+#if STRATA_HAS_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
 namespace strata::app {
 
 namespace {
@@ -34,6 +38,8 @@ struct BenchPlan {
     int repetitions = 5;
     std::vector<int> thread_counts;  // 0: all cores (resolved before running)
     bool json = false;
+    LoadOptions load;  // backend, VRAM budget, graphs (threads per run)
+    const char* backend_name() const { return load.backend == Backend::Cuda ? "cuda" : "cpu"; }
 };
 
 struct ModelSummary {
@@ -87,8 +93,10 @@ BenchPlan read_plan(const Args& args) {
     } else {
         plan.thread_counts = {default_thread_count()};
     }
-    if (args.get_choice("--backend", {"cpu", "cuda"}) == "cuda")
-        throw Error("this build has no CUDA backend (configure with -DSTRATA_CUDA=ON)");
+    plan.load = load_options(args, /*read_threads=*/false);
+    plan.load.cuda_profile = args.has("--profile");
+    if (plan.load.cuda_profile && plan.load.backend != Backend::Cuda)
+        throw Error("bench: --profile applies to --backend cuda only");
     plan.json = args.has("--json");
     return plan;
 }
@@ -210,12 +218,12 @@ void print_json(const BenchPlan& plan, const ModelSummary& model, const TestResu
     }
     std::printf(
         "{\"test\":\"%s\",\"tokens_per_s\":%.6g,\"sd\":%.6g,\"threads\":%d,\"model\":\"%s\",\"model_size\":%llu,"
-        "\"model_params\":%llu,\"n_prompt\":%lld,\"n_gen\":%lld,\"depth\":%lld,\"backend\":\"cpu\","
+        "\"model_params\":%llu,\"n_prompt\":%lld,\"n_gen\":%lld,\"depth\":%lld,\"backend\":\"%s\","
         "\"repetitions\":%d,\"samples\":[%s]}\n",
         r.name.c_str(), r.mean, r.sd, r.threads, json_escape(plan.model_path).c_str(),
         static_cast<unsigned long long>(model.size_bytes), static_cast<unsigned long long>(model.n_params),
         static_cast<long long>(r.n_prompt), static_cast<long long>(r.n_gen), static_cast<long long>(plan.depth),
-        plan.repetitions, samples.c_str());
+        plan.backend_name(), plan.repetitions, samples.c_str());
     std::fflush(stdout);
 }
 
@@ -225,21 +233,53 @@ void print_table_header() {
     std::fflush(stdout);
 }
 
-void print_table_row(const ModelSummary& model, const TestResult& r) {
-    std::printf("| %s | %s | %s | cpu | %d | %s | %.2f ± %.2f |\n", model.file_name.c_str(),
-                format_bytes(model.size_bytes).c_str(), format_params(model.n_params).c_str(), r.threads,
+void print_table_row(const BenchPlan& plan, const ModelSummary& model, const TestResult& r) {
+    std::printf("| %s | %s | %s | %s | %d | %s | %.2f ± %.2f |\n", model.file_name.c_str(),
+                format_bytes(model.size_bytes).c_str(), format_params(model.n_params).c_str(), plan.backend_name(),
+                r.threads,
                 r.name.c_str(), r.mean, r.sd);
+    std::fflush(stdout);
+}
+
+// The copy bandwidth of the device, measured before the model takes its memory (0 without CUDA).
+double device_copy_bandwidth(const BenchPlan& plan, std::string* device_name) {
+#if STRATA_HAS_CUDA
+    cuda::Context ctx({.device = plan.load.cuda_device});
+    *device_name = ctx.info().name;
+    return cuda::measure_copy_bandwidth(ctx);
+#else
+    (void)plan;
+    (void)device_name;
+    return 0;
+#endif
+}
+
+// A decode result next to its roofline: the bytes a token reads over the copy bandwidth.
+void print_roofline(const BenchPlan& plan, const TestResult& r, double bandwidth_gbs, const std::string& device) {
+    const auto file = gguf::File::open(plan.model_path);
+    // The middle of the timed tokens: depth plus the prompt token plus half the generated ones.
+    const DecodeTraffic traffic = decode_traffic(*file, plan.depth + 1 + r.n_gen / 2);
+    const double roofline = bandwidth_gbs * 1e9 / static_cast<double>(traffic.total());
+    std::printf("roofline (%s, copy %.0f GB/s): a token of %s reads %.1f MB (weights %.1f, KV and indexer keys %.1f) "
+                "-> at most %.0f t/s; measured %.1f t/s = %.1f%% of it\n",
+                device.c_str(), bandwidth_gbs, r.name.c_str(), static_cast<double>(traffic.total()) / 1e6,
+                static_cast<double>(traffic.weights) / 1e6, static_cast<double>(traffic.cache) / 1e6, roofline,
+                r.mean, 100.0 * r.mean / roofline);
     std::fflush(stdout);
 }
 
 int run_bench(const Args& args) {
     const BenchPlan plan = read_plan(args);
     const ModelSummary summary = summarize(plan.model_path);
+    std::string device;
+    const double bandwidth = plan.load.backend == Backend::Cuda ? device_copy_bandwidth(plan, &device) : 0.0;
     const std::string depth_suffix = plan.depth > 0 ? "@d" + std::to_string(plan.depth) : "";
     if (!plan.json) print_table_header();
 
     for (const int threads : plan.thread_counts) {
-        auto model = load_model(plan.model_path, {.n_threads = threads});
+        LoadOptions options = plan.load;
+        options.n_threads = threads;
+        auto model = load_model(plan.model_path, options);
         // Planned up front, so a context that does not fit fails before anything runs. +1: the decode test's prompt.
         auto seq = model->new_sequence(plan.depth + plan.n_prompt + plan.n_gen + 1);
         TestRunner runner(*model, *seq, plan);
@@ -265,7 +305,8 @@ int run_bench(const Args& args) {
             if (plan.json)
                 print_json(plan, summary, r);
             else
-                print_table_row(summary, r);
+                print_table_row(plan, summary, r);
+            if (bandwidth > 0 && !plan.json && test.n_gen > 0) print_roofline(plan, r, bandwidth, device);
         }
     }
     return 0;
@@ -292,6 +333,10 @@ Command bench_command() {
                         {"--threads", "N[,N...]",
                          "worker threads; a list runs every test for each (default: all cores)"},
                         {"--backend", "B", "cpu (default) or cuda"},
+                        {"--vram-budget", "SIZE", "cuda: device memory strata may take (default: what is free less 5%)"},
+                        {"--no-cuda-graphs", "", "cuda: launch kernels one by one instead of replaying captured graphs"},
+                        {"--profile", "",
+                         "cuda: time each kind of op (kernels launched one by one) and print the split per token"},
                         {"--json", "", "one JSON object per line per test instead of the table"},
                     },
                 .notes = "Token ids are pseudo-random within the vocabulary (fixed seed), so every run feeds the same "

@@ -54,7 +54,6 @@ double seconds_since(Clock::time_point t) {
 
 const std::vector<FlagSpec> kModelFlags = {
     {"--model", "FILE.gguf", kDefaultModelHelp},
-    {"--threads", "N", "worker threads (default: all cores)"},
     {"--ctx", "N",
      "context size in tokens (default: run, the prompt plus -n; chat, 4096 or the training context if smaller)"},
     {"--system", "TEXT", "a system message at the start of the conversation"},
@@ -184,11 +183,10 @@ Engine load_engine(const Args& args) {
     } else {
         path = default_model_path();
     }
-    const int n_threads = thread_count(args);
+    LoadOptions options = load_options(args);
     Engine e;
     {
         ProgressBar bar("loading " + std::filesystem::path(path).filename().string());
-        LoadOptions options{.n_threads = n_threads};
         if (bar.enabled()) options.progress = [&bar](float f) { bar.update(f); };
         e.model = load_model(path, options);
     }
@@ -570,6 +568,7 @@ int run_chat(const Args& args) {
 
 Command run_command() {
     std::vector<FlagSpec> flags = kModelFlags;
+    flags.insert(flags.end(), kLoadFlags.begin(), kLoadFlags.end());
     flags.insert(flags.end(), {{"-n", "N",
                                 "generate at most N tokens (default: until end of generation or a full "
                                 "context)"},
@@ -593,6 +592,7 @@ Command run_command() {
 
 Command chat_command() {
     std::vector<FlagSpec> flags = kModelFlags;
+    flags.insert(flags.end(), kLoadFlags.begin(), kLoadFlags.end());
     flags.insert(flags.end(), {{"-n", "N", "at most N tokens per reply (default: until end of generation)"},
                                {"--verbose", "", "after each reply, print timings and how much context was reused"}});
     flags.insert(flags.end(), kSamplingFlags.begin(), kSamplingFlags.end());

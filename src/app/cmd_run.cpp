@@ -36,22 +36,16 @@ int64_t tokens_per_call(const Args& args, int64_t n_tokens) {
     throw Error("--mode expects prefill, incremental or chunk=N with N a positive integer, got '" + mode + "'");
 }
 
-void check_backend(const Args& args) {
-    auto backend = args.get_choice("--backend", {"cpu", "cuda"});
-    if (backend == "cuda") throw Error("this build has no CUDA backend (configure with -DSTRATA_CUDA=ON)");
-}
-
 int run_logits(const Args& args) {
     std::string model_path = args.require("--model");
     std::string out_path = args.require("--out");
-    check_backend(args);
+    const LoadOptions options = load_options(args);
     std::vector<int32_t> tokens = read_tokens(args);
     const auto n_tokens = static_cast<int64_t>(tokens.size());
     const int64_t per_call = tokens_per_call(args, n_tokens);
-    const int n_threads = thread_count(args);
     require_file(model_path, "--model");
 
-    auto model = load_model(model_path, {.n_threads = n_threads});
+    auto model = load_model(model_path, options);
     const int64_t n_vocab = model->info().n_vocab;
     check_token_range(tokens, n_vocab);
     auto seq = model->new_sequence(n_tokens);
@@ -79,7 +73,7 @@ int run_generate(const Args& args) {
         throw Error("generate: give the prompt either as --prompt TEXT or as token ids, not both");
     std::vector<int32_t> prompt = text_prompt ? std::vector<int32_t>{} : read_tokens(args);
     const bool stop_at_eog = args.has("--stop-at-eog");
-    const int n_threads = thread_count(args);
+    const LoadOptions options = load_options(args);
     std::string model_path;
     if (auto m = args.get("--model")) {
         model_path = *m;
@@ -88,7 +82,7 @@ int run_generate(const Args& args) {
         model_path = default_model_path();
     }
 
-    auto model = load_model(model_path, {.n_threads = n_threads});
+    auto model = load_model(model_path, options);
     const ModelInfo& info = model->info();
     // The tokenizer is needed for a text prompt, and for text output (without --ids) when the file has one.
     std::unique_ptr<Tokenizer> tokenizer;
@@ -170,16 +164,16 @@ Command logits_command() {
                                   {"--mode", "M",
                                    "prefill (all tokens in one call, default), incremental (one "
                                    "token per call) or chunk=N (N tokens per call)"},
-                                  {"--backend", "B", "cpu (default) or cuda"},
-                                  {"--threads", "N", "worker threads (default: all cores)"},
                               });
+    flags.insert(flags.end(), kLoadFlags.begin(), kLoadFlags.end());
     return {
         .spec =
             {
                 .name = "logits",
                 .summary = "write the logits after each input token (parity checks against other engines)",
                 .usage = "strata logits --model FILE.gguf (--tokens \"1 2 3\" | --tokens-file F) --out FILE.f32 "
-                         "[--mode prefill|incremental|chunk=N] [--backend cpu|cuda] [--threads N]",
+                         "[--mode prefill|incremental|chunk=N] [--backend cpu|cuda] [--threads N] "
+                         "[--vram-budget SIZE]",
                 .flags = flags,
                 .notes = "All three modes feed the same sequence state and give the same logits up to rounding.",
             },
@@ -199,15 +193,15 @@ Command generate_command() {
                      {"--ids", "", "print the generated token ids on one line, space separated (default: the text)"},
                      {"--seed", "S", "seed of the sampler (default: random); same seed, same tokens"},
                      {"--stop-at-eog", "", "stop after an end-of-generation token (default: generate all N)"},
-                     {"--threads", "N", "worker threads (default: all cores)"},
                  });
+    flags.insert(flags.end(), kLoadFlags.begin(), kLoadFlags.end());
     return {
         .spec =
             {
                 .name = "generate",
                 .summary = "continue a prompt (token ids or raw text), greedy or sampled",
                 .usage = "strata generate [--model FILE.gguf] (--tokens \"1 2 3\" | --tokens-file F | --prompt "
-                         "TEXT) -n N [--greedy] [--ids] [--seed S] [--stop-at-eog]",
+                         "TEXT) -n N [--greedy] [--ids] [--seed S] [--stop-at-eog] [--backend cpu|cuda]",
                 .flags = flags,
                 .notes = "Without --greedy the next token is drawn from softmax(logits) at temperature 1.\n"
                          "Without --ids the output is the decoded text, or the ids when the model has no vocabulary.",

@@ -24,7 +24,7 @@ int run_serve(const Args& args) {
         o.host = *h;
     }
     if (auto p = args.get_int("--port", 0, 65535)) o.port = static_cast<int>(*p);
-    o.n_threads = thread_count(args);
+    o.load = load_options(args);
     if (auto n = args.get_int("--parallel", 1, 256)) o.engine.n_slots = static_cast<int>(*n);
     if (auto n = args.get_int("--ctx-size", 16, int64_t{1} << 24)) o.engine.ctx_per_slot = *n;
     else o.engine.ctx_per_slot = 0;  // the server picks min(training context, 4096)
@@ -67,6 +67,9 @@ Command serve_command() {
                         {"--parallel", "N", "requests decoded together, one slot each (default 4)"},
                         {"--ctx-size", "N", "context per slot in tokens (default: 4096 or the training context)"},
                         {"--threads", "N", "worker threads (default: all cores)"},
+                        {"--backend", "B", "cpu (default) or cuda"},
+                        {"--vram-budget", "SIZE", "cuda: device memory strata may take, e.g. 12G (default: what is free less 5%)"},
+                        {"--no-cuda-graphs", "", "cuda: launch kernels one by one instead of replaying captured graphs"},
                         {"--api-key", "KEY", "require this key (Authorization: Bearer KEY or x-api-key); also STRATA_API_KEY"},
                         {"--queue", "N", "requests that may wait for a slot before 503 (default 64)"},
                         {"--chunk-size", "N", "prompt tokens per slot and step (default 256)"},

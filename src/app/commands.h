@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "app/flags.h"
+#include "model/model.h"
 
 namespace strata::app {
 
@@ -46,6 +47,11 @@ std::vector<int32_t> read_tokens(const Args& args);
 void check_token_range(const std::vector<int32_t>& tokens, int64_t n_vocab);
 // --threads N (positive) or 0 (all cores).
 int thread_count(const Args& args);
+// How to load the model: --threads, --backend cpu|cuda, --vram-budget SIZE, --no-cuda-graphs. Throws Error on a
+// bad value; a CUDA backend that this build or machine lacks is reported when the model loads.
+LoadOptions load_options(const Args& args, bool read_threads = true);
+// The flags load_options reads, for the commands' flag lists.
+extern const std::vector<FlagSpec> kLoadFlags;
 // Throws Error when path is not a readable regular file ("what" names it in the message).
 void require_file(const std::string& path, const std::string& what);
 // A file written through a temporary name in the same folder and renamed by commit(), so readers never see half a

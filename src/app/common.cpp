@@ -81,6 +81,30 @@ int thread_count(const Args& args) {
     return n ? static_cast<int>(*n) : 0;
 }
 
+const std::vector<FlagSpec> kLoadFlags = {
+    {"--threads", "N", "worker threads (default: all cores)"},
+    {"--backend", "B", "cpu (default) or cuda (a build with -DSTRATA_CUDA=ON and an NVIDIA GPU)"},
+    {"--vram-budget", "SIZE", "cuda: device memory strata may take, e.g. 12G (default: what is free less 5%)"},
+    {"--no-cuda-graphs", "", "cuda: launch each window's kernels one by one instead of replaying a captured graph"},
+};
+
+LoadOptions load_options(const Args& args, bool read_threads) {
+    LoadOptions o;
+    if (read_threads) o.n_threads = thread_count(args);
+    const auto backend = args.get_choice("--backend", {"cpu", "cuda"});
+    o.backend = backend == "cuda" ? Backend::Cuda : Backend::Cpu;
+    if (auto s = args.get("--vram-budget")) {
+        const auto bytes = parse_size(*s);
+        if (!bytes || *bytes < (uint64_t{1} << 20))
+            throw Error("--vram-budget expects a size of at least 1M (e.g. 12G), got '" + *s + "'");
+        o.vram_budget = static_cast<size_t>(*bytes);
+    }
+    o.cuda_graphs = !args.has("--no-cuda-graphs");
+    if (o.backend == Backend::Cpu && (args.has("--vram-budget") || args.has("--no-cuda-graphs")))
+        throw Error("--vram-budget and --no-cuda-graphs apply to --backend cuda only");
+    return o;
+}
+
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
     temp_path_ = path_ + ".tmp." + std::to_string(::getpid());
     file_ = std::fopen(temp_path_.c_str(), "wb");

@@ -100,45 +100,58 @@ bool packed_copies_fit(const gguf::File& file) {
 
 }  // namespace
 
-HybridModel::HybridModel(std::unique_ptr<gguf::File> file, const LoadOptions& options)
-    : file_(std::move(file)), pool_(options.n_threads > 0 ? options.n_threads : default_thread_count()) {
-    const gguf::File& f = *file_;
-    info_.arch = f.get_str("general.architecture");
+ModelInfo read_hybrid_info(const gguf::File& f, int64_t* n_block_all) {
+    ModelInfo info;
+    info.arch = f.get_str("general.architecture");
     if (const gguf::Value* name = f.find("general.name"); name && name->type == gguf::ValueType::STRING)
-        info_.name = name->str;
-    HparamReader hp(f, info_.arch);
-    info_.n_embd = hp.positive("embedding_length");
-    n_block_all_ = hp.positive("block_count");
+        info.name = name->str;
+    HparamReader hp(f, info.arch);
+    info.n_embd = hp.positive("embedding_length");
+    *n_block_all = hp.positive("block_count");
     const int64_t n_nextn = hp.u32_or("nextn_predict_layers", 0);
-    if (n_nextn >= n_block_all_)
+    if (n_nextn >= *n_block_all)
         throw Error(f.path() + ": key " + hp.key("nextn_predict_layers") + " (" + std::to_string(n_nextn) +
-                    ") must be smaller than block_count (" + std::to_string(n_block_all_) + ")");
-    info_.n_layer = n_block_all_ - n_nextn;
-    info_.n_ctx_train = hp.u32_or("context_length", 0);
-    if (options.progress) read_ahead(f, options.progress);
-    repack_ = options.repack && packed_copies_fit(f);
+                    ") must be smaller than block_count (" + std::to_string(*n_block_all) + ")");
+    info.n_layer = *n_block_all - n_nextn;
+    info.n_ctx_train = hp.u32_or("context_length", 0);
+    return info;
 }
 
-
-void HybridModel::bind_embeddings(const TensorBinder& binder) {
-    const gguf::TensorInfo* te = file_->find_tensor("token_embd.weight");
-    if (!te) throw Error(file_->path() + ": tensor token_embd.weight is missing");
-    info_.n_vocab = te->ne[1];
-    token_embd_ = binder.require_table("token_embd.weight", {info_.n_embd, info_.n_vocab});
-    output_ = binder.optional("output.weight", {info_.n_embd, info_.n_vocab}).value_or(token_embd_);
-    HparamReader hp(*file_, info_.arch);
-    if (hp.has("vocab_size") && hp.u32("vocab_size") != info_.n_vocab)
-        throw Error(file_->path() + ": key " + hp.key("vocab_size") + " says " + std::to_string(hp.u32("vocab_size")) +
-                    " tokens but token_embd.weight has " + std::to_string(info_.n_vocab));
+HybridEmbeddings bind_hybrid_embeddings(const gguf::File& file, const TensorBinder& binder, ModelInfo& info) {
+    const gguf::TensorInfo* te = file.find_tensor("token_embd.weight");
+    if (!te) throw Error(file.path() + ": tensor token_embd.weight is missing");
+    info.n_vocab = te->ne[1];
+    HybridEmbeddings e;
+    e.token_embd = binder.require_table("token_embd.weight", {info.n_embd, info.n_vocab});
+    e.output = binder.optional("output.weight", {info.n_embd, info.n_vocab}).value_or(e.token_embd);
+    HparamReader hp(file, info.arch);
+    if (hp.has("vocab_size") && hp.u32("vocab_size") != info.n_vocab)
+        throw Error(file.path() + ": key " + hp.key("vocab_size") + " says " + std::to_string(hp.u32("vocab_size")) +
+                    " tokens but token_embd.weight has " + std::to_string(info.n_vocab));
+    info.eog_tokens.clear();
     for (const char* key :
          {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) {
-        const auto id = file_->get_u32_opt(key);
-        if (id && *id < info_.n_vocab) {
+        const auto id = file.get_u32_opt(key);
+        if (id && *id < info.n_vocab) {
             bool seen = false;
-            for (int32_t e : info_.eog_tokens) seen = seen || e == static_cast<int32_t>(*id);
-            if (!seen) info_.eog_tokens.push_back(static_cast<int32_t>(*id));
+            for (int32_t eog : info.eog_tokens) seen = seen || eog == static_cast<int32_t>(*id);
+            if (!seen) info.eog_tokens.push_back(static_cast<int32_t>(*id));
         }
     }
+    return e;
+}
+
+HybridModel::HybridModel(std::unique_ptr<gguf::File> file, const LoadOptions& options)
+    : file_(std::move(file)), pool_(options.n_threads > 0 ? options.n_threads : default_thread_count()) {
+    info_ = read_hybrid_info(*file_, &n_block_all_);
+    if (options.progress) read_ahead(*file_, options.progress);
+    repack_ = options.repack && packed_copies_fit(*file_);
+}
+
+void HybridModel::bind_embeddings(const TensorBinder& binder) {
+    const HybridEmbeddings e = bind_hybrid_embeddings(*file_, binder, info_);
+    token_embd_ = e.token_embd;
+    output_ = e.output;
 }
 
 std::unique_ptr<SequenceState> HybridModel::new_sequence(int64_t max_tokens) const {

@@ -124,6 +124,16 @@ class HybridModel : public Model {
     mutable Scratch scratch_;
 };
 
+// general.* and the {arch}.* sizes every hybrid architecture reads the same way (n_vocab and the end-of-generation
+// ids come with the embeddings); *n_block_all gets block_count, MTP blocks included.
+ModelInfo read_hybrid_info(const gguf::File& file, int64_t* n_block_all);
+struct HybridEmbeddings {
+    Tensor token_embd;
+    Tensor output;  // token_embd when the file has no output.weight
+};
+// Binds token_embd and output, and fills info's n_vocab and eog_tokens.
+HybridEmbeddings bind_hybrid_embeddings(const gguf::File& file, const TensorBinder& binder, ModelInfo& info);
+
 // Shapes every hybrid architecture reads the same way from its `{arch}.*` keys (gguf-qwen4exp.md 1.1-1.4).
 AttentionShape read_attention_shape(const HparamReader& hp, int64_t n_embd, const std::vector<bool>& recurrent,
                                     int64_t n_block_all, float eps);
@@ -134,5 +144,8 @@ MoeShape read_moe_shape(const HparamReader& hp, int64_t n_embd, int64_t n_block_
 std::unique_ptr<Model> load_qwen4exp(std::unique_ptr<gguf::File> file, const LoadOptions& options);
 std::unique_ptr<Model> load_qwen35moe(std::unique_ptr<gguf::File> file, const LoadOptions& options);
 std::unique_ptr<Model> load_qwen3next(std::unique_ptr<gguf::File> file, const LoadOptions& options);
+#if STRATA_HAS_CUDA
+std::unique_ptr<Model> load_qwen4exp_cuda(std::unique_ptr<gguf::File> file, const LoadOptions& options);  // cuda/
+#endif
 
 }  // namespace strata

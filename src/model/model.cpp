@@ -13,6 +13,14 @@ namespace strata {
 std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& options) {
     std::unique_ptr<gguf::File> file = gguf::File::open(path);
     const std::string arch = file->get_str("general.architecture");
+    if (options.backend == Backend::Cuda) {
+#if STRATA_HAS_CUDA
+        if (arch == "qwen4exp") return load_qwen4exp_cuda(std::move(file), options);
+        throw Error(path + ": the CUDA backend runs qwen4exp so far, not '" + arch + "'; use --backend cpu");
+#else
+        throw Error("this build has no CUDA backend (configure with -DSTRATA_CUDA=ON)");
+#endif
+    }
     if (arch == "qwen4exp") return load_qwen4exp(std::move(file), options);
     if (arch == "qwen35moe") return load_qwen35moe(std::move(file), options);
     if (arch == "qwen3next") return load_qwen3next(std::move(file), options);
@@ -89,6 +97,48 @@ std::vector<MemoryPlanItem> plan_memory(const gguf::File& file, int64_t n_ctx) {
     const uint64_t batch = static_cast<uint64_t>(std::min<int64_t>(512, std::max<int64_t>(n_ctx, 1)));
     add("scratch (512-token batch)", batch * (vocab + 16 * static_cast<uint64_t>(hc * H)) * f);
     return items;
+}
+
+DecodeTraffic decode_traffic(const gguf::File& file, int64_t depth) {
+    DecodeTraffic d;
+    const std::string arch = file.get_str("general.architecture");
+    HparamReader hp(file, arch);
+    const int64_t n_all = hp.positive("block_count");
+    const int64_t n_layer = n_all - hp.u32_or("nextn_predict_layers", 0);
+    const int64_t n_expert = hp.u32_or("expert_count", 0), n_used = hp.u32_or("expert_used_count", 0);
+    const gguf::TensorInfo* output = file.find_tensor("output.weight");
+    int64_t ple_rows = 0;
+    if (hp.has("ple.ngram_size")) ple_rows = (hp.u32("ple.ngram_size") - 1) * hp.u32_or("ple.heads_per_ngram", 1);
+    for (const gguf::TensorInfo& t : file.tensors()) {
+        const int64_t n_rows = t.ne[1] * t.ne[2] * t.ne[3];
+        const uint64_t row = n_rows > 0 ? t.n_bytes / static_cast<uint64_t>(n_rows) : 0;
+        bool mtp = false;
+        for (int64_t il = n_layer; il < n_all && !mtp; ++il) mtp = t.name.rfind(block_tensor(il, ""), 0) == 0;
+        if (mtp) continue;
+        if (t.name == "per_layer_token_embd.weight")
+            d.weights += static_cast<uint64_t>(ple_rows) * row;
+        else if (t.name == "token_embd.weight")
+            d.weights += output ? row : t.n_bytes;  // one row, or the whole table when it is also the head
+        else if (t.name.find("_exps") != std::string::npos && n_expert > 0)
+            d.weights += t.n_bytes / static_cast<uint64_t>(n_expert) * static_cast<uint64_t>(n_used);
+        else
+            d.weights += t.n_bytes;
+    }
+    const int64_t H = hp.positive("embedding_length");
+    const std::vector<bool> recurrent = recurrent_layer_map(hp, n_all, n_layer);
+    const AttentionShape attn = read_attention_shape(hp, H, recurrent, n_all, 1e-6f);
+    const std::vector<int64_t> ratios =
+        arch == "qwen4exp" ? hp.per_block("attention.compress_ratios", n_all, 0) : std::vector<int64_t>(n_all, 0);
+    const int64_t di = hp.u32_or("attention.indexer.key_length", 0), budget = hp.u32_or("attention.indexer.top_k", 0);
+    const uint64_t cell_bytes = static_cast<uint64_t>(2 * attn.n_head_kv * attn.head_dim) * 2;  // fp16 K and V
+    for (int64_t il = 0; il < n_layer; ++il) {
+        if (recurrent[static_cast<size_t>(il)]) continue;
+        const int64_t ratio = ratios[static_cast<size_t>(il)];
+        const int64_t cells = ratio > 0 ? std::min(depth + 1, budget / ratio * ratio + ratio) : depth + 1;
+        d.cache += static_cast<uint64_t>(cells) * cell_bytes;
+        if (ratio > 0) d.cache += static_cast<uint64_t>((depth + 1) / ratio * di) * sizeof(float);  // pooled keys
+    }
+    return d;
 }
 
 // Defaults for models without a batched path or checkpoints: one forward() per entry; no checkpoints.

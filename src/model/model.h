@@ -54,7 +54,10 @@ struct BatchEntry {
     bool last_only = false;
 };
 
+enum class Backend { Cpu, Cuda };
+
 struct LoadOptions {
+    Backend backend = Backend::Cpu;
     int n_threads = 0;  // 0: all cores
     // When set, loading reads the weights once (so the first tokens do not wait on page faults) and reports the
     // fraction read, from 0 to 1, as it goes, on the loading thread (at most about 200 calls). Weights larger than
@@ -63,6 +66,14 @@ struct LoadOptions {
     // With AVX-512, Q8_0 and Q4_K matrices are copied into the CPU GEMM's packed layout (backend/cpu/packed.h) when
     // the copies fit in the free memory with a margin; the file pages they came from are handed back.
     bool repack = true;
+    // CUDA: the device, the bytes of device memory strata may take (0: what is free less 5%), and whether decode
+    // windows replay captured CUDA graphs (false: the same kernels launched one by one, for parity checks).
+    int cuda_device = 0;
+    size_t vram_budget = 0;
+    bool cuda_graphs = true;
+    // CUDA: time each kind of op with events (launches one by one) and print the split per token to stderr when the
+    // model goes away.
+    bool cuda_profile = false;
 };
 
 class Model {
@@ -93,8 +104,9 @@ public:
     virtual void restore(SequenceState& seq, const SequenceCheckpoint& checkpoint) const;
 };
 
-// Loads the model in a GGUF (weights stay mapped from the file). Throws Error for an unknown architecture, missing or
-// misshapen tensors, or unsupported tensor types, naming what is wrong.
+// Loads the model in a GGUF (weights stay mapped from the file; with the CUDA backend they are copied to the device).
+// Throws Error for an unknown architecture, missing or misshapen tensors, or unsupported tensor types, naming what is
+// wrong, and for the CUDA backend in a build without it, without a device, or over the VRAM budget.
 std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& options = {});
 
 // What loading the file for n_ctx tokens would take, part by part (for `strata info`).
@@ -103,5 +115,16 @@ struct MemoryPlanItem {
     uint64_t bytes = 0;
 };
 std::vector<MemoryPlanItem> plan_memory(const gguf::File& file, int64_t n_ctx);
+
+// The bytes one decoded token reads at a given depth (the numerator of a roofline figure): every weight once, except
+// the routed experts (the used share), the token table (one row, unless it is also the head) and the PLE table (one
+// row per head); plus the fp16 KV cells attention reads (QSA layers: at most the budget plus a block) and the pooled
+// indexer keys QSA scores. For the hybrid architectures.
+struct DecodeTraffic {
+    uint64_t weights = 0;
+    uint64_t cache = 0;
+    uint64_t total() const { return weights + cache; }
+};
+DecodeTraffic decode_traffic(const gguf::File& file, int64_t depth);
 
 }  // namespace strata

@@ -9,121 +9,21 @@
 #include "model/hybrid.h"
 #include "model/hyper_connection.h"
 #include "model/moe.h"
+#include "model/qwen4exp.h"
 
 namespace strata {
 
 namespace {
 
-struct Qwen4ExpHparams {
-    float eps = 1e-6f;
-    std::vector<bool> recurrent;          // per trunk block
-    std::vector<int64_t> compress_ratio;  // per trunk block; 0: dense attention
-    HyperConnectionShape hc;
-    AttentionShape attention;
-    IndexerShape indexer;  // ratio filled in per block
-    GdnShape gdn;
-    MoeShape moe;
-    int64_t ple_block = -1;
-    PleShape ple;
-};
-
-struct Qwen4ExpBlock {
-    bool recurrent = true;
-    HyperConnectionWeights hc_attn, hc_ffn;
-    GdnWeights gdn;
-    AttentionWeights attention;
-    IndexerShape indexer;
-    MoeWeights moe;
-    bool has_ple = false;
-    PleWeights ple;
-};
-
-Qwen4ExpHparams read_hparams(const gguf::File& file, const ModelInfo& info, int64_t n_block_all) {
-    HparamReader hp(file, "qwen4exp");
-    Qwen4ExpHparams h;
-    const int64_t H = info.n_embd;
-    const int64_t n_layer = info.n_layer;
-    h.eps = hp.f32("attention.layer_norm_rms_epsilon");
-    h.recurrent = recurrent_layer_map(hp, n_block_all, n_layer);
-    h.hc = {.n_streams = hp.u32("hyper_connection.count"),
-            .n_embd = H,
-            .low_rank = hp.positive("hyper_connection.low_rank"),
-            .eps = h.eps};
-    if (h.hc.n_streams <= 1)
-        throw Error(file.path() + ": key " + hp.key("hyper_connection.count") + " must be greater than one");
-
-    h.attention = read_attention_shape(hp, H, h.recurrent, n_block_all, h.eps);
-
-    h.compress_ratio = hp.per_block("attention.compress_ratios", n_block_all, 0);
-    h.compress_ratio.resize(static_cast<size_t>(n_layer));
-    h.indexer = {.n_head = hp.positive("attention.indexer.head_count"),
-                 .head_dim = hp.positive("attention.indexer.key_length"),
-                 .budget = hp.positive("attention.indexer.top_k")};
-    if (h.attention.n_rot > h.indexer.head_dim)
-        throw Error(file.path() + ": rope.dimension_count exceeds attention.indexer.key_length");
-
-    h.gdn = read_gdn_shape(hp, H, h.eps);
-    h.gdn.tiled_value_heads = true;               // llama.cpp's converter reorders value heads for qwen4exp
-    h.gdn.output_gate = GateActivation::Sigmoid;  // qwen4exp's GDN output gate
-    h.moe = read_moe_shape(hp, H, n_block_all);
-
-    const std::vector<int64_t> ple_layers =
-        hp.has("ple.layers") ? file.get_int_array(hp.key("ple.layers")) : std::vector<int64_t>{};
-    if (ple_layers.size() > 1)
-        throw Error(file.path() + ": key " + hp.key("ple.layers") + " lists " + std::to_string(ple_layers.size()) +
-                    " PLE blocks; the GGUF format carries one PLE table, so only one is supported");
-    if (!ple_layers.empty()) {
-        h.ple_block = ple_layers[0];
-        if (h.ple_block < 0 || h.ple_block >= n_layer || !h.recurrent[static_cast<size_t>(h.ple_block)])
-            throw Error(file.path() + ": PLE layer " + std::to_string(h.ple_block) +
-                        " is not a linear attention layer");
-        PleShape& p = h.ple;
-        p.n_embd = H;
-        p.n_streams = h.hc.n_streams;
-        p.ngram = hp.u32("ple.ngram_size");
-        p.heads_per_ngram = hp.positive("ple.heads_per_ngram");
-        p.row_width = hp.positive("embedding_length_per_layer_input");
-        p.conv_kernel = hp.positive("ple.conv_kernel");
-        p.eos = static_cast<int32_t>(hp.u32("ple.eos_token_id"));
-        p.multipliers = hp.u64_array("ple.layer_multipliers");
-        p.offsets = hp.u64_array("ple.head_offsets");
-        p.sizes = hp.u64_array("ple.head_vocab_sizes");
-        p.eps = h.eps;
-        if (p.ngram < 2 || p.ngram > 8) throw Error(file.path() + ": ple.ngram_size must be in 2..8");
-        if (static_cast<int64_t>(p.multipliers.size()) < p.ngram ||
-            static_cast<int64_t>(p.offsets.size()) < p.n_heads() || static_cast<int64_t>(p.sizes.size()) < p.n_heads())
-            throw Error(file.path() + ": the PLE hash arrays are shorter than ngram_size / the number of PLE heads");
-    }
-    return h;
-}
-
 class Qwen4ExpModel final : public HybridModel {
   public:
     Qwen4ExpModel(std::unique_ptr<gguf::File> file, const LoadOptions& options)
         : HybridModel(std::move(file), options) {
-        h_ = read_hparams(*file_, info_, n_block_all_);
+        h_ = read_qwen4exp_hparams(*file_, info_, n_block_all_);
         TensorBinder binder(*file_, packer());
         bind_embeddings(binder);
         output_hc_ = bind_hyper_connection(binder, "output_hc", h_.hc, false);
-        for (int64_t il = 0; il < info_.n_layer; ++il) {
-            Qwen4ExpBlock b;
-            b.recurrent = h_.recurrent[static_cast<size_t>(il)];
-            b.hc_attn = bind_hyper_connection(binder, block_tensor(il, "hc_attn"), h_.hc, true);
-            b.hc_ffn = bind_hyper_connection(binder, block_tensor(il, "hc_ffn"), h_.hc, true);
-            if (b.recurrent) {
-                b.gdn = bind_gdn(binder, il, h_.gdn);
-            } else {
-                b.indexer = h_.indexer;
-                b.indexer.ratio = h_.compress_ratio[static_cast<size_t>(il)];
-                b.attention = bind_attention(binder, il, h_.attention, &b.indexer);
-            }
-            b.moe = bind_moe(binder, il, h_.moe);
-            if (il == h_.ple_block) {
-                b.has_ple = true;
-                b.ple = bind_ple(binder, il, h_.ple);
-            }
-            blocks_.push_back(std::move(b));
-        }
+        blocks_ = bind_qwen4exp_blocks(binder, h_, info_.n_layer);
     }
 
   private:
@@ -233,6 +133,91 @@ class Qwen4ExpModel final : public HybridModel {
 };
 
 }  // namespace
+
+Qwen4ExpHparams read_qwen4exp_hparams(const gguf::File& file, const ModelInfo& info, int64_t n_block_all) {
+    HparamReader hp(file, "qwen4exp");
+    Qwen4ExpHparams h;
+    const int64_t H = info.n_embd;
+    const int64_t n_layer = info.n_layer;
+    h.eps = hp.f32("attention.layer_norm_rms_epsilon");
+    h.recurrent = recurrent_layer_map(hp, n_block_all, n_layer);
+    h.hc = {.n_streams = hp.u32("hyper_connection.count"),
+            .n_embd = H,
+            .low_rank = hp.positive("hyper_connection.low_rank"),
+            .eps = h.eps};
+    if (h.hc.n_streams <= 1)
+        throw Error(file.path() + ": key " + hp.key("hyper_connection.count") + " must be greater than one");
+
+    h.attention = read_attention_shape(hp, H, h.recurrent, n_block_all, h.eps);
+
+    h.compress_ratio = hp.per_block("attention.compress_ratios", n_block_all, 0);
+    h.compress_ratio.resize(static_cast<size_t>(n_layer));
+    h.indexer = {.n_head = hp.positive("attention.indexer.head_count"),
+                 .head_dim = hp.positive("attention.indexer.key_length"),
+                 .budget = hp.positive("attention.indexer.top_k")};
+    if (h.attention.n_rot > h.indexer.head_dim)
+        throw Error(file.path() + ": rope.dimension_count exceeds attention.indexer.key_length");
+
+    h.gdn = read_gdn_shape(hp, H, h.eps);
+    h.gdn.tiled_value_heads = true;               // llama.cpp's converter reorders value heads for qwen4exp
+    h.gdn.output_gate = GateActivation::Sigmoid;  // qwen4exp's GDN output gate
+    h.moe = read_moe_shape(hp, H, n_block_all);
+
+    const std::vector<int64_t> ple_layers =
+        hp.has("ple.layers") ? file.get_int_array(hp.key("ple.layers")) : std::vector<int64_t>{};
+    if (ple_layers.size() > 1)
+        throw Error(file.path() + ": key " + hp.key("ple.layers") + " lists " + std::to_string(ple_layers.size()) +
+                    " PLE blocks; the GGUF format carries one PLE table, so only one is supported");
+    if (!ple_layers.empty()) {
+        h.ple_block = ple_layers[0];
+        if (h.ple_block < 0 || h.ple_block >= n_layer || !h.recurrent[static_cast<size_t>(h.ple_block)])
+            throw Error(file.path() + ": PLE layer " + std::to_string(h.ple_block) +
+                        " is not a linear attention layer");
+        PleShape& p = h.ple;
+        p.n_embd = H;
+        p.n_streams = h.hc.n_streams;
+        p.ngram = hp.u32("ple.ngram_size");
+        p.heads_per_ngram = hp.positive("ple.heads_per_ngram");
+        p.row_width = hp.positive("embedding_length_per_layer_input");
+        p.conv_kernel = hp.positive("ple.conv_kernel");
+        p.eos = static_cast<int32_t>(hp.u32("ple.eos_token_id"));
+        p.multipliers = hp.u64_array("ple.layer_multipliers");
+        p.offsets = hp.u64_array("ple.head_offsets");
+        p.sizes = hp.u64_array("ple.head_vocab_sizes");
+        p.eps = h.eps;
+        if (p.ngram < 2 || p.ngram > 8) throw Error(file.path() + ": ple.ngram_size must be in 2..8");
+        if (static_cast<int64_t>(p.multipliers.size()) < p.ngram ||
+            static_cast<int64_t>(p.offsets.size()) < p.n_heads() || static_cast<int64_t>(p.sizes.size()) < p.n_heads())
+            throw Error(file.path() + ": the PLE hash arrays are shorter than ngram_size / the number of PLE heads");
+    }
+    return h;
+}
+
+
+std::vector<Qwen4ExpBlock> bind_qwen4exp_blocks(const TensorBinder& binder, const Qwen4ExpHparams& h,
+                                                int64_t n_layer) {
+    std::vector<Qwen4ExpBlock> blocks;
+    for (int64_t il = 0; il < n_layer; ++il) {
+        Qwen4ExpBlock b;
+        b.recurrent = h.recurrent[static_cast<size_t>(il)];
+        b.hc_attn = bind_hyper_connection(binder, block_tensor(il, "hc_attn"), h.hc, true);
+        b.hc_ffn = bind_hyper_connection(binder, block_tensor(il, "hc_ffn"), h.hc, true);
+        if (b.recurrent) {
+            b.gdn = bind_gdn(binder, il, h.gdn);
+        } else {
+            b.indexer = h.indexer;
+            b.indexer.ratio = h.compress_ratio[static_cast<size_t>(il)];
+            b.attention = bind_attention(binder, il, h.attention, &b.indexer);
+        }
+        b.moe = bind_moe(binder, il, h.moe);
+        if (il == h.ple_block) {
+            b.has_ple = true;
+            b.ple = bind_ple(binder, il, h.ple);
+        }
+        blocks.push_back(std::move(b));
+    }
+    return blocks;
+}
 
 std::unique_ptr<Model> load_qwen4exp(std::unique_ptr<gguf::File> file, const LoadOptions& options) {
     return std::make_unique<Qwen4ExpModel>(std::move(file), options);

@@ -262,7 +262,7 @@ int serve(const ServeOptions& options) {
     ctx.started = Clock::now();
     ctx.created_unix = static_cast<int64_t>(std::time(nullptr));
     ctx.model_path = options.model_path;
-    std::unique_ptr<Model> model = load_model(options.model_path, {.n_threads = options.n_threads});
+    std::unique_ptr<Model> model = load_model(options.model_path, options.load);
     std::unique_ptr<gguf::File> file = gguf::File::open(options.model_path);
     if (!file->find("tokenizer.ggml.model"))
         throw Error(options.model_path + " has no tokenizer (tokenizer.ggml.* keys): the server needs one");

@@ -13,7 +13,7 @@ struct ServeOptions {
     std::string model_path;
     std::string host = "127.0.0.1";
     int port = 8080;                    // 0: any free port (printed at start)
-    int n_threads = 0;                  // 0: all cores
+    LoadOptions load;                   // threads, backend, VRAM budget
     EngineOptions engine;
     std::string api_key;                // empty: no key (loopback binds only)
     std::vector<std::string> cors_origins;

@@ -1,0 +1,285 @@
+// The CUDA forward pass of a whole model (issue 7): load_model with --backend cuda against the oracles.
+//  - transformers: the qwen4exp goldens (tests/data/qwen4exp, f32 weights) under the CPU parity test's rules: prefill
+//    logits within 1e-3 of the largest logit, every prompt argmax equal, the greedy continuation identical;
+//  - the CUDA path itself: prefill = incremental = chunked, and graph replay = eager launches (bit for bit: the same
+//    kernels run in the same order either way);
+//  - strata's CPU backend on quantized weights (Q8_0 goldens conversion, synth small-k with Q4_K and IQ2_XS experts):
+//    the activations are quantized bit for bit as on the CPU, so only float summation order differs.
+// Without the CUDA backend compiled in or without a GPU, every test skips with a message saying so.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "convert/convert.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "model/model.h"
+#include "test_util.h"
+
+#if STRATA_HAS_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+using namespace strata;
+namespace fs = std::filesystem;
+
+namespace {
+
+#if STRATA_HAS_CUDA
+#define SKIP_WITHOUT_CUDA_DEVICE()                                                                          \
+    do {                                                                                                    \
+        if (cuda::device_count() == 0)                                                                      \
+            GTEST_SKIP() << "no CUDA device (" << cuda::no_device_reason() << "): CUDA model tests skipped"; \
+    } while (0)
+#else
+#define SKIP_WITHOUT_CUDA_DEVICE() \
+    GTEST_SKIP() << "CUDA backend not compiled in (configure with -DSTRATA_CUDA=ON): CUDA model tests skipped"
+#endif
+
+struct Golden {
+    std::vector<int32_t> prompt, greedy;
+    std::vector<float> logits;  // [prompt x vocab]
+    fs::path dir;
+};
+
+std::vector<int32_t> read_ids(const fs::path& p) {
+    std::ifstream f(p);
+    std::vector<int32_t> ids;
+    int64_t v;
+    while (f >> v) ids.push_back(static_cast<int32_t>(v));
+    return ids;
+}
+
+const Golden& golden() {
+    static const Golden g = [] {
+        Golden r;
+        r.dir = strata::testing::fixtures_root() / "qwen4exp";
+        r.prompt = read_ids(r.dir / "prompt.txt");
+        r.greedy = read_ids(r.dir / "greedy.txt");
+        std::ifstream f(r.dir / "logits.f32", std::ios::binary);
+        f.seekg(0, std::ios::end);
+        r.logits.resize(static_cast<size_t>(f.tellg()) / sizeof(float));
+        f.seekg(0);
+        f.read(reinterpret_cast<char*>(r.logits.data()), static_cast<std::streamsize>(r.logits.size() * 4));
+        return r;
+    }();
+    return g;
+}
+
+// One file per conversion per process.
+std::string converted(DType type) {
+    static std::map<DType, std::string> cache;
+    if (auto it = cache.find(type); it != cache.end()) return it->second;
+    const std::string out =
+        (fs::path(strata::testing::process_temp_dir().path()) / (std::string("qwen4exp-") + dtype_name(type) + ".gguf")).string();
+    convert_hf_to_gguf({.hf_dir = (golden().dir / "hf").string(),
+                        .out_path = out,
+                        .out_type = type,
+                        .vocab_placeholder = !fs::exists(golden().dir / "hf" / "tokenizer.json")});
+    return cache[type] = out;
+}
+
+std::string synthesized(DType expert_type) {
+    static std::map<DType, std::string> cache;
+    if (auto it = cache.find(expert_type); it != cache.end()) return it->second;
+    const std::string out = (fs::path(strata::testing::process_temp_dir().path()) /
+                             (std::string("small-k-") + dtype_name(expert_type) + ".gguf"))
+                                .string();
+    synth_model({.preset = "small-k", .expert_type = expert_type, .out_path = out, .seed = 7});
+    return cache[expert_type] = out;
+}
+
+LoadOptions cuda_options(bool graphs = true) {
+    return {.backend = Backend::Cuda, .cuda_graphs = graphs};
+}
+
+// Logits after each token, fed `per_call` tokens at a time.
+std::vector<float> run(const Model& m, const std::vector<int32_t>& tokens, size_t per_call) {
+    auto seq = m.new_sequence(static_cast<int64_t>(tokens.size()) + 32);
+    const size_t V = static_cast<size_t>(m.info().n_vocab);
+    std::vector<float> logits(tokens.size() * V);
+    for (size_t start = 0; start < tokens.size(); start += per_call) {
+        const size_t n = std::min(per_call, tokens.size() - start);
+        m.forward(*seq, std::span<const int32_t>(tokens).subspan(start, n),
+                  std::span<float>(logits).subspan(start * V, n * V));
+    }
+    return logits;
+}
+
+int32_t argmax(const float* x, int64_t n) {
+    return static_cast<int32_t>(std::max_element(x, x + n) - x);
+}
+
+struct Diff {
+    double max_diff = 0, max_ref = 0;
+    double relative() const { return max_ref > 0 ? max_diff / max_ref : max_diff; }
+};
+
+Diff compare(const std::vector<float>& ours, const std::vector<float>& ref) {
+    Diff d;
+    EXPECT_EQ(ours.size(), ref.size());
+    for (size_t i = 0; i < std::min(ours.size(), ref.size()); ++i) {
+        if (!std::isfinite(ours[i])) {
+            ADD_FAILURE() << "logit " << i << " is " << ours[i];
+            return d;
+        }
+        d.max_diff = std::max(d.max_diff, std::fabs(static_cast<double>(ours[i]) - ref[i]));
+        d.max_ref = std::max(d.max_ref, std::fabs(static_cast<double>(ref[i])));
+    }
+    return d;
+}
+
+int agreement(const std::vector<float>& a, const std::vector<float>& b, int64_t V) {
+    int agree = 0;
+    for (size_t t = 0; t < a.size() / static_cast<size_t>(V); ++t)
+        agree += argmax(a.data() + t * V, V) == argmax(b.data() + t * V, V);
+    return agree;
+}
+
+TEST(CudaModel, Qwen4ExpPrefillMatchesTransformers) {
+    SKIP_WITHOUT_CUDA_DEVICE();
+    const Golden& g = golden();
+    auto model = load_model(converted(DType::F32), cuda_options());
+    const int64_t V = model->info().n_vocab;
+    ASSERT_EQ(g.logits.size(), g.prompt.size() * static_cast<size_t>(V));
+    const std::vector<float> ours = run(*model, g.prompt, g.prompt.size());
+    const Diff d = compare(ours, g.logits);
+    std::printf("[ cuda qwen4exp ] prefill: max |diff| %.3g, max |logit| %.3g, relative %.3g\n", d.max_diff, d.max_ref,
+                d.relative());
+    // The CPU parity test's bound. The CUDA KV cache holds fp16 keys and values (relative rounding 2^-11 on the one
+    // attention block's inputs), which stays well inside it.
+    EXPECT_LE(d.max_diff, 1e-3 * d.max_ref);
+    EXPECT_EQ(agreement(ours, g.logits, V), static_cast<int>(g.prompt.size()));
+}
+
+TEST(CudaModel, Qwen4ExpGreedyContinuationMatchesTransformers) {
+    SKIP_WITHOUT_CUDA_DEVICE();
+    const Golden& g = golden();
+    auto model = load_model(converted(DType::F32), cuda_options());
+    const int64_t V = model->info().n_vocab;
+    auto seq = model->new_sequence(static_cast<int64_t>(g.prompt.size() + g.greedy.size()) + 1);
+    std::vector<float> logits(static_cast<size_t>(V));
+    model->forward(*seq, g.prompt, logits, true);
+    std::vector<int32_t> ours;
+    for (size_t i = 0; i < g.greedy.size(); ++i) {
+        ours.push_back(argmax(logits.data(), V));
+        model->forward(*seq, std::span<const int32_t>(&ours.back(), 1), logits, true);
+    }
+    EXPECT_EQ(ours, g.greedy);
+}
+
+TEST(CudaModel, PrefillIncrementalAndChunkedAgree) {
+    SKIP_WITHOUT_CUDA_DEVICE();
+    const Golden& g = golden();
+    auto model = load_model(converted(DType::F32), cuda_options());
+    const std::vector<float> prefill = run(*model, g.prompt, g.prompt.size());
+    for (const size_t per_call : {size_t{1}, size_t{3}, size_t{5}, size_t{8}}) {
+        SCOPED_TRACE("tokens per call " + std::to_string(per_call));
+        const Diff d = compare(run(*model, g.prompt, per_call), prefill);
+        std::printf("[ cuda qwen4exp ] %zu per call vs prefill: max |diff| %.3g (relative %.3g)\n", per_call,
+                    d.max_diff, d.relative());
+        // Every window runs each token through the same kernels; the matrix-vector kernels reduce a token's row the
+        // same way for 1..8 tokens, so only a different window split of the GDN recurrence could move a bit.
+        EXPECT_LE(d.relative(), 1e-5);
+    }
+}
+
+TEST(CudaModel, GraphReplayEqualsEagerLaunches) {
+    SKIP_WITHOUT_CUDA_DEVICE();
+    const Golden& g = golden();
+    auto graphs = load_model(converted(DType::F32), cuda_options(true));
+    auto eager = load_model(converted(DType::F32), cuda_options(false));
+    // Prompt in windows of 8 plus a tail, then single tokens: every window size is captured and replayed.
+    std::vector<int32_t> tokens = g.prompt;
+    tokens.insert(tokens.end(), g.greedy.begin(), g.greedy.end());
+    for (const size_t per_call : {size_t{1}, size_t{7}}) {
+        const std::vector<float> a = run(*graphs, tokens, per_call), b = run(*eager, tokens, per_call);
+        ASSERT_EQ(a.size(), b.size());
+        size_t mismatches = 0;
+        for (size_t i = 0; i < a.size(); ++i) mismatches += std::memcmp(&a[i], &b[i], 4) != 0;
+        EXPECT_EQ(mismatches, 0u) << "per call " << per_call;
+    }
+}
+
+TEST(CudaModel, SequencesAreIndependentAndResetStartsOver) {
+    SKIP_WITHOUT_CUDA_DEVICE();
+    const Golden& g = golden();
+    auto model = load_model(converted(DType::F32), cuda_options());
+    const std::vector<float> reference = run(*model, g.prompt, 4);
+    // Two sequences fed alternately, one of them reset halfway and fed again from the start.
+    const size_t V = static_cast<size_t>(model->info().n_vocab), n = g.prompt.size();
+    auto a = model->new_sequence(static_cast<int64_t>(n));
+    auto b = model->new_sequence(static_cast<int64_t>(n));
+    std::vector<float> la(n * V), lb(n * V);
+    for (size_t t = 0; t < n; ++t) {
+        model->forward(*a, std::span<const int32_t>(&g.prompt[t], 1), std::span<float>(la).subspan(t * V, V));
+        if (t == n / 2) b->reset();
+        const size_t tb = t >= n / 2 ? t - n / 2 : t;
+        model->forward(*b, std::span<const int32_t>(&g.prompt[tb], 1), std::span<float>(lb).subspan(tb * V, V));
+    }
+    EXPECT_LE(compare(la, reference).relative(), 1e-5);
+    lb.resize((n - n / 2) * V);
+    std::vector<float> ref_b(reference.begin(), reference.begin() + static_cast<std::ptrdiff_t>(lb.size()));
+    EXPECT_LE(compare(lb, ref_b).relative(), 1e-5);
+    EXPECT_EQ(b->n_past(), static_cast<int64_t>(n - n / 2));
+    // Past the capacity: an error, nothing run.
+    EXPECT_THROW(model->forward(*a, std::span<const int32_t>(g.prompt.data(), 1), {}), Error);
+}
+
+// CUDA against strata's CPU backend on quantized weights: the same activation quantization, other summation orders.
+void expect_matches_cpu(const std::string& path, const char* what) {
+    auto gpu = load_model(path, cuda_options());
+    auto cpu = load_model(path, {.n_threads = 2});
+    const int64_t V = gpu->info().n_vocab;
+    std::vector<int32_t> tokens;
+    std::mt19937 rng(11);
+    std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(V - 1));
+    for (int i = 0; i < 40; ++i) tokens.push_back(pick(rng));
+    const std::vector<float> a = run(*gpu, tokens, 8), b = run(*cpu, tokens, tokens.size());
+    const Diff d = compare(a, b);
+    const int agree = agreement(a, b, V);
+    std::printf("[ cuda vs cpu %s ] max |diff| %.3g, max |logit| %.3g, relative %.3g, argmax agreement %d/%zu\n", what,
+                d.max_diff, d.max_ref, d.relative(), agree, tokens.size());
+    // A different summation order moves a logit by ~1e-6 relative per product, but an activation that then lands on
+    // the other side of a Q8 rounding boundary moves it far more, and the random-weight GDN fixtures amplify such
+    // steps (see test_model_parity.cpp's note on Q8_0): measured 2.8e-3 on the qwen4exp Q8_0 fixture and 7.7e-4 on
+    // small-k, with every argmax equal. A wrong op costs >= 3e-2 (a broken rope measured 5e-2), so the bound is 1e-2
+    // with argmax agreement on at least 38 of 40 positions (near-ties of random weights may flip).
+    EXPECT_LE(d.relative(), 1e-2);
+    EXPECT_GE(agree, 38);
+}
+
+TEST(CudaModel, Q8_0MatchesTheCpuBackend) {
+    SKIP_WITHOUT_CUDA_DEVICE();
+    expect_matches_cpu(converted(DType::Q8_0), "qwen4exp q8_0");
+}
+
+TEST(CudaModel, QuantizedExpertsMatchTheCpuBackend) {
+    SKIP_WITHOUT_CUDA_DEVICE();
+    expect_matches_cpu(synthesized(DType::Q4_K), "small-k q4_k");
+    expect_matches_cpu(synthesized(DType::IQ2_XS), "small-k iq2_xs");
+}
+
+TEST(CudaModel, ClearErrors) {
+    SKIP_WITHOUT_CUDA_DEVICE();
+    // A budget far below the weights: refused before anything is uploaded, naming the flag.
+    LoadOptions tiny_budget = cuda_options();
+    tiny_budget.vram_budget = 1 << 20;
+    strata::testing::expect_error([&] { load_model(synthesized(DType::Q4_K), tiny_budget); }, "--vram-budget");
+    auto model = load_model(converted(DType::F32), cuda_options());
+    auto seq = model->new_sequence(8);
+    const int32_t bad = static_cast<int32_t>(model->info().n_vocab);
+    strata::testing::expect_error([&] { model->forward(*seq, std::span<const int32_t>(&bad, 1), {}); }, "out of range");
+    EXPECT_EQ(seq->n_past(), 0);
+}
+
+}  // namespace

@@ -339,7 +339,7 @@ TEST(CudaNorms, RmsNormGroupedMatchesTheCpu) {
         bool in_place;
     };
     const Case cases[] = {{5, 16, 128, 1, false}, {5, 16, 128, 2, true}, {3, 7, 37, 0, false},
-                          {2, 1, 4096, 1, true},  {1, 32, 64, 2, false}};
+                          {2, 1, 4096, 1, true},  {1, 32, 64, 2, false}, {3, 4, 2560, 1, false}};
     for (const Case& c : cases) {
         SCOPED_TRACE("tokens " + std::to_string(c.tokens) + " groups " + std::to_string(c.groups) + " x " +
                      std::to_string(c.group) + " gamma " + std::to_string(c.gamma));

@@ -19,6 +19,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+constexpr int64_t kVStretch = 2048;  // v values per block of gdn_activate
 
 size_t align256(size_t bytes) {
     return (bytes + 255) / 256 * 256;
@@ -121,28 +122,34 @@ __global__ void rope_kernel(RopeArgs a) {
 
 // ---- GDN ------------------------------------------------------------------------------------------------------------
 
-// Block t: silu over the v part of the row; warp w the q and k heads w, w + kWarps, ...: silu, then cpu::l2_norm
-// (sum of squares in double), then q times q_scale (a second rounding, as the CPU's separate loop). Each lane rewrites
-// only the values it wrote itself, so no barrier is needed.
-__global__ void __launch_bounds__(kThreads) gdn_activate_kernel(GdnActivateArgs a) {
+// Block (t, y): for y < head_blocks, warp w the q or k head y * kWarps + w: silu, then cpu::l2_norm (sum of squares in
+// double), then q times q_scale (a second rounding, as the CPU's separate loop); for y >= head_blocks, silu over a
+// stretch of the v part. Spread over blocks: one block per token left one SM doing all 10,240 channels of a
+// Flash-Next row (24 us under ncu). Each lane rewrites only the values it read itself, so no barrier is needed.
+__global__ void __launch_bounds__(kThreads) gdn_activate_kernel(GdnActivateArgs a, int64_t head_blocks) {
     float* row = a.conv + static_cast<int64_t>(blockIdx.x) * a.conv_dim;
     const int64_t qk = 2 * a.key_dim, q_heads = a.key_dim / a.head_dim;
-    for (int64_t i = qk + threadIdx.x; i < a.conv_dim; i += blockDim.x) row[i] = silu(row[i]);
+    if (static_cast<int64_t>(blockIdx.y) >= head_blocks) {
+        const int64_t stretch = static_cast<int64_t>(blockIdx.y) - head_blocks;
+        const int64_t begin = qk + stretch * kVStretch, end = begin + kVStretch < a.conv_dim ? begin + kVStretch : a.conv_dim;
+        for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) row[i] = silu(row[i]);
+        return;
+    }
     const int lane = static_cast<int>(threadIdx.x) % 32;
-    for (int64_t h = threadIdx.x / 32; h < 2 * q_heads; h += kWarps) {
-        float* x = row + h * a.head_dim;
-        double sum = 0.0;
-        for (int64_t i = lane; i < a.head_dim; i += 32) {
-            const float v = silu(x[i]);
-            x[i] = v;
-            sum += static_cast<double>(v) * v;
-        }
-        sum = warp_sum(sum);
-        const float scale = static_cast<float>(1.0 / sqrt(sum + static_cast<double>(1e-6f)));
-        for (int64_t i = lane; i < a.head_dim; i += 32) {
-            const float v = __fmul_rn(x[i], scale);
-            x[i] = h < q_heads ? __fmul_rn(v, a.q_scale) : v;
-        }
+    const int64_t h = static_cast<int64_t>(blockIdx.y) * kWarps + threadIdx.x / 32;
+    if (h >= 2 * q_heads) return;
+    float* x = row + h * a.head_dim;
+    double sum = 0.0;
+    for (int64_t i = lane; i < a.head_dim; i += 32) {
+        const float v = silu(x[i]);
+        x[i] = v;
+        sum += static_cast<double>(v) * v;
+    }
+    sum = warp_sum(sum);
+    const float scale = static_cast<float>(1.0 / sqrt(sum + static_cast<double>(1e-6f)));
+    for (int64_t i = lane; i < a.head_dim; i += 32) {
+        const float v = __fmul_rn(x[i], scale);
+        x[i] = h < q_heads ? __fmul_rn(v, a.q_scale) : v;
     }
 }
 
@@ -337,8 +344,12 @@ void gdn_activate(Context& ctx, const GdnActivateArgs& a) {
     if (a.n_tokens == 0 || a.conv_dim == 0) return;
     if (!a.conv) throw Error("CUDA gdn_activate: null conv rows");
     const unsigned blocks = one_block_each(a.n_tokens, "gdn_activate");
+    const int64_t head_blocks = (2 * (a.key_dim / a.head_dim) + kWarps - 1) / kWarps;
+    const int64_t v_blocks = (a.conv_dim - 2 * a.key_dim + kVStretch - 1) / kVStretch;
+    if (head_blocks + v_blocks > 65535) throw Error("CUDA gdn_activate: too many heads in one row");
     select_device(ctx);
-    gdn_activate_kernel<<<blocks, kThreads, 0, ctx.stream().handle()>>>(a);
+    gdn_activate_kernel<<<dim3(blocks, static_cast<unsigned>(std::max<int64_t>(head_blocks + v_blocks, 1))), kThreads,
+                          0, ctx.stream().handle()>>>(a, head_blocks);
     STRATA_CUDA_CHECK_LAUNCH("gdn_activate_kernel");
 }
 

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -227,6 +228,14 @@ struct MatmulArgs {
     int64_t n_tokens = 1;
 };
 void matmul(Context& ctx, const MatmulArgs& args);
+// Several products of the same activations (the four GDN projections, q/k/v, a hyper-connection's down and inject):
+// each y = w . x exactly as matmul computes it, with x quantized once per activation format instead of once per
+// product. Every w takes rows of the same length.
+struct MatmulOutput {
+    const Tensor* w;
+    float* y;
+};
+void matmul_shared_input(Context& ctx, const float* x, int64_t n_tokens, std::initializer_list<MatmulOutput> outputs);
 // The context scratch one matmul of these weights over n_tokens tokens takes (to reserve it before a graph capture).
 size_t matmul_scratch_bytes(const Tensor& w, int64_t n_tokens);
 

@@ -41,6 +41,39 @@ __global__ void __launch_bounds__(kNormThreads) group_norm_kernel(GroupNormArgs 
     }
 }
 
+// One block per (token, group), for long groups (the hyper-connection norm: 4 groups of 2,560 at Flash-Next): a warp per
+// group left one SM reading 10,240 values with 8 warps (34 us under ncu). Each thread sums a strided share in double,
+// the warps' sums meet in shared memory, and every thread rewrites only the values it read.
+template <NormKind kKind>
+__global__ void __launch_bounds__(kNormThreads) group_norm_block_kernel(GroupNormArgs a, int64_t row_stride) {
+    const int64_t item = blockIdx.x, t = item / a.n_groups, g = item % a.n_groups;
+    const float* x = a.x + t * row_stride + g * a.group;
+    float* out = a.out + t * row_stride + g * a.group;
+    double sum = 0.0;
+    for (int64_t i = threadIdx.x; i < a.group; i += kNormThreads) sum += static_cast<double>(x[i]) * x[i];
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    __shared__ double warp_sums[kNormThreads / 32];
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
+    __syncthreads();
+    double total = 0.0;
+#pragma unroll
+    for (int w = 0; w < kNormThreads / 32; ++w) total += warp_sums[w];
+    float scale;
+    if constexpr (kKind == NormKind::Rms)
+        scale = static_cast<float>(1.0 / sqrt(total / static_cast<double>(a.group) + a.eps));
+    else
+        scale = static_cast<float>(1.0 / sqrt(total + a.eps));
+    const float* gamma = a.gamma ? a.gamma + (a.gamma_shared ? 0 : g * a.group) : nullptr;
+    for (int64_t i = threadIdx.x; i < a.group; i += kNormThreads) {
+        const float v = __fmul_rn(x[i], scale);
+        out[i] = gamma ? __fmul_rn(v, gamma[i]) : v;
+    }
+}
+
+// Groups at least this long take a block each.
+constexpr int64_t kBlockPerGroupFrom = 1024;
+
 template <NormKind kKind>
 void launch_group_norm(Context& ctx, const GroupNormArgs& a, const char* name) {
     if (a.n_tokens < 0 || a.n_groups < 0 || a.group < 0)
@@ -57,6 +90,13 @@ void launch_group_norm(Context& ctx, const GroupNormArgs& a, const char* name) {
     if (blocks > 0x7fffffff) throw Error(std::string("CUDA ") + name + ": too many groups in one call");
     GroupNormArgs args = a;
     if (kKind == NormKind::L2) args.gamma = nullptr;
+    if (a.group >= kBlockPerGroupFrom) {
+        if (items > 0x7fffffff) throw Error(std::string("CUDA ") + name + ": too many groups in one call");
+        group_norm_block_kernel<kKind>
+            <<<static_cast<unsigned>(items), kNormThreads, 0, ctx.stream().handle()>>>(args, row_stride);
+        STRATA_CUDA_CHECK_LAUNCH("group_norm_block_kernel");
+        return;
+    }
     group_norm_kernel<kKind>
         <<<static_cast<unsigned>(blocks), kNormThreads, 0, ctx.stream().handle()>>>(args, row_stride);
     STRATA_CUDA_CHECK_LAUNCH("group_norm_kernel");

@@ -84,8 +84,10 @@ void hyper_connection_read(Context& ctx, const HyperConnectionReadArgs& a) {
 
     rms_norm_grouped(ctx, {.x = a.residual, .out = xn, .n_tokens = T, .n_groups = hc, .group = H, .gamma = w.norm,
                            .eps = s.eps});
-    matmul(ctx, {.w = *w.down, .x = xn, .y = low, .n_tokens = T});
-    if (a.inject) matmul(ctx, {.w = *w.inject, .x = xn, .y = a.inject, .n_tokens = T});
+    if (a.inject)
+        matmul_shared_input(ctx, xn, T, {{w.down, low}, {w.inject, a.inject}});  // x quantized once for both
+    else
+        matmul(ctx, {.w = *w.down, .x = xn, .y = low, .n_tokens = T});
     low_rank_silu_kernel<<<blocks_for(T * R), kThreads, 0, stream>>>(low, T * R, static_cast<float>(hc));
     STRATA_CUDA_CHECK_LAUNCH("low_rank_silu_kernel");
     matmul(ctx, {.w = *w.up, .x = low, .y = gate, .n_tokens = T});

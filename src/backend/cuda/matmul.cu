@@ -347,6 +347,60 @@ size_t matmul_scratch_bytes(const Tensor& w, int64_t n_tokens) {
     return scratch_layout(w, n_tokens).total();
 }
 
+namespace {
+
+void check_weights(const Tensor& w) {
+    if (w.device != Device::Cuda)
+        throw Error("CUDA matmul: weight " + w.name + " is in host memory; upload it to the device first");
+    if (!supports_matmul(w.type))
+        throw Error(std::string("CUDA matmul: weight type ") + dtype_name(w.type) + " of " + w.name +
+                    " is not supported by the CUDA backend");
+    STRATA_ASSERT(w.ne[2] == 1 && w.ne[3] == 1);
+    STRATA_ASSERT(w.ne[0] % traits(w.type).block_size == 0 && w.nb[1] >= row_bytes(w.type, w.ne[0]) &&
+                  w.nb[1] % 2 == 0);
+}
+
+}  // namespace
+
+void matmul_shared_input(Context& ctx, const float* x, int64_t n_tokens, std::initializer_list<MatmulOutput> outputs) {
+    if (n_tokens <= 0 || outputs.size() == 0) return;
+    // The matvec path quantizes x once per activation format; anything else goes through matmul on its own.
+    size_t need = 0;
+    for (const MatmulOutput& o : outputs) {
+        check_weights(*o.w);
+        if (o.w->ne[0] != outputs.begin()->w->ne[0])
+            throw Error("CUDA matmul_shared_input: " + o.w->name + " takes rows of " + std::to_string(o.w->ne[0]) +
+                        " values, " + outputs.begin()->w->name + " of " + std::to_string(outputs.begin()->w->ne[0]));
+        need = std::max(need, scratch_layout(*o.w, n_tokens).total());
+    }
+    STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
+    cudaStream_t stream = ctx.stream().handle();
+    auto* scratch = static_cast<uint8_t*>(ctx.scratch(need));
+    const Tensor* quantized_for = nullptr;  // whose format the scratch holds now
+    for (const MatmulOutput& o : outputs) {
+        const Tensor& w = *o.w;
+        const int64_t in = w.ne[0], rows = w.ne[1];
+        if (rows == 0) continue;
+        if (n_tokens > kMaxMatvecTokens || in % 16 != 0) {
+            matmul(ctx, {.w = w, .x = x, .y = o.y, .n_tokens = n_tokens});  // rewrites the scratch
+            quantized_for = nullptr;
+            continue;
+        }
+        const ScratchLayout layout = scratch_layout(w, n_tokens);
+        const QuantizedActivations act{.q = reinterpret_cast<int8_t*>(scratch),
+                                       .d = reinterpret_cast<float*>(scratch + layout.q),
+                                       .s16 = reinterpret_cast<float*>(scratch + layout.q + layout.d)};
+        if (!quantized_for || !same_activation_format(quantized_for->type, w.type)) {
+            quantize_activations(w.type, x, in, n_tokens, act, stream);
+            quantized_for = &w;
+        }
+        const MatvecLaunch l{.type = w.type, .w = static_cast<const uint8_t*>(w.data), .row_bytes = w.nb[1],
+                             .rows = rows, .in = in, .n_tokens = static_cast<int>(n_tokens), .act = act, .x = x,
+                             .y = o.y, .stream = stream};
+        STRATA_ASSERT(launch_matvec(l));
+    }
+}
+
 void matmul(Context& ctx, const MatmulArgs& a) {
     const Tensor& w = a.w;
     if (w.device != Device::Cuda)

@@ -571,10 +571,8 @@ class Qwen4ExpCudaModel final : public Model {
         const GdnShape& g = h_.gdn;
         const int64_t CD = g.conv_dim(), VD = g.value_dim(), KD = g.key_dim();
         mark(kGdnProjections);
-        mm(w.qkv, w_.mixed, w_.qkv, T);
-        mm(w.gate, w_.mixed, w_.z, T);
-        mm(w.beta, w_.mixed, w_.beta, T);
-        mm(w.alpha, w_.mixed, w_.alpha, T);
+        cuda::matmul_shared_input(ctx, w_.mixed, T,
+                                  {{w.qkv, w_.qkv}, {w.gate, w_.z}, {w.beta, w_.beta}, {w.alpha, w_.alpha}});
         mark(kGdnRecurrence);
         cuda::causal_conv(ctx, {.x = w_.qkv,
                                 .x_stride = CD,
@@ -632,9 +630,12 @@ class Qwen4ExpCudaModel final : public Model {
         const AttentionShape& a = h_.attention;
         const int64_t hd = a.head_dim, nh = a.n_head, nkv = a.n_head_kv, kvw = nkv * hd;
         mark(kAttentionProjections);
-        mm(w.q, w_.mixed, w_.qg, T);
-        mm(w.k, w_.mixed, w_.k_new, T);
-        mm(w.v, w_.mixed, w_.v_new, T);
+        if (w.sparse())
+            cuda::matmul_shared_input(ctx, w_.mixed, T,
+                                      {{w.q, w_.qg}, {w.k, w_.k_new}, {w.v, w_.v_new}, {w.index_k, w_.index_raw},
+                                       {w.index_q, w_.index_q}});
+        else
+            cuda::matmul_shared_input(ctx, w_.mixed, T, {{w.q, w_.qg}, {w.k, w_.k_new}, {w.v, w_.v_new}});
         mark(kAttention);
         cuda::rms_norm_grouped(ctx, {.x = w_.qg,
                                      .out = w_.qg,
@@ -682,7 +683,6 @@ class Qwen4ExpCudaModel final : public Model {
         if (w.sparse()) {
             const IndexerShape& ix = w.indexer;
             const int64_t di = ix.head_dim;
-            mm(w.index_k, w_.mixed, w_.index_raw, T);
             cuda::store_rows(ctx, {.dst = l.index_raw.as<float>(),
                                    .dst_rows = s.capacity_,
                                    .src = w_.index_raw,
@@ -701,7 +701,6 @@ class Qwen4ExpCudaModel final : public Model {
                                      .freq_base = a.freq_base,
                                      .positions = w_.positions,
                                      .n_tokens = T});
-            mm(w.index_q, w_.mixed, w_.index_q, T);
             cuda::rms_norm_grouped(ctx, {.x = w_.index_q,
                                          .out = w_.index_q,
                                          .n_tokens = T * ix.n_head,
@@ -778,8 +777,7 @@ class Qwen4ExpCudaModel final : public Model {
                                .rows = w_.ple_rows,
                                .staging = w_.ple_staging,
                                .out = w_.ple_emb});
-        mm(w.key, w_.ple_emb, w_.ple_key, T);
-        mm(w.value, w_.ple_emb, w_.ple_value, T);
+        cuda::matmul_shared_input(ctx, w_.ple_emb, T, {{w.key, w_.ple_key}, {w.value, w_.ple_value}});
         auto norm = [&](const float* x, float* out, const float* gamma) {
             cuda::rms_norm_grouped(ctx, {.x = x,
                                          .out = out,

@@ -19,6 +19,9 @@
 #   STRATA_WERROR         ON to make warnings errors (default OFF: another nvcc may warn where ours does not)
 #   STRATA_CUDA_FLAGS     CMAKE_CUDA_FLAGS (e.g. -D defines of a kernel variant being measured)
 #   STRATA_CUDA_TEST_FILTER  a --gtest_filter for the test runs (default: all)
+#   STRATA_CUDA_TESTS     0 to skip the test programs (a benchmark-only run)
+#   STRATA_CUDA_BENCH     quick, depth or all: then scripts/gpu_bench.sh benchmarks the CUDA forward pass on
+#                         synthesized qwen4exp-mid and flash-next files (full build only; log: bench.log)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 arch=${STRATA_CUDA_ARCH:-90}
@@ -76,8 +79,10 @@ if [[ $only_tests != 1 ]]; then
         esac
     done
 fi
-for program in test_cuda_block_ops test_cuda_model_ops test_cuda_attention test_cuda_recurrent test_cuda_ops \
-    "${more_programs[@]}"; do
+programs=(test_cuda_block_ops test_cuda_model_ops test_cuda_attention test_cuda_recurrent test_cuda_ops
+          "${more_programs[@]}")
+[[ ${STRATA_CUDA_TESTS:-1} == 0 ]] && programs=()
+for program in "${programs[@]}"; do
     echo "== $program$([[ ${STRATA_CUDA_PERF:-1} == 1 ]] && echo ' (tests and perf)')"
     STRATA_CUDA_PERF=${STRATA_CUDA_PERF:-1} "$bindir/$program" --gtest_filter="${STRATA_CUDA_TEST_FILTER:-*}" 2>&1 |
         tee "$logs/$program.log" || { rc=$?; [[ $status != 0 ]] || status=$rc; }
@@ -88,6 +93,10 @@ if [[ $only_tests != 1 && ${STRATA_CUDA_CTEST:-0} == 1 ]]; then
     # Without CI set, the tests whose oracles are missing here (node, llama.cpp) skip instead of failing.
     env -u CI ctest --test-dir "$build" -j"$(nproc)" --output-on-failure -E '(^|/)Cuda' 2>&1 |
         tee "$logs/ctest.log" || { rc=$?; [[ $status != 0 ]] || status=$rc; }
+fi
+
+if [[ $only_tests != 1 && -n ${STRATA_CUDA_BENCH:-} ]]; then
+    scripts/gpu_bench.sh "$build/strata" "$logs" || { rc=$?; [[ $status != 0 ]] || status=$rc; }
 fi
 
 if [[ ${STRATA_CUDA_SANITIZE:-0} == 1 ]]; then

@@ -59,10 +59,12 @@ std::vector<int32_t> read_ids(const fs::path& p) {
     return ids;
 }
 
-const Golden& golden() {
-    static const Golden g = [] {
+const Golden& golden(const std::string& name = "qwen4exp") {
+    static std::map<std::string, Golden> cache;
+    if (auto it = cache.find(name); it != cache.end()) return it->second;
+    const Golden g = [&] {
         Golden r;
-        r.dir = strata::testing::fixtures_root() / "qwen4exp";
+        r.dir = strata::testing::fixtures_root() / name;
         r.prompt = read_ids(r.dir / "prompt.txt");
         r.greedy = read_ids(r.dir / "greedy.txt");
         std::ifstream f(r.dir / "logits.f32", std::ios::binary);
@@ -72,20 +74,20 @@ const Golden& golden() {
         f.read(reinterpret_cast<char*>(r.logits.data()), static_cast<std::streamsize>(r.logits.size() * 4));
         return r;
     }();
-    return g;
+    return cache[name] = g;
 }
 
-// One file per conversion per process.
-std::string converted(DType type) {
-    static std::map<DType, std::string> cache;
-    if (auto it = cache.find(type); it != cache.end()) return it->second;
-    const std::string out =
-        (fs::path(strata::testing::process_temp_dir().path()) / (std::string("qwen4exp-") + dtype_name(type) + ".gguf")).string();
-    convert_hf_to_gguf({.hf_dir = (golden().dir / "hf").string(),
+// One file per fixture and conversion per process.
+std::string converted(DType type, const std::string& name = "qwen4exp") {
+    static std::map<std::string, std::string> cache;
+    const std::string key = name + "-" + dtype_name(type);
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
+    const std::string out = (fs::path(strata::testing::process_temp_dir().path()) / (key + ".gguf")).string();
+    convert_hf_to_gguf({.hf_dir = (golden(name).dir / "hf").string(),
                         .out_path = out,
                         .out_type = type,
-                        .vocab_placeholder = !fs::exists(golden().dir / "hf" / "tokenizer.json")});
-    return cache[type] = out;
+                        .vocab_placeholder = !fs::exists(golden(name).dir / "hf" / "tokenizer.json")});
+    return cache[key] = out;
 }
 
 std::string synthesized(DType expert_type) {
@@ -233,6 +235,37 @@ TEST(CudaModel, SequencesAreIndependentAndResetStartsOver) {
     EXPECT_EQ(b->n_past(), static_cast<int64_t>(n - n / 2));
     // Past the capacity: an error, nothing run.
     EXPECT_THROW(model->forward(*a, std::span<const int32_t>(g.prompt.data(), 1), {}), Error);
+}
+
+// The single-stream architectures (cuda/single_stream_cuda.cpp) under the same rules as qwen4exp: prefill within the
+// CPU parity bound of transformers with every argmax equal, the greedy continuation identical, and chunked feeding
+// equal to prefill.
+TEST(CudaModel, SingleStreamArchitecturesMatchTransformers) {
+    SKIP_WITHOUT_CUDA_DEVICE();
+    for (const std::string name : {"qwen35moe", "qwen3next"}) {
+        SCOPED_TRACE(name);
+        const Golden& g = golden(name);
+        auto model = load_model(converted(DType::F32, name), cuda_options());
+        const int64_t V = model->info().n_vocab;
+        ASSERT_EQ(g.logits.size(), g.prompt.size() * static_cast<size_t>(V));
+        const std::vector<float> ours = run(*model, g.prompt, g.prompt.size());
+        const Diff d = compare(ours, g.logits);
+        std::printf("[ cuda %s ] prefill: max |diff| %.3g, max |logit| %.3g, relative %.3g\n", name.c_str(),
+                    d.max_diff, d.max_ref, d.relative());
+        EXPECT_LE(d.max_diff, 1e-3 * d.max_ref);
+        EXPECT_EQ(agreement(ours, g.logits, V), static_cast<int>(g.prompt.size()));
+        EXPECT_LE(compare(run(*model, g.prompt, 3), ours).relative(), 1e-5);
+
+        auto seq = model->new_sequence(static_cast<int64_t>(g.prompt.size() + g.greedy.size()) + 1);
+        std::vector<float> logits(static_cast<size_t>(V));
+        model->forward(*seq, g.prompt, logits, true);
+        std::vector<int32_t> greedy;
+        for (size_t i = 0; i < g.greedy.size(); ++i) {
+            greedy.push_back(argmax(logits.data(), V));
+            model->forward(*seq, std::span<const int32_t>(&greedy.back(), 1), logits, true);
+        }
+        EXPECT_EQ(greedy, g.greedy);
+    }
 }
 
 // CUDA against strata's CPU backend on quantized weights: the same activation quantization, other summation orders.

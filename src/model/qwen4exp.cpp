@@ -220,6 +220,9 @@ std::vector<Qwen4ExpBlock> bind_qwen4exp_blocks(const TensorBinder& binder, cons
 }
 
 std::unique_ptr<Model> load_qwen4exp(std::unique_ptr<gguf::File> file, const LoadOptions& options) {
+#if STRATA_HAS_CUDA
+    if (options.backend == Backend::Cuda) return load_qwen4exp_cuda(std::move(file), options);
+#endif
     return std::make_unique<Qwen4ExpModel>(std::move(file), options);
 }
 

@@ -14,51 +14,15 @@ namespace strata {
 
 namespace {
 
-struct SingleStreamHparams {
-    float eps = 1e-6f;
-    std::vector<bool> recurrent;
-    AttentionShape attention;
-    GdnShape gdn;
-    MoeShape moe;
-};
-
-struct SingleStreamBlock {
-    bool recurrent = true;
-    std::vector<float> attn_norm, post_attention_norm;
-    GdnWeights gdn;
-    AttentionWeights attention;
-    MoeWeights moe;
-};
-
 class SingleStreamModel final : public HybridModel {
   public:
     SingleStreamModel(std::unique_ptr<gguf::File> file, const LoadOptions& options, const SingleStreamArch& arch)
         : HybridModel(std::move(file), options) {
-        HparamReader hp(*file_, arch.name);
-        const int64_t H = info_.n_embd;
-        h_.eps = hp.f32("attention.layer_norm_rms_epsilon");
-        h_.recurrent = recurrent_layer_map(hp, n_block_all_, info_.n_layer);
-        h_.attention = read_attention_shape(hp, H, h_.recurrent, n_block_all_, h_.eps);
-        h_.gdn = read_gdn_shape(hp, H, h_.eps);
-        h_.gdn.tiled_value_heads = arch.tiled_value_heads;
-        h_.gdn.output_gate = GateActivation::Silu;
-        h_.moe = read_moe_shape(hp, H, n_block_all_);
-
+        h_ = read_single_stream_hparams(*file_, arch, info_, n_block_all_);
         TensorBinder binder(*file_, packer());
         bind_embeddings(binder);
-        output_norm_ = binder.require_f32("output_norm.weight", {H});
-        for (int64_t il = 0; il < info_.n_layer; ++il) {
-            SingleStreamBlock b;
-            b.recurrent = h_.recurrent[static_cast<size_t>(il)];
-            b.attn_norm = binder.require_f32(block_tensor(il, "attn_norm.weight"), {H});
-            b.post_attention_norm = binder.require_f32(block_tensor(il, "post_attention_norm.weight"), {H});
-            if (b.recurrent)
-                b.gdn = bind_gdn(binder, il, h_.gdn);
-            else
-                b.attention = bind_attention(binder, il, h_.attention, nullptr);
-            b.moe = bind_moe(binder, il, h_.moe);
-            blocks_.push_back(std::move(b));
-        }
+        output_norm_ = binder.require_f32("output_norm.weight", {info_.n_embd});
+        blocks_ = bind_single_stream_blocks(binder, h_, info_.n_layer);
     }
 
   private:
@@ -130,8 +94,45 @@ class SingleStreamModel final : public HybridModel {
 
 }  // namespace
 
+SingleStreamHparams read_single_stream_hparams(const gguf::File& file, const SingleStreamArch& arch,
+                                               const ModelInfo& info, int64_t n_block_all) {
+    HparamReader hp(file, arch.name);
+    const int64_t H = info.n_embd;
+    SingleStreamHparams h;
+    h.eps = hp.f32("attention.layer_norm_rms_epsilon");
+    h.recurrent = recurrent_layer_map(hp, n_block_all, info.n_layer);
+    h.attention = read_attention_shape(hp, H, h.recurrent, n_block_all, h.eps);
+    h.gdn = read_gdn_shape(hp, H, h.eps);
+    h.gdn.tiled_value_heads = arch.tiled_value_heads;
+    h.gdn.output_gate = GateActivation::Silu;
+    h.moe = read_moe_shape(hp, H, n_block_all);
+    return h;
+}
+
+std::vector<SingleStreamBlock> bind_single_stream_blocks(const TensorBinder& binder, const SingleStreamHparams& h,
+                                                         int64_t n_layer) {
+    const int64_t H = h.attention.n_embd;
+    std::vector<SingleStreamBlock> blocks;
+    for (int64_t il = 0; il < n_layer; ++il) {
+        SingleStreamBlock b;
+        b.recurrent = h.recurrent[static_cast<size_t>(il)];
+        b.attn_norm = binder.require_f32(block_tensor(il, "attn_norm.weight"), {H});
+        b.post_attention_norm = binder.require_f32(block_tensor(il, "post_attention_norm.weight"), {H});
+        if (b.recurrent)
+            b.gdn = bind_gdn(binder, il, h.gdn);
+        else
+            b.attention = bind_attention(binder, il, h.attention, nullptr);
+        b.moe = bind_moe(binder, il, h.moe);
+        blocks.push_back(std::move(b));
+    }
+    return blocks;
+}
+
 std::unique_ptr<Model> load_single_stream(std::unique_ptr<gguf::File> file, const LoadOptions& options,
                                           const SingleStreamArch& arch) {
+#if STRATA_HAS_CUDA
+    if (options.backend == Backend::Cuda) return load_single_stream_cuda(std::move(file), options, arch);
+#endif
     return std::make_unique<SingleStreamModel>(std::move(file), options, arch);
 }
 

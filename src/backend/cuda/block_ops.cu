@@ -163,6 +163,17 @@ __global__ void gdn_gates_kernel(GdnGatesArgs a) {
     }
 }
 
+__global__ void split_beta_alpha_kernel(SplitBetaAlphaArgs a) {
+    const int64_t nv = a.key_heads * a.per_group, n = a.n_tokens * nv;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int64_t t = i / nv, h = i % nv, g = h / a.per_group, j = h % a.per_group;
+        const float* row = a.ba + t * 2 * nv + g * 2 * a.per_group;
+        a.beta[i] = row[j];
+        a.alpha[i] = row[a.per_group + j];
+    }
+}
+
 // One warp per (token, head): cpu::rms_norm (x * scale, then * gamma), then * act(z): three roundings, as the CPU.
 __global__ void __launch_bounds__(kThreads) gated_norm_kernel(GatedNormArgs a) {
     const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -360,6 +371,17 @@ void gdn_gates(Context& ctx, const GdnGatesArgs& a) {
     select_device(ctx);
     gdn_gates_kernel<<<stride_blocks(a.n_tokens * a.n_heads), kThreads, 0, ctx.stream().handle()>>>(a);
     STRATA_CUDA_CHECK_LAUNCH("gdn_gates_kernel");
+}
+
+void split_beta_alpha(Context& ctx, const SplitBetaAlphaArgs& a) {
+    if (a.n_tokens < 0 || a.key_heads <= 0 || a.per_group <= 0)
+        throw Error("CUDA split_beta_alpha: bad shape (tokens, key heads, heads per group)");
+    if (a.n_tokens == 0) return;
+    if (!a.ba || !a.beta || !a.alpha) throw Error("CUDA split_beta_alpha: null pointer");
+    select_device(ctx);
+    split_beta_alpha_kernel<<<stride_blocks(a.n_tokens * a.key_heads * a.per_group), kThreads, 0,
+                              ctx.stream().handle()>>>(a);
+    STRATA_CUDA_CHECK_LAUNCH("split_beta_alpha_kernel");
 }
 
 void gated_norm(Context& ctx, const GatedNormArgs& a) {

@@ -71,6 +71,19 @@ struct GdnGatesArgs {
 };
 void gdn_gates(Context& ctx, const GdnGatesArgs& args);
 
+// qwen3next's fused beta/alpha projection (model/gdn.cpp, project): ba rows of 2 * key_heads * per_group values, per
+// key group g its per_group beta logits then its per_group alpha logits; value head g * per_group + j gets
+// beta[t * n + g * per_group + j] and alpha[...] (n = key_heads * per_group). Copies, nothing computed.
+struct SplitBetaAlphaArgs {
+    const float* ba = nullptr;
+    float* beta = nullptr;
+    float* alpha = nullptr;
+    int64_t n_tokens = 0;
+    int64_t key_heads = 0;
+    int64_t per_group = 0;
+};
+void split_beta_alpha(Context& ctx, const SplitBetaAlphaArgs& args);
+
 // The GDN output norm (model/gdn.cpp): each head row o = x + (t * n_heads + h) * head_dim becomes
 // rms_norm(o, gamma, eps) * act(z) with z at the same offset of `z`, act sigmoid or silu. In place.
 struct GatedNormArgs {

@@ -34,6 +34,14 @@ const Tensor* DeviceWeights::tensor(const Tensor& host) {
     return &views_.back();
 }
 
+size_t DeviceWeights::max_matmul_scratch(int64_t n_tokens) const {
+    size_t bytes = 0;
+    for (const Tensor& t : views_)
+        if (t.ne[2] == 1 && t.ne[3] == 1 && cuda::supports_matmul(t.type))
+            bytes = std::max(bytes, cuda::matmul_scratch_bytes(t, n_tokens));
+    return bytes;
+}
+
 const float* DeviceWeights::floats(const std::vector<float>& values) {
     if (values.empty()) return nullptr;
     arrays_.push_back(ctx_.upload(values.data(), values.size() * sizeof(float), "weights"));

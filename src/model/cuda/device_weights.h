@@ -28,6 +28,8 @@ class DeviceWeights {
     const uint64_t* u64s(const std::vector<uint64_t>& values);
 
     size_t uploaded_bytes() const { return uploaded_bytes_; }
+    // The largest context scratch a product of n_tokens takes over the 2-D matrices handed out so far.
+    size_t max_matmul_scratch(int64_t n_tokens) const;
 
   private:
     struct Range {

@@ -1,0 +1,558 @@
+#include "model/cuda/hybrid_cuda.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "backend/cuda/block_ops.h"
+#include "backend/cuda/model_ops.h"
+#include "core/error.h"
+#include "model/hybrid.h"
+
+namespace strata::cuda_model {
+
+namespace {
+
+const std::vector<std::string> kOpKindNames = {"embedding",          "PLE",
+                                               "residual (hc, norms)", "GDN projections",
+                                               "GDN recurrence",     "attention projections",
+                                               "attention (KV, QSA)", "MoE",
+                                               "head"};
+
+}  // namespace
+
+CudaHybridModel::CudaHybridModel(std::unique_ptr<gguf::File> file, const LoadOptions& options)
+    : file_(std::move(file)), graphs_(options.cuda_graphs && !options.cuda_profile) {
+    info_ = read_hybrid_info(*file_, &n_block_all_);
+    ctx_ = std::make_unique<cuda::Context>(
+        cuda::ContextOptions{.device = options.cuda_device, .vram_budget = options.vram_budget});
+    check_weights_fit();
+    weights_ = std::make_unique<DeviceWeights>(*ctx_, *file_);
+    if (options.cuda_profile) profiler_ = std::make_unique<cuda::StreamProfiler>(kOpKindNames);
+}
+
+CudaHybridModel::~CudaHybridModel() {
+    if (profiler_)
+        std::fprintf(stderr, "strata: CUDA time by op kind over %lld tokens (kernels launched one by one):\n%s",
+                     static_cast<long long>(profiled_tokens_), profiler_->report(profiled_tokens_).c_str());
+}
+
+void CudaHybridModel::set_shapes(const GdnShape& gdn, const AttentionShape& attention, std::vector<BlockLayout> layout,
+                                 const PleShape* ple) {
+    gdn_ = gdn;
+    attention_ = attention;
+    layout_ = std::move(layout);
+    has_ple_ = ple != nullptr;
+    if (ple) ple_ = *ple;
+}
+
+GdnDevice CudaHybridModel::upload_gdn(const GdnWeights& w) {
+    DeviceWeights& dw = *weights_;
+    if (w.projection == GdnProjection::LegacyFused)
+        throw Error(file_->path() + ": the CUDA backend does not run the old fused ssm_in GDN layout yet; reconvert "
+                    "the model or use --backend cpu");
+    return {.qkv = dw.tensor(w.qkv),
+            .gate = dw.tensor(w.gate),
+            .out = dw.tensor(w.out),
+            .beta = dw.tensor(w.beta),
+            .alpha = dw.tensor(w.alpha),
+            .ba = dw.tensor(w.ba),
+            .conv = dw.floats(w.conv),
+            .dt_bias = dw.floats(w.dt_bias),
+            .a = dw.floats(w.a),
+            .norm = dw.floats(w.norm)};
+}
+
+AttentionDevice CudaHybridModel::upload_attention(const AttentionWeights& w, const IndexerShape& indexer) {
+    DeviceWeights& dw = *weights_;
+    return {.q = dw.tensor(w.q),
+            .k = dw.tensor(w.k),
+            .v = dw.tensor(w.v),
+            .o = dw.tensor(w.o),
+            .q_norm = dw.floats(w.q_norm),
+            .k_norm = dw.floats(w.k_norm),
+            .indexer = indexer,
+            .index_q = dw.tensor(w.index_q),
+            .index_k = dw.tensor(w.index_k),
+            .index_q_norm = dw.floats(w.index_q_norm),
+            .index_k_norm = dw.floats(w.index_k_norm)};
+}
+
+MoeDevice CudaHybridModel::upload_moe(const MoeWeights& m, const MoeShape& s) {
+    DeviceWeights& dw = *weights_;
+    MoeDevice d;
+    d.shape = {.n_embd = s.n_embd,
+               .n_expert = s.n_expert,
+               .n_expert_used = s.n_expert_used,
+               .n_ff = s.n_ff,
+               .n_ff_shared = s.n_ff_shared,
+               .normalize_weights = s.normalize_weights};
+    d.weights = {.router = dw.tensor(m.router),
+                 .gate_up = dw.tensor(m.gate_up),
+                 .gate = dw.tensor(m.gate),
+                 .up = dw.tensor(m.up),
+                 .down = dw.tensor(m.down),
+                 .shared_gate = dw.floats(m.shared_gate),
+                 .shared_gate_proj = dw.tensor(m.shared_gate_proj),
+                 .shared_up = dw.tensor(m.shared_up),
+                 .shared_down = dw.tensor(m.shared_down)};
+    d.workspace = std::make_unique<cuda::MoeWorkspace>(*ctx_, d.shape, d.weights);
+    return d;
+}
+
+void CudaHybridModel::moe_window(const MoeDevice& m, const float* x, float* out, int64_t T) const {
+    mark(kMoe);
+    cuda::moe_layer(*ctx_, {.shape = m.shape, .weights = m.weights, .x = x, .out = out, .n_tokens = T,
+                            .workspace = *m.workspace});
+}
+
+// The window buffers, carved from one allocation, and the context scratch every product of a window needs
+// (reserved now: a captured graph keeps its address).
+void CudaHybridModel::finish_loading(const WindowShape& shape, const Tensor* token_embd, const Tensor* output) {
+    token_embd_ = token_embd;
+    output_ = output;
+    const int64_t T = kWindow, H = info_.n_embd, hc = shape.n_streams, HC = hc * H, V = info_.n_vocab;
+    const GdnShape& g = gdn_;
+    const AttentionShape& a = attention_;
+    int64_t max_cells = 1, index_heads = 0, index_dim = 0;
+    for (const BlockLayout& b : layout_)
+        if (!b.recurrent && b.indexer.ratio > 0) {
+            max_cells = std::max(max_cells, qsa_max_cells(b.indexer));
+            index_heads = std::max(index_heads, b.indexer.n_head);
+            index_dim = std::max(index_dim, b.indexer.head_dim);
+        }
+    const int64_t ple_heads = shape.ple ? shape.ple->n_heads() : 0;
+    const int64_t ple_width = shape.ple ? ple_heads * shape.ple->row_width : 0;
+    const int64_t ple_rows = shape.ple ? HC : 0;
+    std::vector<std::pair<void**, size_t>> parts;
+    auto f32 = [&](float** ptr, int64_t n) { parts.push_back({reinterpret_cast<void**>(ptr), size_t(n) * 4}); };
+    auto i32 = [&](int32_t** ptr, int64_t n) { parts.push_back({reinterpret_cast<void**>(ptr), size_t(n) * 4}); };
+    i32(&w_.tokens, 3 * T);  // tokens, positions, lengths: one block, written by one copy per window
+    f32(&w_.residual, T * HC);
+    f32(&w_.mixed, T * H);
+    f32(&w_.out, T * H);
+    f32(&w_.inject, T * hc);
+    f32(&w_.hc_work, shape.hc_work_floats);
+    f32(&w_.qkv, T * g.conv_dim());
+    f32(&w_.z, T * g.value_dim());
+    f32(&w_.beta, T * g.n_v_heads);
+    f32(&w_.alpha, T * g.n_v_heads);
+    f32(&w_.ba, T * 2 * g.n_v_heads);
+    f32(&w_.conv, T * g.conv_dim());
+    f32(&w_.core, T * g.value_dim());
+    f32(&w_.qg, T * 2 * a.head_dim * a.n_head);
+    f32(&w_.k_new, T * a.n_head_kv * a.head_dim);
+    f32(&w_.v_new, T * a.n_head_kv * a.head_dim);
+    f32(&w_.heads, T * a.n_head * a.head_dim);
+    f32(&w_.index_raw, T * index_dim);
+    f32(&w_.index_q, T * index_heads * index_dim);
+    i32(&w_.cells, T * max_cells);
+    i32(&w_.n_selected, T);
+    w_.max_cells = max_cells;
+    parts.push_back({reinterpret_cast<void**>(&w_.ple_rows), size_t(T * ple_heads) * 8});
+    parts.push_back({&w_.ple_staging, size_t(T * ple_heads) * shape.ple_row_bytes});
+    f32(&w_.ple_emb, T * ple_width);
+    for (float** p : {&w_.ple_key, &w_.ple_query, &w_.ple_gated, &w_.ple_normed, &w_.ple_conv}) f32(p, T * ple_rows);
+    f32(&w_.ple_value, shape.ple ? T * H : 0);
+    f32(&w_.hidden, T * H);
+    f32(&w_.logits, T * V);
+    parts.push_back({&w_.embed_staging, cuda::embed_staging_bytes(*token_embd_, T)});
+    size_t total = 0;
+    for (auto& [ptr, bytes] : parts) total += (bytes + 255) / 256 * 256;
+    w_.buffer = ctx_->allocate(total, "window");
+    auto* base = static_cast<uint8_t*>(w_.buffer.data());
+    for (auto& [ptr, bytes] : parts) {
+        *ptr = bytes ? base : nullptr;
+        base += (bytes + 255) / 256 * 256;
+    }
+    w_.positions = w_.tokens + kWindow;
+    w_.lengths = w_.tokens + 2 * kWindow;
+    // Every matrix a window multiplies by was uploaded through weights_: the largest scratch any of them takes.
+    ctx_->scratch(weights_->max_matmul_scratch(kWindow));
+    std::fprintf(stderr, "strata: CUDA %s, VRAM plan after loading:\n%s", ctx_->info().name.c_str(),
+                 ctx_->memory().plan().c_str());
+}
+
+std::unique_ptr<SequenceState> CudaHybridModel::new_sequence(int64_t max_tokens) const {
+    if (max_tokens <= 0)
+        throw Error("a sequence needs room for at least one token, asked for " + std::to_string(max_tokens));
+    if (max_tokens > (int64_t{1} << 31) - kWindow)
+        throw Error("a sequence of " + std::to_string(max_tokens) + " tokens is more than the CUDA backend "
+                    "supports (2^31 positions)");
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto seq = std::make_unique<CudaSequence>(this, max_tokens);
+    try {
+        allocate_sequence(*seq);
+    } catch (const Error& e) {
+        throw Error("a sequence of " + std::to_string(max_tokens) + " tokens does not fit in device memory (" +
+                    e.what() + "); ask for a smaller context or a larger --vram-budget");
+    }
+    seq->reset_ = [this](CudaSequence& s) {
+        std::lock_guard<std::mutex> guard(mutex_);
+        clear_sequence(s);
+    };
+    clear_sequence(*seq);
+    return seq;
+}
+
+void CudaHybridModel::forward(SequenceState& state, std::span<const int32_t> tokens, std::span<float> logits,
+                              bool last_only) const {
+    auto* seq = dynamic_cast<CudaSequence*>(&state);
+    if (seq == nullptr || seq->owner_ != this) throw Error("forward: the sequence belongs to another model");
+    const int64_t T = static_cast<int64_t>(tokens.size()), V = info_.n_vocab;
+    const size_t want = last_only ? static_cast<size_t>(V) : static_cast<size_t>(T * V);
+    if (!logits.empty() && logits.size() < want)
+        throw Error("forward: the logits buffer holds " + std::to_string(logits.size()) + " floats, " +
+                    std::to_string(want) + " are needed");
+    for (int32_t t : tokens)
+        if (t < 0 || t >= V)
+            throw Error("token id " + std::to_string(t) + " is out of range (vocabulary of " + std::to_string(V) +
+                        ")");
+    if (seq->n_past_ + T > seq->capacity_)
+        throw Error("the sequence holds " + std::to_string(seq->n_past_) + " tokens; " + std::to_string(T) +
+                    " more would pass its capacity of " + std::to_string(seq->capacity_));
+    if (T == 0) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int64_t start = 0; start < T; start += kWindow) {
+        const int64_t n = std::min(kWindow, T - start);
+        run_window(*seq, tokens.subspan(static_cast<size_t>(start), static_cast<size_t>(n)));
+        if (logits.empty()) continue;
+        if (!last_only)
+            ctx_->download(w_.logits, logits.data() + start * V, static_cast<size_t>(n * V) * sizeof(float));
+        else if (start + n == T)
+            ctx_->download(w_.logits + (n - 1) * V, logits.data(), static_cast<size_t>(V) * sizeof(float));
+    }
+    ctx_->synchronize();
+}
+
+void CudaHybridModel::check_weights_fit() const {
+    uint64_t weights = 0, ple = 0;
+    const std::string mtp_prefix = "blk." + std::to_string(info_.n_layer) + ".";
+    for (const gguf::TensorInfo& t : file_->tensors()) {
+        if (t.name == "per_layer_token_embd.weight") {
+            ple += t.n_bytes;
+            continue;
+        }
+        bool mtp = false;
+        for (int64_t il = info_.n_layer; il < info_.n_layer + 8 && !mtp; ++il)
+            mtp = t.name.rfind("blk." + std::to_string(il) + ".", 0) == 0;
+        if (!mtp) weights += t.n_bytes;
+    }
+    const size_t budget = ctx_->memory().budget();
+    std::fprintf(stderr,
+                 "strata: CUDA memory plan: weights %.2f GiB in VRAM, PLE table %.2f GiB in pinned host memory, "
+                 "budget %.2f GiB (--vram-budget; %.2f GiB free on %s)\n",
+                 static_cast<double>(weights) / (1 << 30), static_cast<double>(ple) / (1 << 30),
+                 static_cast<double>(budget) / (1 << 30),
+                 static_cast<double>(ctx_->info().free_bytes_at_start) / (1 << 30), ctx_->info().name.c_str());
+    if (weights > budget)
+        throw Error(file_->path() + ": the weights need " + std::to_string(weights >> 20) +
+                    " MiB of device memory but the budget is " + std::to_string(budget >> 20) +
+                    " MiB; raise --vram-budget or use a smaller model (experts in host RAM are a later issue)");
+}
+
+void CudaHybridModel::allocate_sequence(CudaSequence& s) const {
+    const int64_t cap = s.capacity_;
+    const GdnShape& g = gdn_;
+    const AttentionShape& a = attention_;
+    s.layers.resize(layout_.size());
+    int64_t max_blocks = 1;
+    bool any_dense = false, any_sparse = false;
+    for (size_t il = 0; il < layout_.size(); ++il) {
+        const BlockLayout& b = layout_[il];
+        LayerDeviceState& l = s.layers[il];
+        if (b.recurrent) {
+            l.conv_history = ctx_->allocate(size_t((g.conv_kernel - 1) * g.conv_dim()) * 4, "sequence state");
+            l.recurrent = ctx_->allocate(size_t(g.n_v_heads * g.k_head_dim * g.v_head_dim) * 4, "sequence state");
+        } else {
+            const int64_t pages = (cap + cuda::kKvPageCells - 1) / cuda::kKvPageCells;
+            l.kv = std::make_unique<cuda::KvCache>(
+                *ctx_, cuda::KvCacheShape{.n_head_kv = a.n_head_kv, .head_dim = a.head_dim, .n_pages = pages});
+            std::vector<int32_t> table(static_cast<size_t>(pages));
+            for (int64_t j = 0; j < pages; ++j) table[static_cast<size_t>(j)] = static_cast<int32_t>(j);
+            l.page_table = ctx_->upload(table.data(), table.size() * 4, "kv cache");
+            l.kv_length = ctx_->allocate(4, "kv cache");
+            if (b.indexer.ratio > 0) {
+                const IndexerShape& ix = b.indexer;
+                l.index_raw = ctx_->allocate(size_t(cap * ix.head_dim) * 4, "kv cache");
+                l.index_pooled =
+                    ctx_->allocate(size_t(std::max<int64_t>(cap / ix.ratio, 1) * ix.head_dim) * 4, "kv cache");
+                max_blocks = std::max(max_blocks, cap / ix.ratio + 1);
+                any_sparse = true;
+            } else {
+                any_dense = true;
+            }
+        }
+        if (b.has_ple) {
+            const PleShape& p = ple_;
+            l.ple_tokens = ctx_->allocate(size_t(std::max<int64_t>(p.ngram - 1, 1)) * 4, "sequence state");
+            l.ple_conv_history =
+                ctx_->allocate(size_t(p.history_rows() * p.n_streams * p.n_embd) * 4, "sequence state");
+        }
+    }
+    s.qsa_scores = ctx_->allocate(size_t(max_blocks) * 4, "sequence state");
+    s.qsa_keys = ctx_->allocate(size_t(max_blocks) * 4, "sequence state");
+    s.dense_splits = any_dense ? cuda::decode_attention_splits(*ctx_, a.n_head_kv, cap) : 1;
+    s.sparse_splits = any_sparse ? cuda::decode_attention_splits(*ctx_, a.n_head_kv, std::min(cap, w_.max_cells)) : 1;
+    if (any_dense || any_sparse)
+        s.attention_workspace = ctx_->allocate(
+            cuda::decode_attention_workspace_bytes(a.n_head, a.head_dim, std::max(s.dense_splits, s.sparse_splits)),
+            "sequence state");
+    size_t bytes = s.qsa_scores.size() + s.qsa_keys.size() + s.attention_workspace.size();
+    for (const LayerDeviceState& l : s.layers) {
+        for (const cuda::DeviceBuffer* b : {&l.conv_history, &l.recurrent, &l.page_table, &l.kv_length,
+                                            &l.index_raw, &l.index_pooled, &l.ple_tokens, &l.ple_conv_history})
+            bytes += b->size();
+        if (l.kv)
+            bytes += 2 * size_t(l.kv->shape().n_pages) *
+                     (cuda::KvCache::value_bytes_per_page(l.kv->shape()) +
+                      cuda::KvCache::scale_bytes_per_page(l.kv->shape()));
+    }
+    s.bytes_ = bytes;
+}
+
+void CudaHybridModel::clear_sequence(CudaSequence& s) const {
+    for (LayerDeviceState& l : s.layers) {
+        for (cuda::DeviceBuffer* b : {&l.conv_history, &l.recurrent, &l.kv_length, &l.index_raw, &l.index_pooled,
+                                      &l.ple_conv_history})
+            if (b->size()) ctx_->zero(b->data(), b->size());
+        if (l.ple_tokens.size()) {
+            const std::vector<int32_t> eos(l.ple_tokens.size() / 4, ple_.eos);
+            ctx_->copy_to_device(l.ple_tokens.data(), eos.data(), eos.size() * 4);
+        }
+    }
+    ctx_->synchronize();
+    s.n_past_ = 0;
+}
+
+void CudaHybridModel::run_window(CudaSequence& s, std::span<const int32_t> tokens) const {
+    const int64_t T = static_cast<int64_t>(tokens.size());
+    int32_t host[3 * kWindow] = {};
+    for (int64_t t = 0; t < T; ++t) {
+        host[t] = tokens[static_cast<size_t>(t)];
+        host[kWindow + t] = static_cast<int32_t>(s.n_past_ + t);
+        host[2 * kWindow + t] = static_cast<int32_t>(s.n_past_ + t + 1);
+    }
+    ctx_->copy_to_device(w_.tokens, host, sizeof(host));
+    if (graphs_) {
+        const void* scratch = ctx_->scratch(0);
+        if (s.graphs_scratch != scratch) {
+            for (cuda::Graph& g : s.graphs) g.clear();
+            s.graphs_scratch = scratch;
+        }
+        cuda::Graph& graph = s.graphs[static_cast<size_t>(T)];
+        if (!graph.ready()) graph.capture(*ctx_, [&] { enqueue_window(s, T); });
+        graph.replay(*ctx_);
+    } else {
+        enqueue_window(s, T);
+        if (profiler_) {
+            profiler_->finish(*ctx_);
+            profiled_tokens_ += T;
+        }
+    }
+    s.n_past_ += T;
+}
+
+void CudaHybridModel::gdn_window(const GdnDevice& w, LayerDeviceState& l, const float* x, float* out,
+                                 int64_t T) const {
+    cuda::Context& ctx = *ctx_;
+    const GdnShape& g = gdn_;
+    const int64_t CD = g.conv_dim(), VD = g.value_dim(), KD = g.key_dim();
+    mark(kGdnProjections);
+    if (w.ba) {
+        cuda::matmul_shared_input(ctx, x, T, {{w.qkv, w_.qkv}, {w.gate, w_.z}, {w.ba, w_.ba}});
+        cuda::split_beta_alpha(ctx, {.ba = w_.ba,
+                                     .beta = w_.beta,
+                                     .alpha = w_.alpha,
+                                     .n_tokens = T,
+                                     .key_heads = g.n_k_heads,
+                                     .per_group = g.n_v_heads / g.n_k_heads});
+    } else {
+        cuda::matmul_shared_input(ctx, x, T, {{w.qkv, w_.qkv}, {w.gate, w_.z}, {w.beta, w_.beta}, {w.alpha, w_.alpha}});
+    }
+    mark(kGdnRecurrence);
+    cuda::causal_conv(ctx, {.x = w_.qkv,
+                            .x_stride = CD,
+                            .w = w.conv,
+                            .history = l.conv_history.as<float>(),
+                            .out = w_.conv,
+                            .out_stride = CD,
+                            .n_tokens = T,
+                            .channels = CD,
+                            .kernel = g.conv_kernel,
+                            .dilation = 1});
+    cuda::gdn_activate(ctx, {.conv = w_.conv,
+                             .n_tokens = T,
+                             .conv_dim = CD,
+                             .key_dim = KD,
+                             .head_dim = g.k_head_dim,
+                             .q_scale = 1.0f / std::sqrt(static_cast<float>(g.k_head_dim))});
+    cuda::gdn_gates(ctx, {.beta = w_.beta,
+                          .alpha = w_.alpha,
+                          .a = w.a,
+                          .dt_bias = w.dt_bias,
+                          .n_tokens = T,
+                          .n_heads = g.n_v_heads});
+    cuda::gated_delta(ctx, {.state = l.recurrent.as<float>(),
+                            .q = w_.conv,
+                            .k = w_.conv + KD,
+                            .v = w_.conv + 2 * KD,
+                            .q_stride = CD,
+                            .k_stride = CD,
+                            .v_stride = CD,
+                            .g = w_.alpha,
+                            .beta = w_.beta,
+                            .out = w_.core,
+                            .out_stride = VD,
+                            .n_tokens = T,
+                            .heads = g.n_v_heads,
+                            .key_heads = g.n_k_heads,
+                            .tiled_value_heads = g.tiled_value_heads,
+                            .dk = g.k_head_dim,
+                            .dv = g.v_head_dim});
+    cuda::gated_norm(ctx, {.x = w_.core,
+                           .z = w_.z,
+                           .gamma = w.norm,
+                           .n_tokens = T,
+                           .n_heads = g.n_v_heads,
+                           .head_dim = g.v_head_dim,
+                           .sigmoid_gate = g.output_gate == GateActivation::Sigmoid,
+                           .eps = g.eps});
+    mark(kGdnProjections);
+    cuda::matmul(ctx, {.w = *w.out, .x = w_.core, .y = out, .n_tokens = T});
+}
+
+void CudaHybridModel::attention_window(const AttentionDevice& w, CudaSequence& s, LayerDeviceState& l,
+                                       const float* x, float* out, int64_t T) const {
+    cuda::Context& ctx = *ctx_;
+    const AttentionShape& a = attention_;
+    const int64_t hd = a.head_dim, nh = a.n_head, nkv = a.n_head_kv, kvw = nkv * hd;
+    mark(kAttentionProjections);
+    if (w.sparse())
+        cuda::matmul_shared_input(ctx, x, T,
+                                  {{w.q, w_.qg}, {w.k, w_.k_new}, {w.v, w_.v_new}, {w.index_k, w_.index_raw},
+                                   {w.index_q, w_.index_q}});
+    else
+        cuda::matmul_shared_input(ctx, x, T, {{w.q, w_.qg}, {w.k, w_.k_new}, {w.v, w_.v_new}});
+    mark(kAttention);
+    cuda::rms_norm_grouped(ctx, {.x = w_.qg,
+                                 .out = w_.qg,
+                                 .n_tokens = T * nh,
+                                 .row_stride = 2 * hd,
+                                 .n_groups = 1,
+                                 .group = hd,
+                                 .gamma = w.q_norm,
+                                 .gamma_shared = true,
+                                 .eps = a.eps});
+    cuda::rope_neox(ctx, {.x = w_.qg,
+                          .n_tokens = T,
+                          .n_heads = nh,
+                          .token_stride = 2 * hd * nh,
+                          .head_stride = 2 * hd,
+                          .n_rot = a.n_rot,
+                          .positions = w_.positions,
+                          .freq_base = a.freq_base});
+    cuda::rms_norm_grouped(ctx, {.x = w_.k_new,
+                                 .out = w_.k_new,
+                                 .n_tokens = T,
+                                 .row_stride = kvw,
+                                 .n_groups = nkv,
+                                 .group = hd,
+                                 .gamma = w.k_norm,
+                                 .gamma_shared = true,
+                                 .eps = a.eps});
+    cuda::rope_neox(ctx, {.x = w_.k_new,
+                          .n_tokens = T,
+                          .n_heads = nkv,
+                          .token_stride = kvw,
+                          .head_stride = hd,
+                          .n_rot = a.n_rot,
+                          .positions = w_.positions,
+                          .freq_base = a.freq_base});
+    const cuda::PageTable table{.pages = l.page_table.as<int32_t>(), .n_logical_pages = l.kv->shape().n_pages};
+    cuda::kv_append(ctx, {.cache = l.kv->view(),
+                          .table = table,
+                          .k = w_.k_new,
+                          .v = w_.v_new,
+                          .positions = w_.positions,
+                          .n_cells = l.kv_length.as<int32_t>(),
+                          .n_tokens = T});
+    const int64_t max_cells = w.sparse() ? qsa_max_cells(w.indexer) : 0;
+    if (w.sparse()) {
+        const IndexerShape& ix = w.indexer;
+        const int64_t di = ix.head_dim;
+        cuda::store_rows(ctx, {.dst = l.index_raw.as<float>(),
+                               .dst_rows = s.capacity_,
+                               .src = w_.index_raw,
+                               .width = di,
+                               .positions = w_.positions,
+                               .n_tokens = T});
+        const int64_t max_blocks = std::max<int64_t>(s.capacity_ / ix.ratio, 1);
+        cuda::indexer_pool(ctx, {.raw = l.index_raw.as<float>(),
+                                 .pooled = l.index_pooled.as<float>(),
+                                 .max_blocks = max_blocks,
+                                 .head_dim = di,
+                                 .ratio = ix.ratio,
+                                 .k_norm = w.index_k_norm,
+                                 .eps = a.eps,
+                                 .n_rot = a.n_rot,
+                                 .freq_base = a.freq_base,
+                                 .positions = w_.positions,
+                                 .n_tokens = T});
+        cuda::rms_norm_grouped(ctx, {.x = w_.index_q,
+                                     .out = w_.index_q,
+                                     .n_tokens = T * ix.n_head,
+                                     .row_stride = di,
+                                     .n_groups = 1,
+                                     .group = di,
+                                     .gamma = w.index_q_norm,
+                                     .gamma_shared = true,
+                                     .eps = a.eps});
+        cuda::rope_neox(ctx, {.x = w_.index_q,
+                              .n_tokens = T,
+                              .n_heads = ix.n_head,
+                              .token_stride = ix.n_head * di,
+                              .head_stride = di,
+                              .n_rot = a.n_rot,
+                              .positions = w_.positions,
+                              .freq_base = a.freq_base});
+        for (int64_t t = 0; t < T; ++t)
+            cuda::qsa_select(ctx, {.n_head = ix.n_head,
+                                   .head_dim = di,
+                                   .budget = ix.budget,
+                                   .ratio = ix.ratio,
+                                   .q = w_.index_q + t * ix.n_head * di,
+                                   .pooled = l.index_pooled.as<float>(),
+                                   .max_blocks = max_blocks,
+                                   .n_cells = w_.lengths + t,
+                                   .scores = s.qsa_scores.as<float>(),
+                                   .keys = s.qsa_keys.as<uint32_t>(),
+                                   .cells = w_.cells + t * w_.max_cells,
+                                   .n_selected = w_.n_selected + t});
+    }
+    const int64_t splits = w.sparse() ? s.sparse_splits : s.dense_splits;
+    for (int64_t t = 0; t < T; ++t) {
+        float* qg = w_.qg + t * 2 * hd * nh;
+        cuda::decode_attention(ctx, {.cache = l.kv->view(),
+                                     .table = table,
+                                     .n_cells = w_.lengths + t,
+                                     .cells = w.sparse() ? w_.cells + t * w_.max_cells : nullptr,
+                                     .n_selected = w.sparse() ? w_.n_selected + t : nullptr,
+                                     .max_cells = max_cells,
+                                     .q = qg,
+                                     .n_head = nh,
+                                     .q_head_stride = 2 * hd,
+                                     .gate = qg + hd,
+                                     .gate_head_stride = 2 * hd,
+                                     .scale = 1.0f / std::sqrt(static_cast<float>(hd)),
+                                     .out = w_.heads + t * nh * hd,
+                                     .n_splits = splits,
+                                     .workspace = s.attention_workspace.data(),
+                                     .workspace_bytes = s.attention_workspace.size()});
+    }
+    mark(kAttentionProjections);
+    cuda::matmul(ctx, {.w = *w.o, .x = w_.heads, .y = out, .n_tokens = T});
+}
+
+}  // namespace strata::cuda_model

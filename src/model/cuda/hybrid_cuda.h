@@ -1,0 +1,184 @@
+// What the CUDA forward passes of the hybrid architectures share (qwen4exp_cuda.cpp, single_stream_cuda.cpp): the
+// device state of a sequence, the window buffers, the GDN and attention blocks over the backend's ops, and the
+// Model interface around them. Tokens go through in windows of up to kWindow (prompts as consecutive windows, decode
+// one token at a time); each window size is captured once per sequence as a CUDA graph and replayed, the window's
+// tokens and positions written to device memory before each replay.
+#pragma once
+
+#include <array>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/attention.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/model_ops.h"
+#include "model/attention.h"
+#include "model/cuda/device_weights.h"
+#include "model/gdn.h"
+#include "model/moe.h"
+#include "model/model.h"
+#include "model/ple.h"
+
+namespace strata::cuda_model {
+
+constexpr int64_t kWindow = cuda::kMaxMatvecTokens;
+
+// The op kinds of the profile (LoadOptions::cuda_profile).
+enum OpKind {
+    kEmbed,
+    kPle,
+    kResidual,  // hyper-connections, or the norms and adds of a single stream
+    kGdnProjections,
+    kGdnRecurrence,
+    kAttentionProjections,
+    kAttention,
+    kMoe,
+    kHead,
+};
+
+struct GdnDevice {
+    const Tensor *qkv, *gate, *out;
+    const Tensor *beta = nullptr, *alpha = nullptr;  // separate projections (qwen4exp, qwen35moe), or
+    const Tensor* ba = nullptr;                       // ssm_ba: per key group, its beta rows then its alpha rows
+    const float *conv, *dt_bias, *a, *norm;
+};
+
+struct AttentionDevice {
+    const Tensor *q, *k, *v, *o;
+    const float *q_norm, *k_norm;
+    IndexerShape indexer;  // ratio 0: dense
+    const Tensor *index_q = nullptr, *index_k = nullptr;
+    const float *index_q_norm = nullptr, *index_k_norm = nullptr;
+    bool sparse() const { return indexer.ratio > 0; }
+};
+
+struct MoeDevice {
+    cuda::MoeLayerShape shape;
+    cuda::MoeLayerWeights weights;
+    std::unique_ptr<cuda::MoeWorkspace> workspace;
+};
+
+// Which state a trunk block keeps (for allocating a sequence).
+struct BlockLayout {
+    bool recurrent = true;
+    IndexerShape indexer;  // attention blocks; ratio 0: dense
+    bool has_ple = false;
+};
+
+// One trunk block's state of one sequence in device memory (only the parts the block uses are allocated).
+struct LayerDeviceState {
+    cuda::DeviceBuffer conv_history, recurrent;  // GDN
+    std::unique_ptr<cuda::KvCache> kv;           // attention
+    cuda::DeviceBuffer page_table, kv_length, index_raw, index_pooled;
+    cuda::DeviceBuffer ple_tokens, ple_conv_history;  // PLE
+};
+
+class CudaSequence final : public SequenceState {
+  public:
+    CudaSequence(const void* owner, int64_t capacity) : owner_(owner), capacity_(capacity) {}
+    int64_t n_past() const override { return n_past_; }
+    int64_t capacity() const override { return capacity_; }
+    size_t memory_bytes() const override { return bytes_; }
+    void reset() override { reset_(*this); }
+
+    const void* owner_;
+    int64_t capacity_;
+    int64_t n_past_ = 0;
+    size_t bytes_ = 0;
+    std::vector<LayerDeviceState> layers;
+    cuda::DeviceBuffer qsa_scores, qsa_keys, attention_workspace;
+    int64_t dense_splits = 1, sparse_splits = 1;
+    std::array<cuda::Graph, kWindow + 1> graphs;  // by window size; they hold this sequence's buffers
+    const void* graphs_scratch = nullptr;          // the context scratch the graphs were captured with
+    std::function<void(CudaSequence&)> reset_;
+};
+
+// Device buffers of one window, shared by every block and sequence (a forward runs one window at a time). A
+// single-stream model has one residual stream and leaves the hyper-connection and PLE parts empty.
+struct WindowBuffers {
+    cuda::DeviceBuffer buffer;
+    int32_t *tokens, *positions, *lengths;  // kWindow each, consecutive: the host writes them before each window
+    float *residual, *mixed, *out, *inject, *hc_work;
+    float *qkv, *z, *beta, *alpha, *ba, *conv, *core;          // GDN
+    float *qg, *k_new, *v_new, *heads, *index_raw, *index_q;  // attention
+    int32_t *cells, *n_selected;
+    int64_t max_cells = 0;
+    int64_t* ple_rows;  // PLE
+    void* ple_staging;
+    float *ple_emb, *ple_key, *ple_value, *ple_query, *ple_gated, *ple_normed, *ple_conv;
+    float *hidden, *logits;  // head
+    void* embed_staging;
+};
+
+// The sizes the window buffers are cut for.
+struct WindowShape {
+    int64_t n_streams = 1;  // residual streams (hyper-connections), 1 for a single stream
+    int64_t hc_work_floats = 0;
+    const PleShape* ple = nullptr;
+    size_t ple_row_bytes = 0;
+};
+
+class CudaHybridModel : public Model {
+  public:
+    ~CudaHybridModel() override;
+    const ModelInfo& info() const override { return info_; }
+    std::unique_ptr<SequenceState> new_sequence(int64_t max_tokens) const override;
+    void forward(SequenceState& state, std::span<const int32_t> tokens, std::span<float> logits,
+                 bool last_only) const override;
+
+  protected:
+    // Reads general.* and the sizes, starts the device, checks that the weights fit the budget.
+    CudaHybridModel(std::unique_ptr<gguf::File> file, const LoadOptions& options);
+
+    // For the derived constructor, after binding: the shapes every block uses, then the window buffers.
+    void set_shapes(const GdnShape& gdn, const AttentionShape& attention, std::vector<BlockLayout> layout,
+                    const PleShape* ple);
+    void finish_loading(const WindowShape& shape, const Tensor* token_embd, const Tensor* output);
+
+    GdnDevice upload_gdn(const GdnWeights& w);
+    AttentionDevice upload_attention(const AttentionWeights& w, const IndexerShape& indexer);
+    MoeDevice upload_moe(const MoeWeights& w, const MoeShape& shape);
+
+    // The work of one window: embedding to logits (w_.logits), queued on the context's stream.
+    virtual void enqueue_window(CudaSequence& s, int64_t T) const = 0;
+
+    // Block pieces for enqueue_window: x is the block input [T x H], out its output [T x H].
+    void gdn_window(const GdnDevice& w, LayerDeviceState& l, const float* x, float* out, int64_t T) const;
+    void attention_window(const AttentionDevice& w, CudaSequence& s, LayerDeviceState& l, const float* x, float* out,
+                          int64_t T) const;
+    void moe_window(const MoeDevice& m, const float* x, float* out, int64_t T) const;
+    void mark(OpKind kind) const {
+        if (profiler_) profiler_->mark(*ctx_, kind);
+    }
+
+    std::unique_ptr<gguf::File> file_;
+    ModelInfo info_;
+    int64_t n_block_all_ = 0;
+    std::unique_ptr<cuda::Context> ctx_;
+    std::unique_ptr<DeviceWeights> weights_;
+    const Tensor* token_embd_ = nullptr;
+    const Tensor* output_ = nullptr;
+    WindowBuffers w_{};
+
+  private:
+    void check_weights_fit() const;
+    void allocate_sequence(CudaSequence& s) const;
+    void clear_sequence(CudaSequence& s) const;
+    void run_window(CudaSequence& s, std::span<const int32_t> tokens) const;
+
+    bool graphs_ = true;
+    GdnShape gdn_;
+    AttentionShape attention_;
+    std::vector<BlockLayout> layout_;
+    PleShape ple_;
+    bool has_ple_ = false;
+    std::unique_ptr<cuda::StreamProfiler> profiler_;
+    mutable int64_t profiled_tokens_ = 0;
+    mutable std::mutex mutex_;
+};
+
+}  // namespace strata::cuda_model

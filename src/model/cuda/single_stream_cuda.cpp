@@ -1,0 +1,107 @@
+// qwen35moe and qwen3next on CUDA (issue 7): the single-stream trunk of single_stream.cpp over the CUDA backend's ops
+// (the shared machinery, windows and graphs in hybrid_cuda.h): attn_norm -> GDN or gated attention -> residual add
+// -> post_attention_norm -> MoE -> residual add; output_norm feeds the head.
+#include <memory>
+#include <vector>
+
+#include "backend/cuda/block_ops.h"
+#include "model/cuda/hybrid_cuda.h"
+#include "model/hybrid.h"
+#include "model/single_stream.h"
+
+namespace strata {
+
+namespace {
+
+using namespace cuda_model;
+
+struct BlockDevice {
+    bool recurrent = true;
+    const float *attn_norm = nullptr, *post_attention_norm = nullptr;
+    GdnDevice gdn{};
+    AttentionDevice attention{};
+    MoeDevice moe;
+};
+
+class SingleStreamCudaModel final : public CudaHybridModel {
+  public:
+    SingleStreamCudaModel(std::unique_ptr<gguf::File> file, const LoadOptions& options, const SingleStreamArch& arch)
+        : CudaHybridModel(std::move(file), options) {
+        h_ = read_single_stream_hparams(*file_, arch, info_, n_block_all_);
+        TensorBinder binder(*file_);
+        const HybridEmbeddings embeddings = bind_hybrid_embeddings(*file_, binder, info_);
+        output_norm_ = weights_->floats(binder.require_f32("output_norm.weight", {info_.n_embd}));
+        const std::vector<SingleStreamBlock> blocks = bind_single_stream_blocks(binder, h_, info_.n_layer);
+        std::vector<BlockLayout> layout;
+        for (const SingleStreamBlock& b : blocks) layout.push_back({.recurrent = b.recurrent});
+        set_shapes(h_.gdn, h_.attention, std::move(layout), nullptr);
+        for (const SingleStreamBlock& b : blocks) {
+            BlockDevice d;
+            d.recurrent = b.recurrent;
+            d.attn_norm = weights_->floats(b.attn_norm);
+            d.post_attention_norm = weights_->floats(b.post_attention_norm);
+            if (b.recurrent)
+                d.gdn = upload_gdn(b.gdn);
+            else
+                d.attention = upload_attention(b.attention, IndexerShape{});
+            d.moe = upload_moe(b.moe, h_.moe);
+            blocks_.push_back(std::move(d));
+        }
+        finish_loading({.n_streams = 1}, weights_->tensor(embeddings.token_embd), weights_->tensor(embeddings.output));
+    }
+
+  private:
+    void norm(const float* x, float* out, const float* gamma, int64_t T) const {
+        cuda::rms_norm_grouped(*ctx_, {.x = x,
+                                       .out = out,
+                                       .n_tokens = T,
+                                       .n_groups = 1,
+                                       .group = info_.n_embd,
+                                       .gamma = gamma,
+                                       .eps = h_.eps});
+    }
+
+    void enqueue_window(CudaSequence& s, int64_t T) const override {
+        cuda::Context& ctx = *ctx_;
+        const int64_t H = info_.n_embd;
+        mark(kEmbed);
+        cuda::embed_rows(ctx, {.table = token_embd_,
+                               .tokens = w_.tokens,
+                               .n_tokens = T,
+                               .copies = 1,
+                               .out = w_.residual,
+                               .staging = w_.embed_staging});
+        for (size_t il = 0; il < blocks_.size(); ++il) {
+            const BlockDevice& b = blocks_[il];
+            LayerDeviceState& l = s.layers[il];
+            mark(kResidual);
+            norm(w_.residual, w_.mixed, b.attn_norm, T);
+            if (b.recurrent)
+                gdn_window(b.gdn, l, w_.mixed, w_.out, T);
+            else
+                attention_window(b.attention, s, l, w_.mixed, w_.out, T);
+            mark(kResidual);
+            cuda::add_inplace(ctx, w_.residual, w_.out, T * H);
+            norm(w_.residual, w_.mixed, b.post_attention_norm, T);
+            moe_window(b.moe, w_.mixed, w_.out, T);
+            mark(kResidual);
+            cuda::add_inplace(ctx, w_.residual, w_.out, T * H);
+        }
+        norm(w_.residual, w_.hidden, output_norm_, T);
+        mark(kHead);
+        cuda::matmul(ctx, {.w = *output_, .x = w_.hidden, .y = w_.logits, .n_tokens = T});
+    }
+
+    SingleStreamHparams h_;
+    const float* output_norm_ = nullptr;
+    std::vector<BlockDevice> blocks_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> load_single_stream_cuda(std::unique_ptr<gguf::File> file, const LoadOptions& options,
+                                               const SingleStreamArch& arch) {
+    return std::make_unique<SingleStreamCudaModel>(std::move(file), options, arch);
+}
+
+}  // namespace strata

@@ -51,27 +51,15 @@ struct Golden {
     fs::path dir;
 };
 
-std::vector<int32_t> read_ids(const fs::path& p) {
-    std::ifstream f(p);
-    std::vector<int32_t> ids;
-    int64_t v;
-    while (f >> v) ids.push_back(static_cast<int32_t>(v));
-    return ids;
-}
-
 const Golden& golden(const std::string& name = "qwen4exp") {
     static std::map<std::string, Golden> cache;
     if (auto it = cache.find(name); it != cache.end()) return it->second;
     const Golden g = [&] {
         Golden r;
         r.dir = strata::testing::fixtures_root() / name;
-        r.prompt = read_ids(r.dir / "prompt.txt");
-        r.greedy = read_ids(r.dir / "greedy.txt");
-        std::ifstream f(r.dir / "logits.f32", std::ios::binary);
-        f.seekg(0, std::ios::end);
-        r.logits.resize(static_cast<size_t>(f.tellg()) / sizeof(float));
-        f.seekg(0);
-        f.read(reinterpret_cast<char*>(r.logits.data()), static_cast<std::streamsize>(r.logits.size() * 4));
+        r.prompt = strata::testing::read_ids(r.dir / "prompt.txt");
+        r.greedy = strata::testing::read_ids(r.dir / "greedy.txt");
+        r.logits = strata::testing::read_floats(r.dir / "logits.f32");
         return r;
     }();
     return cache[name] = g;
@@ -121,6 +109,20 @@ int32_t argmax(const float* x, int64_t n) {
     return static_cast<int32_t>(std::max_element(x, x + n) - x);
 }
 
+// The greedy continuation after a prompt, one token per forward call (the decode path).
+std::vector<int32_t> greedy_continuation(const Model& m, const std::vector<int32_t>& prompt, size_t n) {
+    const int64_t V = m.info().n_vocab;
+    auto seq = m.new_sequence(static_cast<int64_t>(prompt.size() + n) + 1);
+    std::vector<float> logits(static_cast<size_t>(V));
+    m.forward(*seq, prompt, logits, true);
+    std::vector<int32_t> out;
+    for (size_t i = 0; i < n; ++i) {
+        out.push_back(argmax(logits.data(), V));
+        m.forward(*seq, std::span<const int32_t>(&out.back(), 1), logits, true);
+    }
+    return out;
+}
+
 struct Diff {
     double max_diff = 0, max_ref = 0;
     double relative() const { return max_ref > 0 ? max_diff / max_ref : max_diff; }
@@ -167,16 +169,7 @@ TEST(CudaModel, Qwen4ExpGreedyContinuationMatchesTransformers) {
     SKIP_WITHOUT_CUDA_DEVICE();
     const Golden& g = golden();
     auto model = load_model(converted(DType::F32), cuda_options());
-    const int64_t V = model->info().n_vocab;
-    auto seq = model->new_sequence(static_cast<int64_t>(g.prompt.size() + g.greedy.size()) + 1);
-    std::vector<float> logits(static_cast<size_t>(V));
-    model->forward(*seq, g.prompt, logits, true);
-    std::vector<int32_t> ours;
-    for (size_t i = 0; i < g.greedy.size(); ++i) {
-        ours.push_back(argmax(logits.data(), V));
-        model->forward(*seq, std::span<const int32_t>(&ours.back(), 1), logits, true);
-    }
-    EXPECT_EQ(ours, g.greedy);
+    EXPECT_EQ(greedy_continuation(*model, g.prompt, g.greedy.size()), g.greedy);
 }
 
 TEST(CudaModel, PrefillIncrementalAndChunkedAgree) {
@@ -256,15 +249,7 @@ TEST(CudaModel, SingleStreamArchitecturesMatchTransformers) {
         EXPECT_EQ(agreement(ours, g.logits, V), static_cast<int>(g.prompt.size()));
         EXPECT_LE(compare(run(*model, g.prompt, 3), ours).relative(), 1e-5);
 
-        auto seq = model->new_sequence(static_cast<int64_t>(g.prompt.size() + g.greedy.size()) + 1);
-        std::vector<float> logits(static_cast<size_t>(V));
-        model->forward(*seq, g.prompt, logits, true);
-        std::vector<int32_t> greedy;
-        for (size_t i = 0; i < g.greedy.size(); ++i) {
-            greedy.push_back(argmax(logits.data(), V));
-            model->forward(*seq, std::span<const int32_t>(&greedy.back(), 1), logits, true);
-        }
-        EXPECT_EQ(greedy, g.greedy);
+        EXPECT_EQ(greedy_continuation(*model, g.prompt, g.greedy.size()), g.greedy);
     }
 }
 

@@ -39,25 +39,13 @@ struct Golden {
     std::vector<float> logits;  // [prompt x vocab]
 };
 
-std::vector<int32_t> read_ids(const fs::path& p) {
-    std::ifstream f(p);
-    std::vector<int32_t> ids;
-    int64_t v;
-    while (f >> v) ids.push_back(static_cast<int32_t>(v));
-    return ids;
-}
-
 std::optional<Golden> load_golden(const std::string& name) {
     Golden g;
     g.dir = strata::testing::fixtures_root() / name;
     if (!fs::exists(g.dir / "hf" / "config.json") || !fs::exists(g.dir / "logits.f32")) return std::nullopt;
-    g.prompt = read_ids(g.dir / "prompt.txt");
-    g.greedy = read_ids(g.dir / "greedy.txt");
-    std::ifstream f(g.dir / "logits.f32", std::ios::binary);
-    f.seekg(0, std::ios::end);
-    g.logits.resize(static_cast<size_t>(f.tellg()) / sizeof(float));
-    f.seekg(0);
-    f.read(reinterpret_cast<char*>(g.logits.data()), static_cast<std::streamsize>(g.logits.size() * sizeof(float)));
+    g.prompt = strata::testing::read_ids(g.dir / "prompt.txt");
+    g.greedy = strata::testing::read_ids(g.dir / "greedy.txt");
+    g.logits = strata::testing::read_floats(g.dir / "logits.f32");
     return g;
 }
 

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 
@@ -67,6 +68,25 @@ inline std::string read_text(const std::filesystem::path& path) {
 }
 
 // s as one single-quoted shell word.
+// The whitespace-separated integers of a fixture file (prompt.txt, greedy.txt).
+inline std::vector<int32_t> read_ids(const std::filesystem::path& path) {
+    std::ifstream f(path);
+    std::vector<int32_t> ids;
+    int64_t v;
+    while (f >> v) ids.push_back(static_cast<int32_t>(v));
+    return ids;
+}
+
+// The raw little-endian float32 values of a file (logits.f32).
+inline std::vector<float> read_floats(const std::filesystem::path& path) {
+    std::ifstream f(path, std::ios::binary);
+    f.seekg(0, std::ios::end);
+    std::vector<float> v(f ? static_cast<size_t>(f.tellg()) / sizeof(float) : 0);
+    f.seekg(0);
+    f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+    return v;
+}
+
 inline std::string shell_quote(const std::string& s) {
     std::string out = "'";
     for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);

@@ -29,11 +29,6 @@ uint64_t mix64(uint64_t v) {
     return v ^ (v >> 31);
 }
 
-uint64_t hash_name(const std::string& s) {
-    uint64_t h = 1469598103934665603ull;  // FNV-1a
-    for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
-    return h;
-}
 
 // How a synthetic tensor's values are drawn.
 enum class Init { Linear, Embedding, ZeroCentredNorm, PlainNorm, ALog, DtBias, Conv };
@@ -439,6 +434,12 @@ void apply_ple_vocab_base(json& config, int64_t base, const std::string& preset)
 }
 
 }  // namespace
+
+uint64_t hash_name(const std::string& s) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
+    return h;
+}
 
 SynthModel build_synth(const SynthOptions& o) {
     const std::vector<Preset> all = presets();

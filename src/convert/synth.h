@@ -21,6 +21,9 @@ struct SynthModel {
     std::string name;
 };
 
+// FNV-1a of a tensor name: each tensor's random streams start from it and the seed.
+uint64_t hash_name(const std::string& s);
+
 // Throws Error on an unknown preset, an arch that does not match it, or an unsupported expert type.
 SynthModel build_synth(const SynthOptions& options);
 // general.*, {arch}.* and the placeholder vocabulary keys.

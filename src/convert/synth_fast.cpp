@@ -35,11 +35,6 @@ uint64_t mix64(uint64_t v) {
     return v ^ (v >> 31);
 }
 
-uint64_t hash_name(const std::string& s) {
-    uint64_t h = 1469598103934665603ull;  // FNV-1a
-    for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
-    return h;
-}
 
 // Bytes [byte0, byte0 + n) of the stream `key`: word w of the stream is mix64(key + w * gamma), so any chunking of
 // a tensor gives the same bytes. byte0 must be a multiple of 8.

@@ -403,14 +403,8 @@ void matmul_shared_input(Context& ctx, const float* x, int64_t n_tokens, std::in
 
 void matmul(Context& ctx, const MatmulArgs& a) {
     const Tensor& w = a.w;
-    if (w.device != Device::Cuda)
-        throw Error("CUDA matmul: weight " + w.name + " is in host memory; upload it to the device first");
-    if (!supports_matmul(w.type))
-        throw Error(std::string("CUDA matmul: weight type ") + dtype_name(w.type) + " of " + w.name +
-                    " is not supported by the CUDA backend");
-    STRATA_ASSERT(w.ne[2] == 1 && w.ne[3] == 1);
+    check_weights(w);
     const int64_t in = w.ne[0], rows = w.ne[1], tokens = a.n_tokens;
-    STRATA_ASSERT(in % traits(w.type).block_size == 0 && w.nb[1] >= row_bytes(w.type, in) && w.nb[1] % 2 == 0);
     if (tokens <= 0 || rows == 0) return;
     STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
     cudaStream_t stream = ctx.stream().handle();

@@ -251,7 +251,11 @@ TEST_F(BenchCliTest, UserErrorsAreOneLine) {
     expect_user_error(run_strata("bench " + model + " --threads 0"), "--threads");
 #if !STRATA_HAS_CUDA  // a CUDA build runs it (tests/test_cuda_model.cpp)
     expect_user_error(run_strata("bench " + model + " -p 8 -n 4 --backend cuda"), "no CUDA backend");
+    expect_user_error(run_strata("bench doorbell"), "needs the CUDA backend");
 #endif
+    expect_user_error(run_strata("bench gdn-recurrence"), "unknown benchmark 'gdn-recurrence'");
+    expect_user_error(run_strata("bench " + model + " --rounds 10"), "--rounds applies to `strata bench doorbell`");
+    expect_user_error(run_strata("bench doorbell --rounds 0"), "--rounds");
     expect_user_error(run_strata("bench " + model + " --backend tpu"), "--backend");
 }
 

@@ -18,6 +18,7 @@
 
 #if STRATA_HAS_CUDA
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/doorbell.h"
 #endif
 
 namespace strata::app {
@@ -268,7 +269,44 @@ void print_roofline(const BenchPlan& plan, const TestResult& r, double bandwidth
     std::fflush(stdout);
 }
 
+// `strata bench doorbell` (issue 8, seed 000): the host/GPU ping-pong through mapped pinned memory for every way the
+// device can read the flag, with and without backoff and write-combined memory: the seed's table.
+int run_doorbell_bench(const Args& args) {
+    const int64_t rounds = args.get_int("--rounds", 1, 10'000'000).value_or(10000);
+#if STRATA_HAS_CUDA
+    cuda::Context ctx{cuda::ContextOptions{}};
+    std::printf("doorbell ping-pong on %s: %lld rounds per row, device waits bounded at 1 ms, host waits at 20 ms\n",
+                ctx.info().name.c_str(), static_cast<long long>(rounds));
+    std::printf("| device read of the host flag | backoff | host memory | median us | p90 us | max us | device "
+                "timeouts | host misses |\n");
+    std::printf("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |\n");
+    for (const bool write_combined : {false, true})
+        for (const cuda::DoorbellRead read : {cuda::DoorbellRead::Plain, cuda::DoorbellRead::Volatile,
+                                              cuda::DoorbellRead::AcquireSystem, cuda::DoorbellRead::RelaxedRmw})
+            for (const bool backoff : {false, true}) {
+                const cuda::DoorbellResult r = cuda::doorbell_ping_pong(
+                    ctx, {.read = read, .backoff = backoff, .write_combined = write_combined, .rounds = rounds});
+                std::printf("| %s | %s | %s | %.2f | %.2f | %.1f | %lld / %lld | %lld |\n",
+                            cuda::doorbell_read_name(read), backoff ? "nanosleep" : "none",
+                            write_combined ? "mapped, write-combined" : "mapped", r.median_us, r.p90_us, r.max_us,
+                            static_cast<long long>(r.device_timeouts), static_cast<long long>(r.rounds),
+                            static_cast<long long>(r.host_misses));
+                std::fflush(stdout);
+            }
+    return 0;
+#else
+    (void)rounds;
+    throw Error("bench doorbell needs the CUDA backend (configure with -DSTRATA_CUDA=ON) and an NVIDIA GPU");
+#endif
+}
+
 int run_bench(const Args& args) {
+    if (!args.positional().empty()) {
+        const std::string& name = args.positional()[0];
+        if (name == "doorbell") return run_doorbell_bench(args);
+        throw Error("bench: unknown benchmark '" + name + "' (known: doorbell; without a name, the model benchmark)");
+    }
+    if (args.has("--rounds")) throw Error("bench: --rounds applies to `strata bench doorbell` only");
     const BenchPlan plan = read_plan(args);
     const ModelSummary summary = summarize(plan.model_path);
     std::string device;
@@ -321,7 +359,7 @@ Command bench_command() {
                 .name = "bench",
                 .summary = "prompt and decode speed in tokens/s (llama-bench style)",
                 .usage = "strata bench --model FILE.gguf [-p 512] [-n 128] [-d DEPTH] [-r 5] [--threads N[,N...]] "
-                         "[--backend cpu|cuda] [--json]",
+                         "[--backend cpu|cuda] [--json]\n       strata bench doorbell [--rounds N]",
                 .flags =
                     {
                         {"--model", "FILE.gguf",
@@ -337,9 +375,13 @@ Command bench_command() {
                         {"--no-cuda-graphs", "", "cuda: launch kernels one by one instead of replaying captured graphs"},
                         {"--profile", "",
                          "cuda: time each kind of op (kernels launched one by one) and print the split per token"},
+                        {"--rounds", "N", "bench doorbell: ping-pong rounds per variant (default 10000)"},
                         {"--json", "", "one JSON object per line per test instead of the table"},
                     },
-                .notes = "Token ids are pseudo-random within the vocabulary (fixed seed), so every run feeds the same "
+                .positional_name = "doorbell",
+                .notes = "`strata bench doorbell` times the host/GPU ping-pong through mapped pinned memory for each way "
+                         "the GPU can read the host's flag (CUDA only; exit status 2 without it).\n"
+                         "Token ids are pseudo-random within the vocabulary (fixed seed), so every run feeds the same "
                          "input. t/s is the mean over the repetitions, ± the sample standard deviation.",
             },
         .run = run_bench,

@@ -226,9 +226,10 @@ void CudaHybridModel::forward(SequenceState& state, std::span<const int32_t> tok
     ctx_->synchronize();
 }
 
+// The memory plan before anything is taken: the weights the model binds (every file tensor but the PLE table, which
+// stays in host memory, and the MTP blocks) must fit in the budget.
 void CudaHybridModel::check_weights_fit() const {
     uint64_t weights = 0, ple = 0;
-    const std::string mtp_prefix = "blk." + std::to_string(info_.n_layer) + ".";
     for (const gguf::TensorInfo& t : file_->tensors()) {
         if (t.name == "per_layer_token_embd.weight") {
             ple += t.n_bytes;
@@ -252,6 +253,8 @@ void CudaHybridModel::check_weights_fit() const {
                     " MiB; raise --vram-budget or use a smaller model (experts in host RAM are a later issue)");
 }
 
+// Each block's state for the sequence's capacity (KV pages in order behind an identity page table), plus the QSA and
+// attention workspaces its windows share. Every allocation goes through the accountant, which refuses past the budget.
 void CudaHybridModel::allocate_sequence(CudaSequence& s) const {
     const int64_t cap = s.capacity_;
     const GdnShape& g = gdn_;
@@ -312,6 +315,8 @@ void CudaHybridModel::allocate_sequence(CudaSequence& s) const {
     s.bytes_ = bytes;
 }
 
+// Back to empty: zero recurrent state and histories, the PLE history full of EOS, length 0. KV cells need no clearing
+// (nothing reads a cell before it is written). The graphs stay valid: the buffers do not move.
 void CudaHybridModel::clear_sequence(CudaSequence& s) const {
     for (LayerDeviceState& l : s.layers) {
         for (cuda::DeviceBuffer* b : {&l.conv_history, &l.recurrent, &l.kv_length, &l.index_raw, &l.index_pooled,
@@ -326,6 +331,8 @@ void CudaHybridModel::clear_sequence(CudaSequence& s) const {
     s.n_past_ = 0;
 }
 
+// One window: its tokens, positions and cache lengths to the device, then the sequence's graph for this window size
+// (captured on first use, and again if the context scratch has moved since), or the launches one by one.
 void CudaHybridModel::run_window(CudaSequence& s, std::span<const int32_t> tokens) const {
     const int64_t T = static_cast<int64_t>(tokens.size());
     int32_t host[3 * kWindow] = {};
@@ -354,6 +361,8 @@ void CudaHybridModel::run_window(CudaSequence& s, std::span<const int32_t> token
     s.n_past_ += T;
 }
 
+// Gated DeltaNet (model/gdn.cpp): projections, conv + SiLU, normalised q/k, gates, the recurrence on the sequence's
+// state, the gated norm, the output projection.
 void CudaHybridModel::gdn_window(const GdnDevice& w, LayerDeviceState& l, const float* x, float* out,
                                  int64_t T) const {
     cuda::Context& ctx = *ctx_;
@@ -423,6 +432,9 @@ void CudaHybridModel::gdn_window(const GdnDevice& w, LayerDeviceState& l, const 
     cuda::matmul(ctx, {.w = *w.out, .x = w_.core, .y = out, .n_tokens = T});
 }
 
+// Gated attention (model/attention.cpp): projections, q/k norms and rope, the KV append; with an indexer, the raw and
+// pooled keys and each token's QSA selection; then decode attention per token (its own cache length) with the output
+// gate fused, and the output projection.
 void CudaHybridModel::attention_window(const AttentionDevice& w, CudaSequence& s, LayerDeviceState& l,
                                        const float* x, float* out, int64_t T) const {
     cuda::Context& ctx = *ctx_;

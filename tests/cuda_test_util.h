@@ -86,25 +86,7 @@ inline double nmse(const std::vector<float>& got, const std::vector<float>& ref)
 
 // Device-to-device copy bandwidth over 1 GiB, counting bytes read plus bytes written, in GB/s: the roofline.
 inline double copy_bandwidth_gbs(cuda::Context& ctx) {
-    const size_t bytes = size_t{1} << 30;
-    const cuda::DeviceBuffer a = ctx.allocate(bytes, "perf"), b = ctx.allocate(bytes, "perf");
-    cudaStream_t s = ctx.stream().handle();
-    if (cudaMemsetAsync(a.data(), 1, bytes, s) != cudaSuccess) return 0;
-    cudaEvent_t start, stop;
-    cudaEventCreate(&start);
-    cudaEventCreate(&stop);
-    cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, s);  // warm-up
-    constexpr int kReps = 10;
-    cudaEventRecord(start, s);
-    for (int i = 0; i < kReps; ++i)
-        cudaMemcpyAsync(i % 2 ? a.data() : b.data(), i % 2 ? b.data() : a.data(), bytes, cudaMemcpyDeviceToDevice, s);
-    cudaEventRecord(stop, s);
-    cudaEventSynchronize(stop);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    return 2.0 * static_cast<double>(bytes) * kReps / (ms * 1e-3) / 1e9;
+    return cuda::measure_copy_bandwidth(ctx, size_t{1} << 30);
 }
 
 // Median time of one replay of a graph holding the work `record` queues, in microseconds (-1 if capture fails).

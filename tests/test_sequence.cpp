@@ -18,6 +18,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "format/gguf.h"
+#include "model/binding.h"
 #include "model/model.h"
 
 using namespace strata;
@@ -379,3 +380,15 @@ TEST(Threads, LogitsDoNotDependOnTheThreadCount) {
 }
 
 }  // namespace
+
+// The MTP blocks follow the trunk's: "blk.N." with N >= the trunk's block count (gguf-qwen4exp.md 1.1).
+TEST(Binding, MtpBlockTensorsAreThoseAtOrPastTheTrunk) {
+    EXPECT_FALSE(strata::is_mtp_block_tensor("blk.3.attn_q.weight", 4));
+    EXPECT_TRUE(strata::is_mtp_block_tensor("blk.4.nextn.eh_proj.weight", 4));
+    EXPECT_TRUE(strata::is_mtp_block_tensor("blk.40.ffn_down_exps.weight", 4));
+    EXPECT_FALSE(strata::is_mtp_block_tensor("blk.39.ffn_down_exps.weight", 48));
+    EXPECT_TRUE(strata::is_mtp_block_tensor("blk.48.attn_norm.weight", 48));
+    EXPECT_FALSE(strata::is_mtp_block_tensor("token_embd.weight", 4));
+    EXPECT_FALSE(strata::is_mtp_block_tensor("blk.x.weight", 4));
+    EXPECT_FALSE(strata::is_mtp_block_tensor("output_hc_norm.weight", 0));
+}

@@ -102,10 +102,9 @@ BenchPlan read_plan(const Args& args) {
     return plan;
 }
 
-ModelSummary summarize(const std::string& path) {
-    const auto file = gguf::File::open(path);
-    ModelSummary s{.file_name = std::filesystem::path(path).filename().string()};
-    for (const auto& t : file->tensors()) {
+ModelSummary summarize(const gguf::File& file) {
+    ModelSummary s{.file_name = std::filesystem::path(file.path()).filename().string()};
+    for (const auto& t : file.tensors()) {
         s.size_bytes += t.n_bytes;
         s.n_params += static_cast<uint64_t>(t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]);
     }
@@ -256,10 +255,10 @@ double device_copy_bandwidth(const BenchPlan& plan, std::string* device_name) {
 }
 
 // A decode result next to its roofline: the bytes a token reads over the copy bandwidth.
-void print_roofline(const BenchPlan& plan, const TestResult& r, double bandwidth_gbs, const std::string& device) {
-    const auto file = gguf::File::open(plan.model_path);
+void print_roofline(const BenchPlan& plan, const gguf::File& file, const TestResult& r, double bandwidth_gbs,
+                    const std::string& device) {
     // The middle of the timed tokens: depth plus the prompt token plus half the generated ones.
-    const DecodeTraffic traffic = decode_traffic(*file, plan.depth + 1 + r.n_gen / 2);
+    const DecodeTraffic traffic = decode_traffic(file, plan.depth + 1 + r.n_gen / 2);
     const double roofline = bandwidth_gbs * 1e9 / static_cast<double>(traffic.total());
     std::printf("roofline (%s, copy %.0f GB/s): a token of %s reads %.1f MB (weights %.1f, KV and indexer keys %.1f) "
                 "-> at most %.0f t/s; measured %.1f t/s = %.1f%% of it\n",
@@ -308,7 +307,8 @@ int run_bench(const Args& args) {
     }
     if (args.has("--rounds")) throw Error("bench: --rounds applies to `strata bench doorbell` only");
     const BenchPlan plan = read_plan(args);
-    const ModelSummary summary = summarize(plan.model_path);
+    const auto file = gguf::File::open(plan.model_path);  // for the summary and the rooflines; the model maps its own
+    const ModelSummary summary = summarize(*file);
     std::string device;
     const double bandwidth = plan.load.backend == Backend::Cuda ? device_copy_bandwidth(plan, &device) : 0.0;
     const std::string depth_suffix = plan.depth > 0 ? "@d" + std::to_string(plan.depth) : "";
@@ -344,7 +344,7 @@ int run_bench(const Args& args) {
                 print_json(plan, summary, r);
             else
                 print_table_row(plan, summary, r);
-            if (bandwidth > 0 && !plan.json && test.n_gen > 0) print_roofline(plan, r, bandwidth, device);
+            if (bandwidth > 0 && !plan.json && test.n_gen > 0) print_roofline(plan, *file, r, bandwidth, device);
         }
     }
     return 0;
@@ -353,6 +353,23 @@ int run_bench(const Args& args) {
 }  // namespace
 
 Command bench_command() {
+    std::vector<FlagSpec> flags = {
+        {"--model", "FILE.gguf",
+         kDefaultModelHelp},
+        {"-p", "P", "prompt test ppP: P tokens in one forward call (default 512; 0 skips it)"},
+        {"-n", "N", "decode test tgN: N single-token steps (default 128; 0 skips it)"},
+        {"-d", "DEPTH", "run both tests after DEPTH tokens of context (untimed; names get @dDEPTH)"},
+        {"-r", "R", "timed repetitions of each test, after one warm-up run (default 5)"},
+        {"--threads", "N[,N...]",
+         "worker threads; a list runs every test for each (default: all cores)"},
+        {"--profile", "",
+         "cuda: time each kind of op (kernels launched one by one) and print the split per token"},
+        {"--rounds", "N", "bench doorbell: ping-pong rounds per variant (default 10000)"},
+        {"--json", "", "one JSON object per line per test instead of the table"},
+    };
+    // The model-loading flags but --threads, which bench takes as a list.
+    for (const FlagSpec& f : kLoadFlags)
+        if (f.name != "--threads") flags.push_back(f);
     return {
         .spec =
             {
@@ -360,24 +377,7 @@ Command bench_command() {
                 .summary = "prompt and decode speed in tokens/s (llama-bench style)",
                 .usage = "strata bench --model FILE.gguf [-p 512] [-n 128] [-d DEPTH] [-r 5] [--threads N[,N...]] "
                          "[--backend cpu|cuda] [--json]\n       strata bench doorbell [--rounds N]",
-                .flags =
-                    {
-                        {"--model", "FILE.gguf",
-                         kDefaultModelHelp},
-                        {"-p", "P", "prompt test ppP: P tokens in one forward call (default 512; 0 skips it)"},
-                        {"-n", "N", "decode test tgN: N single-token steps (default 128; 0 skips it)"},
-                        {"-d", "DEPTH", "run both tests after DEPTH tokens of context (untimed; names get @dDEPTH)"},
-                        {"-r", "R", "timed repetitions of each test, after one warm-up run (default 5)"},
-                        {"--threads", "N[,N...]",
-                         "worker threads; a list runs every test for each (default: all cores)"},
-                        {"--backend", "B", "cpu (default) or cuda"},
-                        {"--vram-budget", "SIZE", "cuda: device memory strata may take (default: what is free less 5%)"},
-                        {"--no-cuda-graphs", "", "cuda: launch kernels one by one instead of replaying captured graphs"},
-                        {"--profile", "",
-                         "cuda: time each kind of op (kernels launched one by one) and print the split per token"},
-                        {"--rounds", "N", "bench doorbell: ping-pong rounds per variant (default 10000)"},
-                        {"--json", "", "one JSON object per line per test instead of the table"},
-                    },
+                .flags = flags,
                 .positional_name = "doorbell",
                 .notes = "`strata bench doorbell` times the host/GPU ping-pong through mapped pinned memory for each way "
                          "the GPU can read the host's flag (CUDA only; exit status 2 without it).\n"

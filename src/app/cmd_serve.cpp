@@ -52,6 +52,22 @@ int run_serve(const Args& args) {
 }  // namespace
 
 Command serve_command() {
+    std::vector<FlagSpec> flags = {
+        {"--model", "FILE.gguf", kDefaultModelHelp},
+        {"--host", "ADDR", "address to listen on (default 127.0.0.1; others need an API key)"},
+        {"--port", "N", "port (default 8080; 0: any free port, printed at start)"},
+        {"--parallel", "N", "requests decoded together, one slot each (default 4)"},
+        {"--ctx-size", "N", "context per slot in tokens (default: 4096 or the training context)"},
+        {"--api-key", "KEY", "require this key (Authorization: Bearer KEY or x-api-key); also STRATA_API_KEY"},
+        {"--queue", "N", "requests that may wait for a slot before 503 (default 64)"},
+        {"--chunk-size", "N", "prompt tokens per slot and step (default 256)"},
+        {"--no-prefix-cache", "", "never reuse a slot's earlier tokens (every prompt computed in full)"},
+        {"--cors-origin", "ORIGIN", "also allow browser requests from ORIGIN (http://host:port, or *)", true},
+        {"--alias", "NAME", "another name the 'model' field may use", true},
+        {"--max-body", "SIZE", "largest request body (default 1M)"},
+        {"--http-threads", "N", "connection threads (default: parallel + queue + 8)"},
+    };
+    flags.insert(flags.end(), kLoadFlags.begin(), kLoadFlags.end());
     return {
         .spec =
             {
@@ -59,26 +75,7 @@ Command serve_command() {
                 .summary = "OpenAI- and Anthropic-compatible HTTP server with a web app (batched parallel slots)",
                 .usage = "strata serve [--model FILE.gguf] [--host 127.0.0.1] [--port 8080] [--parallel N] "
                          "[--ctx-size N] [--api-key KEY]",
-                .flags =
-                    {
-                        {"--model", "FILE.gguf", kDefaultModelHelp},
-                        {"--host", "ADDR", "address to listen on (default 127.0.0.1; others need an API key)"},
-                        {"--port", "N", "port (default 8080; 0: any free port, printed at start)"},
-                        {"--parallel", "N", "requests decoded together, one slot each (default 4)"},
-                        {"--ctx-size", "N", "context per slot in tokens (default: 4096 or the training context)"},
-                        {"--threads", "N", "worker threads (default: all cores)"},
-                        {"--backend", "B", "cpu (default) or cuda"},
-                        {"--vram-budget", "SIZE", "cuda: device memory strata may take, e.g. 12G (default: what is free less 5%)"},
-                        {"--no-cuda-graphs", "", "cuda: launch kernels one by one instead of replaying captured graphs"},
-                        {"--api-key", "KEY", "require this key (Authorization: Bearer KEY or x-api-key); also STRATA_API_KEY"},
-                        {"--queue", "N", "requests that may wait for a slot before 503 (default 64)"},
-                        {"--chunk-size", "N", "prompt tokens per slot and step (default 256)"},
-                        {"--no-prefix-cache", "", "never reuse a slot's earlier tokens (every prompt computed in full)"},
-                        {"--cors-origin", "ORIGIN", "also allow browser requests from ORIGIN (http://host:port, or *)", true},
-                        {"--alias", "NAME", "another name the 'model' field may use", true},
-                        {"--max-body", "SIZE", "largest request body (default 1M)"},
-                        {"--http-threads", "N", "connection threads (default: parallel + queue + 8)"},
-                    },
+                .flags = flags,
                 .notes =
                     "Endpoints: POST /v1/chat/completions, /v1/completions, /v1/messages (Anthropic), /tokenize,\n"
                     "/detokenize; GET /v1/models, /health, /metrics (Prometheus), /v1/status, and the web app at /.\n"

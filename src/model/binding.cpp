@@ -1,5 +1,7 @@
 #include "model/binding.h"
 
+#include <cctype>
+
 #include "backend/cpu/ops.h"
 #include "core/error.h"
 
@@ -121,6 +123,16 @@ std::optional<Tensor> TensorBinder::optional(const std::string& name, std::initi
 
 std::vector<float> TensorBinder::require_f32(const std::string& name, std::initializer_list<int64_t> shape) const {
     return cpu::to_f32(find(name, shape));
+}
+
+bool is_mtp_block_tensor(const std::string& name, int64_t n_trunk) {
+    if (name.rfind("blk.", 0) != 0) return false;
+    // Digits after "blk.", read until the number reaches n_trunk (more digits only make it larger).
+    int64_t block = 0;
+    size_t i = 4;
+    for (; i < name.size() && std::isdigit(static_cast<unsigned char>(name[i])) && block < n_trunk; ++i)
+        block = block * 10 + (name[i] - '0');
+    return i > 4 && block >= n_trunk;
 }
 
 std::string block_tensor(int64_t block, const std::string& name) {

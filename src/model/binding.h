@@ -66,6 +66,10 @@ class TensorBinder {
 // "blk.3.attn_q.weight"
 std::string block_tensor(int64_t block, const std::string& name);
 
+// Whether a tensor belongs to block n_trunk or later ("blk.N." with N >= n_trunk): the MTP blocks, which the trunk
+// never reads.
+bool is_mtp_block_tensor(const std::string& name, int64_t n_trunk);
+
 // Which trunk blocks are recurrent (GDN): `attention.recurrent_layers` if present, else every block i with
 // (i + 1) % full_attention_interval != 0.
 std::vector<bool> recurrent_layer_map(const HparamReader& hp, int64_t n_block_all, int64_t n_trunk);

@@ -107,9 +107,7 @@ DecodeTraffic decode_traffic(const gguf::File& file, int64_t depth) {
     for (const gguf::TensorInfo& t : file.tensors()) {
         const int64_t n_rows = t.ne[1] * t.ne[2] * t.ne[3];
         const uint64_t row = n_rows > 0 ? t.n_bytes / static_cast<uint64_t>(n_rows) : 0;
-        bool mtp = false;
-        for (int64_t il = n_layer; il < n_all && !mtp; ++il) mtp = t.name.rfind(block_tensor(il, ""), 0) == 0;
-        if (mtp) continue;
+        if (is_mtp_block_tensor(t.name, n_layer)) continue;
         if (t.name == "per_layer_token_embd.weight")
             d.weights += static_cast<uint64_t>(ple_rows) * row;
         else if (t.name == "token_embd.weight")

@@ -12,6 +12,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/doorbell.h"
+#include "backend/cuda/model_ops.h"
 
 namespace strata::cuda {
 
@@ -70,27 +71,15 @@ void launch(bool backoff, uint32_t* flag, uint32_t* ack, uint32_t* timeouts, int
 }
 
 // The flag and the ack on separate 128-byte lines of one mapped pinned page.
-class FlagPage {
-  public:
-    explicit FlagPage(bool write_combined) {
-        const unsigned flags = cudaHostAllocMapped | (write_combined ? cudaHostAllocWriteCombined : 0u);
-        STRATA_CUDA_CHECK(cudaHostAlloc(&host_, 4096, flags));
-        std::fill_n(static_cast<uint32_t*>(host_), 1024, 0u);
-        STRATA_CUDA_CHECK(cudaHostGetDevicePointer(&device_, host_, 0));
+struct FlagPage {
+    explicit FlagPage(bool write_combined) : page(4096, write_combined) {
+        std::fill_n(static_cast<uint32_t*>(page.host()), 1024, 0u);
     }
-    ~FlagPage() {
-        if (cudaFreeHost(host_) != cudaSuccess) (void)cudaGetLastError();
-    }
-    FlagPage(const FlagPage&) = delete;
-    FlagPage& operator=(const FlagPage&) = delete;
-    volatile uint32_t* host_flag() const { return static_cast<volatile uint32_t*>(host_); }
-    volatile uint32_t* host_ack() const { return static_cast<volatile uint32_t*>(host_) + 32; }
-    uint32_t* device_flag() const { return static_cast<uint32_t*>(device_); }
-    uint32_t* device_ack() const { return static_cast<uint32_t*>(device_) + 32; }
-
-  private:
-    void* host_ = nullptr;
-    void* device_ = nullptr;
+    volatile uint32_t* host_flag() const { return static_cast<volatile uint32_t*>(page.host()); }
+    volatile uint32_t* host_ack() const { return host_flag() + 32; }
+    uint32_t* device_flag() const { return static_cast<uint32_t*>(const_cast<void*>(page.device())); }
+    uint32_t* device_ack() const { return device_flag() + 32; }
+    MappedHostBuffer page;
 };
 
 }  // namespace

@@ -15,6 +15,23 @@ constexpr int kNormThreads = 256;  // 8 warps, one group each
 
 enum class NormKind { Rms, L2 };
 
+// The end of both norm kernels: the group's scale from its sum of squares (in double, rounded to float as the CPU
+// does), then the values from `first` on in steps of `step`, each product rounded on its own.
+template <NormKind kKind>
+__device__ __forceinline__ void scale_group(const GroupNormArgs& a, int64_t g, const float* x, float* out, double sum,
+                                            int64_t first, int64_t step) {
+    float scale;
+    if constexpr (kKind == NormKind::Rms)
+        scale = static_cast<float>(1.0 / sqrt(sum / static_cast<double>(a.group) + a.eps));
+    else
+        scale = static_cast<float>(1.0 / sqrt(sum + a.eps));
+    const float* gamma = a.gamma ? a.gamma + (a.gamma_shared ? 0 : g * a.group) : nullptr;
+    for (int64_t i = first; i < a.group; i += step) {
+        const float v = __fmul_rn(x[i], scale);
+        out[i] = gamma ? __fmul_rn(v, gamma[i]) : v;
+    }
+}
+
 // One warp per (token, group).
 template <NormKind kKind>
 __global__ void __launch_bounds__(kNormThreads) group_norm_kernel(GroupNormArgs a, int64_t row_stride) {
@@ -28,17 +45,8 @@ __global__ void __launch_bounds__(kNormThreads) group_norm_kernel(GroupNormArgs 
     for (int64_t i = lane; i < a.group; i += 32) sum += static_cast<double>(x[i]) * x[i];
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    float scale;
-    if constexpr (kKind == NormKind::Rms)
-        scale = static_cast<float>(1.0 / sqrt(sum / static_cast<double>(a.group) + a.eps));
-    else
-        scale = static_cast<float>(1.0 / sqrt(sum + a.eps));
-    const float* gamma = a.gamma ? a.gamma + (a.gamma_shared ? 0 : g * a.group) : nullptr;
     // Each lane rewrites only the values it read itself, so out may equal x.
-    for (int64_t i = lane; i < a.group; i += 32) {
-        const float v = __fmul_rn(x[i], scale);
-        out[i] = gamma ? __fmul_rn(v, gamma[i]) : v;
-    }
+    scale_group<kKind>(a, g, x, out, sum, lane, 32);
 }
 
 // One block per (token, group), for long groups (the hyper-connection norm: 4 groups of 2,560 at Flash-Next): a warp per
@@ -59,16 +67,7 @@ __global__ void __launch_bounds__(kNormThreads) group_norm_block_kernel(GroupNor
     double total = 0.0;
 #pragma unroll
     for (int w = 0; w < kNormThreads / 32; ++w) total += warp_sums[w];
-    float scale;
-    if constexpr (kKind == NormKind::Rms)
-        scale = static_cast<float>(1.0 / sqrt(total / static_cast<double>(a.group) + a.eps));
-    else
-        scale = static_cast<float>(1.0 / sqrt(total + a.eps));
-    const float* gamma = a.gamma ? a.gamma + (a.gamma_shared ? 0 : g * a.group) : nullptr;
-    for (int64_t i = threadIdx.x; i < a.group; i += kNormThreads) {
-        const float v = __fmul_rn(x[i], scale);
-        out[i] = gamma ? __fmul_rn(v, gamma[i]) : v;
-    }
+    scale_group<kKind>(a, g, x, out, total, threadIdx.x, kNormThreads);
 }
 
 // Groups at least this long take a block each.

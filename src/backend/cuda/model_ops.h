@@ -131,7 +131,8 @@ void hyper_connection_write(Context& ctx, const HyperConnectionDims& shape, floa
 // table (hundreds of GB at full size) stays on the host and kernels read its rows over the bus.
 class MappedHostBuffer {
 public:
-    explicit MappedHostBuffer(size_t bytes);
+    // write_combined: cudaHostAllocWriteCombined as well (fast host writes and device reads, slow host reads).
+    explicit MappedHostBuffer(size_t bytes, bool write_combined = false);
     ~MappedHostBuffer();
     MappedHostBuffer(const MappedHostBuffer&) = delete;
     MappedHostBuffer& operator=(const MappedHostBuffer&) = delete;

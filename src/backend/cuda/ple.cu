@@ -9,8 +9,9 @@
 
 namespace strata::cuda {
 
-MappedHostBuffer::MappedHostBuffer(size_t bytes) : bytes_(bytes) {
-    const cudaError_t err = cudaHostAlloc(&host_, bytes ? bytes : 1, cudaHostAllocMapped);
+MappedHostBuffer::MappedHostBuffer(size_t bytes, bool write_combined) : bytes_(bytes) {
+    const unsigned flags = cudaHostAllocMapped | (write_combined ? cudaHostAllocWriteCombined : 0u);
+    const cudaError_t err = cudaHostAlloc(&host_, bytes ? bytes : 1, flags);
     if (err != cudaSuccess) {
         (void)cudaGetLastError();
         host_ = nullptr;

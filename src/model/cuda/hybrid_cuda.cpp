@@ -235,10 +235,7 @@ void CudaHybridModel::check_weights_fit() const {
             ple += t.n_bytes;
             continue;
         }
-        bool mtp = false;
-        for (int64_t il = info_.n_layer; il < info_.n_layer + 8 && !mtp; ++il)
-            mtp = t.name.rfind("blk." + std::to_string(il) + ".", 0) == 0;
-        if (!mtp) weights += t.n_bytes;
+        if (!is_mtp_block_tensor(t.name, info_.n_layer)) weights += t.n_bytes;
     }
     const size_t budget = ctx_->memory().budget();
     std::fprintf(stderr,

@@ -94,6 +94,48 @@ TEST(BundledModel, GreedyContinuationMatchesTheTrainingCode) {
     EXPECT_EQ(prompt + r.out, text + "\n");  // generate ends its output with a newline
 }
 
+// strata perplexity's NLL of the goldens' ids against the NLL computed here from transformers' logits (the oracle):
+// the same targets (token i + 1 from the logits after token i), the same top-1 tokens, and chunking changes nothing
+// beyond rounding.
+TEST(BundledModel, PerplexityMatchesTheOracle) {
+    const Goldens g = read_bundled_goldens();
+    ASSERT_GT(g.ids.size(), 2u);
+    const size_t v = static_cast<size_t>(g.n_vocab);
+    double oracle_sum = 0;
+    for (size_t pos = 0; pos + 1 < g.ids.size(); ++pos) {
+        const float* row = g.logits.data() + pos * v;
+        const double top = *std::max_element(row, row + v);
+        double sum = 0;
+        for (size_t j = 0; j < v; ++j) sum += std::exp(row[j] - top);
+        oracle_sum += std::log(sum) - (row[static_cast<size_t>(g.ids[pos + 1])] - top);
+    }
+    const strata::testing::TempDir dir;
+    const std::string ids = dir / "ids.txt";
+    {
+        std::ofstream out(ids);
+        for (int32_t id : g.ids) out << id << "\n";
+    }
+    double sums[2] = {0, 0};
+    for (int run = 0; run < 2; ++run) {
+        const std::string jsonl = dir / ("run" + std::to_string(run) + ".jsonl");
+        const auto r = run_shell(shell_quote(STRATA_BINARY) + " perplexity --model " + shell_quote(kModel.string()) +
+                                 " --ids --threads 2 --chunk " + (run == 0 ? "512" : "7") + " --jsonl " +
+                                 shell_quote(jsonl) + " " + shell_quote(ids));
+        ASSERT_EQ(r.status, 0) << r.err;
+        const nlohmann::json line = nlohmann::json::parse(read_text(jsonl));
+        ASSERT_EQ(line.at("tokens").get<size_t>(), g.ids.size() - 1);
+        sums[run] = line.at("nll_sum").get<double>();
+        const auto argmax = line.at("argmax").get<std::vector<int32_t>>();
+        ASSERT_EQ(argmax.size(), g.ids.size() - 1);
+        size_t agree = 0;
+        for (size_t pos = 0; pos < argmax.size(); ++pos) agree += argmax[pos] == g.argmax[pos];
+        EXPECT_GE(agree, 0.97 * argmax.size()) << "top-1 agreement with transformers (the bar of the logits test)";
+    }
+    // The logits agree to ~1e-5 of their scale (LogitsMatchTheTrainingCodesForward), so the NLL sums to ~1e-4.
+    EXPECT_NEAR(sums[0], oracle_sum, 1e-3 * oracle_sum) << "oracle mean NLL " << oracle_sum / (g.ids.size() - 1);
+    EXPECT_NEAR(sums[1], sums[0], 1e-5 * sums[0]);
+}
+
 TEST(BundledModel, IsTheDefaultModelFromAnotherFolder) {
     // From elsewhere, the model beside the build folder of the executable is found.
     const strata::testing::TempDir dir;

@@ -22,6 +22,8 @@ Command synth_command();
 // cmd_run.cpp
 Command logits_command();
 Command generate_command();
+// cmd_perplexity.cpp
+Command perplexity_command();
 // cmd_info.cpp
 Command info_command();
 // cmd_bench.cpp

@@ -318,10 +318,14 @@ void launch_matvec_tokens(const MatvecLaunch& l) {
     // the token count, so a token's sum is formed in the same order whatever the batch.
     // 4,096 row parts (~16 warps per SM on an H200 at 2 rows a warp) measured faster than 8,192 (more, shorter
     // warps than fit at once).
+    // An expert gather multiplies the rows by the pairs of each token (top-k, twice for stacked gate and up): counted
+    // per token, never per launch, so the order of a token's sums still does not depend on the batch.
     constexpr int64_t kTargetRowParts = 4096;
     const int64_t n_chunks = (l.in / F::kBlockElems + ChunkShape<F>::kBlocks - 1) / ChunkShape<F>::kBlocks;
+    const int64_t rows_per_token =
+        l.gather.ids ? l.rows * l.gather.pairs_per_act_row * (l.gather.second_from > 0 ? 2 : 1) : l.rows;
     int split = 1;
-    while (split < kWarpsPerBlock && l.rows * split < kTargetRowParts && split * 2 <= n_chunks) split *= 2;
+    while (split < kWarpsPerBlock && rows_per_token * split < kTargetRowParts && split * 2 <= n_chunks) split *= 2;
     const int64_t rows_per_block = kWarpsPerBlock / split * kRows;
     const MatvecParams p{.w = l.w, .row_bytes = l.row_bytes, .rows = l.rows, .in = l.in, .act = l.act, .x = l.x,
                          .y = l.y, .warps_per_row = split, .gather = l.gather};

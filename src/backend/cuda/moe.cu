@@ -21,12 +21,14 @@ __device__ __forceinline__ bool route_better(float pa, int ia, float pb, int ib)
 }
 
 // One block per token: softmax as cpu::softmax, then n_used rounds of a block argmax over the experts not yet chosen.
+// Expert i belongs to thread i % kRouteThreads, which keeps whether it was taken in a bit of its own, so a round is
+// one warp argmax, one barrier, and every thread combining the warps' winners in the same order (the results of the
+// two-barrier, one-thread form it replaced, bit for bit).
 __global__ void __launch_bounds__(kRouteThreads)
     route_kernel(const float* logits, int n_expert, int n_used, bool normalize, int32_t* ids, float* weights) {
-    extern __shared__ float prob[];  // n_expert probabilities, then n_expert taken flags (as floats)
-    float* taken = prob + n_expert;
-    __shared__ float red_f[kRouteThreads / 32];
-    __shared__ int red_i[kRouteThreads / 32];
+    extern __shared__ float prob[];  // n_expert probabilities
+    __shared__ float red_f[2][kRouteThreads / 32];  // two rounds' winners alternate, so one barrier per round is enough
+    __shared__ int red_i[2][kRouteThreads / 32];
     __shared__ double red_d[kRouteThreads / 32];
     const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
     const float* l = logits + static_cast<int64_t>(blockIdx.x) * n_expert;
@@ -34,55 +36,53 @@ __global__ void __launch_bounds__(kRouteThreads)
     float mx = -INFINITY;
     for (int i = tid; i < n_expert; i += kRouteThreads) mx = fmaxf(mx, l[i]);
     for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    if (lane == 0) red_f[warp] = mx;
+    if (lane == 0) red_f[0][warp] = mx;
     __syncthreads();
-    mx = red_f[0];
-    for (int w = 1; w < kRouteThreads / 32; ++w) mx = fmaxf(mx, red_f[w]);
+    mx = red_f[0][0];
+    for (int w = 1; w < kRouteThreads / 32; ++w) mx = fmaxf(mx, red_f[0][w]);
     double sum = 0.0;
     for (int i = tid; i < n_expert; i += kRouteThreads) {
         const float e = expf(l[i] - mx);
         prob[i] = e;
-        taken[i] = 0.0f;
         sum += e;
     }
     for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     if (lane == 0) red_d[warp] = sum;
-    __syncthreads();
+    __syncthreads();  // also: every thread has read red_f[0] before round 0 writes it
     sum = 0.0;
     for (int w = 0; w < kRouteThreads / 32; ++w) sum += red_d[w];
     const float inv = static_cast<float>(1.0 / sum);
-    for (int i = tid; i < n_expert; i += kRouteThreads) prob[i] *= inv;
-    __syncthreads();
+    for (int i = tid; i < n_expert; i += kRouteThreads) prob[i] *= inv;  // each thread reads only its own experts
 
     int32_t* my_ids = ids + static_cast<int64_t>(blockIdx.x) * n_used;
     float* my_weights = weights + static_cast<int64_t>(blockIdx.x) * n_used;
+    uint32_t taken = 0;  // bit j: expert tid + j * kRouteThreads was chosen
+    float chosen_sum = 0.0f;  // thread 0: the chosen weights summed in top-k order, as the CPU sums them
     for (int k = 0; k < n_used; ++k) {
         float best = -INFINITY;
         int best_i = n_expert;
-        for (int i = tid; i < n_expert; i += kRouteThreads)
-            if (taken[i] == 0.0f && route_better(prob[i], i, best, best_i)) best = prob[i], best_i = i;
+        for (int i = tid, j = 0; i < n_expert; i += kRouteThreads, ++j)
+            if (!(taken >> j & 1u) && route_better(prob[i], i, best, best_i)) best = prob[i], best_i = i;
         for (int o = 16; o > 0; o /= 2) {
             const float ob = __shfl_xor_sync(0xffffffffu, best, o);
             const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
             if (route_better(ob, oi, best, best_i)) best = ob, best_i = oi;
         }
-        __syncthreads();  // red_* of the previous round are read
-        if (lane == 0) red_f[warp] = best, red_i[warp] = best_i;
+        const int buf = k & 1;
+        if (lane == 0) red_f[buf][warp] = best, red_i[buf][warp] = best_i;
         __syncthreads();
+        best = red_f[buf][0], best_i = red_i[buf][0];
+        for (int w = 1; w < kRouteThreads / 32; ++w)
+            if (route_better(red_f[buf][w], red_i[buf][w], best, best_i)) best = red_f[buf][w], best_i = red_i[buf][w];
+        if (best_i % kRouteThreads == tid) taken |= 1u << (best_i / kRouteThreads);
         if (tid == 0) {
-            for (int w = 1; w < kRouteThreads / 32; ++w)
-                if (route_better(red_f[w], red_i[w], best, best_i)) best = red_f[w], best_i = red_i[w];
             my_ids[k] = best_i;
             my_weights[k] = best;
-            taken[best_i] = 1.0f;
+            chosen_sum += best;
         }
-        __syncthreads();
     }
-    if (tid == 0 && normalize) {
-        float s = 0.0f;  // in top-k order, as the CPU sums
-        for (int k = 0; k < n_used; ++k) s += my_weights[k];
-        for (int k = 0; k < n_used; ++k) my_weights[k] = my_weights[k] / s;
-    }
+    if (tid == 0 && normalize)
+        for (int k = 0; k < n_used; ++k) my_weights[k] = my_weights[k] / chosen_sum;
 }
 
 constexpr int kCombineThreads = 256;
@@ -138,6 +138,9 @@ MoeWorkspace::MoeWorkspace(Context& ctx, const MoeLayerShape& s, const MoeLayerW
     if (s.n_embd <= 0 || s.n_expert <= 0 || s.n_expert_used <= 0 || s.n_expert_used > s.n_expert || s.n_ff <= 0 ||
         s.n_ff_shared < 0)
         throw Error("CUDA MoE: bad shape (embedding, expert count, experts used or expert width)");
+    if (s.n_expert > 32 * kRouteThreads)
+        throw Error("CUDA MoE: " + std::to_string(s.n_expert) + " experts; the router takes at most " +
+                    std::to_string(32 * kRouteThreads));
     if (!w.down || (!w.gate_up && !w.gate)) throw Error("CUDA MoE: missing expert tensors");
     if (s.n_ff_shared > 0 && (!w.shared_gate_proj || !w.shared_down))
         throw Error("CUDA MoE: the shape has a shared expert but its weights are missing");
@@ -275,7 +278,7 @@ void moe_layer(Context& ctx, const MoeLayerArgs& a) {
 
     // Main branch: router and routing.
     matmul(ctx, {.w = *w.router, .x = a.x, .y = ws.logits_, .n_tokens = T});
-    const size_t route_shared = static_cast<size_t>(2 * E) * sizeof(float);
+    const size_t route_shared = static_cast<size_t>(E) * sizeof(float);
     if (route_shared > 48 * 1024)
         STRATA_CUDA_CHECK(cudaFuncSetAttribute(route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(route_shared)));

@@ -252,11 +252,18 @@ TEST_F(BenchCliTest, UserErrorsAreOneLine) {
 #if !STRATA_HAS_CUDA  // a CUDA build runs it (tests/test_cuda_model.cpp)
     expect_user_error(run_strata("bench " + model + " -p 8 -n 4 --backend cuda"), "no CUDA backend");
     expect_user_error(run_strata("bench doorbell"), "needs the CUDA backend");
+    expect_user_error(run_strata("bench gdn-recurrence"), "needs the CUDA backend");
 #endif
-    expect_user_error(run_strata("bench gdn-recurrence"), "unknown benchmark 'gdn-recurrence'");
+    expect_user_error(run_strata("bench no-such-benchmark"), "unknown benchmark 'no-such-benchmark'");
+    expect_user_error(run_strata("bench gdn-recurrence --tokens 0"), "--tokens");
+    expect_user_error(run_strata("bench gdn-recurrence --tokens 8,x"), "--tokens");
+    expect_user_error(run_strata("bench gdn-recurrence --heads 0"), "--heads");
+    expect_user_error(run_strata("bench " + model + " --tokens 8"), "apply to `strata bench gdn-recurrence`");
     expect_user_error(run_strata("bench " + model + " --rounds 10"), "--rounds applies to `strata bench doorbell`");
     expect_user_error(run_strata("bench doorbell --rounds 0"), "--rounds");
     expect_user_error(run_strata("bench " + model + " --backend tpu"), "--backend");
+    expect_user_error(run_strata("bench " + model + " --gdn-recurrence fast"), "--gdn-recurrence");
+    expect_user_error(run_strata("bench " + model + " --gdn-recurrence column"), "apply to --backend cuda only");
 }
 
 }  // namespace

@@ -137,6 +137,9 @@ TEST_F(CliTest, BadFlagValuesAreOneLineErrors) {
 #endif
     expect_user_error(strata("logits " + model + " --tokens 1 --vram-budget 1G"), "--backend cuda only");
     expect_user_error(strata("logits " + model + " --tokens 1 --backend cuda --vram-budget lots"), "--vram-budget");
+    expect_user_error(strata("logits " + model + " --tokens 1 --gdn-recurrence shuffle"), "--backend cuda only");
+    expect_user_error(strata("logits " + model + " --tokens 1 --backend cuda --gdn-recurrence fast"),
+                      "--gdn-recurrence expects one of auto|column|shuffle");
     expect_user_error(strata("logits " + model + " --tokens 1 --backend tpu"), "--backend");
     expect_user_error(strata("logits --model " + quote(tiny_) + " --tokens 1"), "--out is required");
     expect_user_error(strata("generate --model " + quote(tiny_) + " --tokens 1 -n 0"), "-n expects");

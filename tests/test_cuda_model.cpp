@@ -205,6 +205,24 @@ TEST(CudaModel, GraphReplayEqualsEagerLaunches) {
     }
 }
 
+// --gdn-recurrence: the column and shuffle kernels of the GDN recurrence give the same bits, so the same logits.
+TEST(CudaModel, GdnRecurrenceKernelsGiveTheSameLogits) {
+    SKIP_WITHOUT_CUDA_DEVICE();
+    const Golden& g = golden();
+    LoadOptions column = cuda_options(), shuffle = cuda_options();
+    column.gdn_recurrence = GdnRecurrenceKernel::Column;
+    shuffle.gdn_recurrence = GdnRecurrenceKernel::Shuffle;
+    auto a_model = load_model(converted(DType::F32), column);
+    auto b_model = load_model(converted(DType::F32), shuffle);
+    for (const size_t per_call : {size_t{1}, g.prompt.size()}) {
+        const std::vector<float> a = run(*a_model, g.prompt, per_call), b = run(*b_model, g.prompt, per_call);
+        ASSERT_EQ(a.size(), b.size());
+        size_t mismatches = 0;
+        for (size_t i = 0; i < a.size(); ++i) mismatches += std::memcmp(&a[i], &b[i], 4) != 0;
+        EXPECT_EQ(mismatches, 0u) << "per call " << per_call;
+    }
+}
+
 TEST(CudaModel, SequencesAreIndependentAndResetStartsOver) {
     SKIP_WITHOUT_CUDA_DEVICE();
     const Golden& g = golden();

@@ -19,6 +19,7 @@
 #if STRATA_HAS_CUDA
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/doorbell.h"
+#include "backend/cuda/gdn_bench.h"
 #endif
 
 namespace strata::app {
@@ -59,20 +60,26 @@ struct TestResult {
     double sd = 0;
 };
 
-// "1,2,4" -> {1, 2, 4}; Error naming the flag on anything else.
-std::vector<int> parse_thread_list(const std::string& text) {
-    std::vector<int> counts;
+// "1,2,4" -> {1, 2, 4}, each in [1, max_value]; Error naming the flag on anything else.
+std::vector<int64_t> parse_count_list(const std::string& flag, const std::string& text, int64_t max_value) {
+    std::vector<int64_t> counts;
     size_t start = 0;
     while (true) {
         const size_t comma = text.find(',', start);
         const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
         const auto n = parse_int(item);
-        if (!n || *n < 1 || *n > 4096)
-            throw Error("--threads expects positive integers separated by commas (e.g. 1,2), got '" + text + "'");
-        counts.push_back(static_cast<int>(*n));
+        if (!n || *n < 1 || *n > max_value)
+            throw Error(flag + " expects positive integers separated by commas (e.g. 1,2), got '" + text + "'");
+        counts.push_back(*n);
         if (comma == std::string::npos) break;
         start = comma + 1;
     }
+    return counts;
+}
+
+std::vector<int> parse_thread_list(const std::string& text) {
+    std::vector<int> counts;
+    for (const int64_t n : parse_count_list("--threads", text, 4096)) counts.push_back(static_cast<int>(n));
     return counts;
 }
 
@@ -299,13 +306,56 @@ int run_doorbell_bench(const Args& args) {
 #endif
 }
 
+// `strata bench gdn-recurrence` (issue 8, seed 001): the column and shuffle kernels of the GDN recurrence on the same
+// window (flash-next's 128 x 128 heads), bit for bit and timed: the seed's table.
+int run_gdn_recurrence_bench(const Args& args) {
+    const std::vector<int64_t> windows =
+        args.has("--tokens") ? parse_count_list("--tokens", *args.get("--tokens"), kMaxTokens)
+                             : std::vector<int64_t>{8192, 32768};
+    const int64_t heads = args.get_int("--heads", 1, 65535).value_or(48);
+    const int repeats = static_cast<int>(args.get_int("-r", 1, 1000).value_or(5));
+#if STRATA_HAS_CUDA
+    cuda::Context ctx{cuda::ContextOptions{}};
+    // Flash-next pairs 48 value heads with 16 key heads; other counts keep that ratio when they can.
+    const int64_t key_heads = heads % 3 == 0 ? heads / 3 : heads;
+    std::printf("GDN recurrence on %s: %lld value heads / %lld key heads of 128 x 128, median of %d calls each; "
+                "Auto runs %s\n",
+                ctx.info().name.c_str(), static_cast<long long>(heads), static_cast<long long>(key_heads), repeats,
+                cuda::gdn_recurrence_name(cuda::resolve_gdn_recurrence(cuda::GdnRecurrence::Auto, 128)));
+    std::printf("| tokens | column ms | shuffle ms | speed-up | mismatches |\n");
+    std::printf("| ---: | ---: | ---: | ---: | ---: |\n");
+    int64_t mismatches = 0;
+    for (const int64_t tokens : windows) {
+        const cuda::GdnRecurrenceBenchResult r = cuda::time_gdn_recurrences(
+            ctx, {.tokens = tokens, .heads = heads, .key_heads = key_heads, .repeats = repeats});
+        std::printf("| %lld | %.2f | %.2f | %.2fx | %lld / %lld |\n", static_cast<long long>(tokens), r.column_ms,
+                    r.shuffle_ms, r.column_ms / r.shuffle_ms, static_cast<long long>(r.mismatches),
+                    static_cast<long long>(r.compared));
+        std::fflush(stdout);
+        mismatches += r.mismatches;
+    }
+    if (mismatches == 0) return 0;
+    // A failed check, not a user error: status 1.
+    std::fprintf(stderr, "strata: bench gdn-recurrence: the kernels disagree on %lld values (state, FP32 or FP16 "
+                 "outputs); they must be bit-identical\n", static_cast<long long>(mismatches));
+    return 1;
+#else
+    (void)windows, (void)heads, (void)repeats;
+    throw Error("bench gdn-recurrence needs the CUDA backend (configure with -DSTRATA_CUDA=ON) and an NVIDIA GPU");
+#endif
+}
+
 int run_bench(const Args& args) {
     if (!args.positional().empty()) {
         const std::string& name = args.positional()[0];
         if (name == "doorbell") return run_doorbell_bench(args);
-        throw Error("bench: unknown benchmark '" + name + "' (known: doorbell; without a name, the model benchmark)");
+        if (name == "gdn-recurrence") return run_gdn_recurrence_bench(args);
+        throw Error("bench: unknown benchmark '" + name +
+                    "' (known: doorbell, gdn-recurrence; without a name, the model benchmark)");
     }
     if (args.has("--rounds")) throw Error("bench: --rounds applies to `strata bench doorbell` only");
+    if (args.has("--tokens") || args.has("--heads"))
+        throw Error("bench: --tokens and --heads apply to `strata bench gdn-recurrence` only");
     const BenchPlan plan = read_plan(args);
     const auto file = gguf::File::open(plan.model_path);  // for the summary and the rooflines; the model maps its own
     const ModelSummary summary = summarize(*file);
@@ -365,6 +415,8 @@ Command bench_command() {
         {"--profile", "",
          "cuda: time each kind of op (kernels launched one by one) and print the split per token"},
         {"--rounds", "N", "bench doorbell: ping-pong rounds per variant (default 10000)"},
+        {"--tokens", "N[,N...]", "bench gdn-recurrence: window lengths (default 8192,32768)"},
+        {"--heads", "H", "bench gdn-recurrence: value heads (default 48, flash-next)"},
         {"--json", "", "one JSON object per line per test instead of the table"},
     };
     // The model-loading flags but --threads, which bench takes as a list.
@@ -376,11 +428,15 @@ Command bench_command() {
                 .name = "bench",
                 .summary = "prompt and decode speed in tokens/s (llama-bench style)",
                 .usage = "strata bench --model FILE.gguf [-p 512] [-n 128] [-d DEPTH] [-r 5] [--threads N[,N...]] "
-                         "[--backend cpu|cuda] [--json]\n       strata bench doorbell [--rounds N]",
+                         "[--backend cpu|cuda] [--json]\n       strata bench doorbell [--rounds N]\n"
+                         "       strata bench gdn-recurrence [--tokens N[,N...]] [--heads H] [-r R]",
                 .flags = flags,
                 .positional_name = "doorbell",
                 .notes = "`strata bench doorbell` times the host/GPU ping-pong through mapped pinned memory for each way "
                          "the GPU can read the host's flag (CUDA only; exit status 2 without it).\n"
+                         "`strata bench gdn-recurrence` times the GDN recurrence's column and shuffle kernels on the "
+                         "same window and checks that their state and outputs agree bit for bit (CUDA only; exit "
+                         "status 2 without it).\n"
                          "Token ids are pseudo-random within the vocabulary (fixed seed), so every run feeds the same "
                          "input. t/s is the mean over the repetitions, ± the sample standard deviation.",
             },

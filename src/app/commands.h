@@ -49,8 +49,8 @@ std::vector<int32_t> read_tokens(const Args& args);
 void check_token_range(const std::vector<int32_t>& tokens, int64_t n_vocab);
 // --threads N (positive) or 0 (all cores).
 int thread_count(const Args& args);
-// How to load the model: --threads, --backend cpu|cuda, --vram-budget SIZE, --no-cuda-graphs. Throws Error on a
-// bad value; a CUDA backend that this build or machine lacks is reported when the model loads.
+// How to load the model: --threads, --backend cpu|cuda, --vram-budget SIZE, --no-cuda-graphs, --gdn-recurrence K.
+// Throws Error on a bad value; a CUDA backend that this build or machine lacks is reported when the model loads.
 LoadOptions load_options(const Args& args, bool read_threads = true);
 // The flags load_options reads, for the commands' flag lists.
 extern const std::vector<FlagSpec> kLoadFlags;

@@ -86,6 +86,8 @@ const std::vector<FlagSpec> kLoadFlags = {
     {"--backend", "B", "cpu (default) or cuda (a build with -DSTRATA_CUDA=ON and an NVIDIA GPU)"},
     {"--vram-budget", "SIZE", "cuda: device memory strata may take, e.g. 12G (default: what is free less 5%)"},
     {"--no-cuda-graphs", "", "cuda: launch each window's kernels one by one instead of replaying a captured graph"},
+    {"--gdn-recurrence", "K",
+     "cuda: the GDN recurrence kernel, auto (default: the faster), column or shuffle (same outputs)"},
 };
 
 LoadOptions load_options(const Args& args, bool read_threads) {
@@ -100,8 +102,13 @@ LoadOptions load_options(const Args& args, bool read_threads) {
         o.vram_budget = static_cast<size_t>(*bytes);
     }
     o.cuda_graphs = !args.has("--no-cuda-graphs");
-    if (o.backend == Backend::Cpu && (args.has("--vram-budget") || args.has("--no-cuda-graphs")))
-        throw Error("--vram-budget and --no-cuda-graphs apply to --backend cuda only");
+    const auto recurrence = args.get_choice("--gdn-recurrence", {"auto", "column", "shuffle"});
+    o.gdn_recurrence = recurrence == "column"    ? GdnRecurrenceKernel::Column
+                       : recurrence == "shuffle" ? GdnRecurrenceKernel::Shuffle
+                                                 : GdnRecurrenceKernel::Auto;
+    if (o.backend == Backend::Cpu &&
+        (args.has("--vram-budget") || args.has("--no-cuda-graphs") || args.has("--gdn-recurrence")))
+        throw Error("--vram-budget, --no-cuda-graphs and --gdn-recurrence apply to --backend cuda only");
     return o;
 }
 

@@ -56,6 +56,10 @@ struct BatchEntry {
 
 enum class Backend { Cpu, Cuda };
 
+// CUDA: which kernel runs the GDN blocks' gated delta rule (same bits either way; --gdn-recurrence). Auto: the one
+// measured faster.
+enum class GdnRecurrenceKernel { Auto, Column, Shuffle };
+
 struct LoadOptions {
     Backend backend = Backend::Cpu;
     int n_threads = 0;  // 0: all cores
@@ -74,6 +78,7 @@ struct LoadOptions {
     // CUDA: time each kind of op with events (launches one by one) and print the split per token to stderr when the
     // model goes away.
     bool cuda_profile = false;
+    GdnRecurrenceKernel gdn_recurrence = GdnRecurrenceKernel::Auto;
 };
 
 class Model {

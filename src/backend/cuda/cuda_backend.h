@@ -252,7 +252,17 @@ size_t matmul_scratch_bytes(const Tensor& w, int64_t n_tokens);
 // out + t * out_stride + h * dv, where the key head kh = h / (heads / key_heads), or h % key_heads when
 // tiled_value_heads. dk is 16, 32, 64, 128 or 256; dv any positive count; q and k rows 16-byte aligned (pointers and strides
 // multiples of 4 floats). Each token is computed the same way wherever a window starts, so a window split over
-// several calls gives the same bits as one call.
+// several calls gives the same bits as one call. out_f16, when set, gets the same outputs as IEEE half bits
+// (round to nearest even) at the same offsets; out or out_f16 may be null, not both.
+//
+// Two kernels compute it, with the same bits (issue 8, seed 001): Shuffle splits a state column's dk values over
+// lanes of one warp that combine their partial sums with shuffles (no barrier per token); Column splits them over
+// warps that combine through shared memory (a barrier per token). Each lane runs the same FMA chains in both, and the
+// partial sums are combined in the same tree, so the choice changes speed only (and windows may mix them).
+enum class GdnRecurrence { Auto, Column, Shuffle };
+const char* gdn_recurrence_name(GdnRecurrence recurrence);
+// The kernel `recurrence` runs for key head size dk (Auto resolved; Column and Shuffle as they are).
+GdnRecurrence resolve_gdn_recurrence(GdnRecurrence recurrence, int64_t dk);
 struct GatedDeltaArgs {
     float* state;
     const float* q;
@@ -269,6 +279,8 @@ struct GatedDeltaArgs {
     bool tiled_value_heads = false;
     int64_t dk = 0;
     int64_t dv = 0;
+    uint16_t* out_f16 = nullptr;  // optional: the outputs as half bits, out_stride apart
+    GdnRecurrence recurrence = GdnRecurrence::Auto;
 };
 void gated_delta(Context& ctx, const GatedDeltaArgs& args);
 

@@ -2,10 +2,18 @@
 // chip, and the causal depthwise conv over a window.
 //
 // The delta rule's state columns are independent: column j of S needs only v[j] and the whole of k and q, so a head's
-// [dk][dv] state is split by columns over thread blocks, and a column's dk values over G lanes of one warp, which
-// combine their partial dot products with shuffles (one reduction of S'^T k, S'^T q and k . q per token; build with
-// -DSTRATA_GDN_TWO_REDUCTIONS=1 for the CPU's order: S^T q over the updated state, a second reduction). The state
+// [dk][dv] state is split by columns over thread blocks, and a column's dk values over G lanes, each holding R = dk / G
+// of them in registers. Two kernels differ only in where those G lanes sit and how they combine their partial dot
+// products (issue 8, seed 001):
+//  - shuffle: the G lanes are in one warp and combine with __shfl_xor butterflies: no barrier per token;
+//  - column: the G lanes are in G different warps (one warp per row group, a lane per column) and combine through
+//    shared memory: one __syncthreads per token (two with STRATA_GDN_TWO_REDUCTIONS).
+// Every lane runs the same FMA chains in both (the helpers below), and the column kernel adds the G partials in the
+// butterfly's tree, so both give the same bits. By default one reduction of S'^T k, S'^T q and k . q per token; build
+// with -DSTRATA_GDN_TWO_REDUCTIONS=1 for the CPU's order: S^T q over the updated state, a second reduction. The state
 // goes through shared memory once on the way in and once on the way out, so both global passes are coalesced rows.
+#include <cuda_fp16.h>
+
 #include <algorithm>
 #include <string>
 
@@ -16,7 +24,8 @@ namespace strata::cuda {
 
 namespace {
 
-constexpr int kDeltaThreads = 128;  // 4 warps per block
+constexpr int kDeltaThreads = 128;       // shuffle kernel: 4 warps per block
+constexpr int kColumnBlockColumns = 32;  // column kernel: a warp per row group, one lane per column
 
 struct DeltaParams {
     float* state;
@@ -27,6 +36,7 @@ struct DeltaParams {
     const float* g;
     const float* beta;
     float* out;
+    uint16_t* out_f16;
     int64_t out_stride;
     int64_t n_tokens, heads, key_heads;
     bool tiled;
@@ -56,6 +66,68 @@ __device__ __forceinline__ void load_token(const DeltaParams& p, int64_t t, int6
     in.g = __ldg(p.g + t * p.heads + h);
     in.beta = __ldg(p.beta + t * p.heads + h);
 }
+
+__device__ __forceinline__ void write_output(const DeltaParams& p, int64_t t, int64_t h, int64_t j, float o) {
+    const int64_t at = t * p.out_stride + h * p.dv + j;
+    if (p.out) p.out[at] = o;
+    if (p.out_f16) p.out_f16[at] = __half_as_ushort(__float2half_rn(o));
+}
+
+// ---- one lane's arithmetic per token, shared by both kernels (the same chains, so the same bits) --------------------
+
+#if STRATA_GDN_TWO_REDUCTIONS
+// As the CPU orders it: S *= exp(g), the lane's part of S^T k in two chains (instruction-level parallelism).
+template <int R>
+__device__ __forceinline__ float decay_and_sk_partial(float (&s)[R], const TokenInputs<R>& in, float decay) {
+    float p0 = 0.0f, p1 = 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; r += 2) {
+        s[r] *= decay;
+        s[r + 1] *= decay;
+        p0 = fmaf(s[r], in.k[r], p0);
+        p1 = fmaf(s[r + 1], in.k[r + 1], p1);
+    }
+    return p0 + p1;
+}
+
+// S += k delta^T, then the lane's part of S^T q over the updated state (the second reduction).
+template <int R>
+__device__ __forceinline__ float update_and_out_partial(float (&s)[R], const TokenInputs<R>& in, float delta) {
+    float o0 = 0.0f, o1 = 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; r += 2) {
+        s[r] = fmaf(in.k[r], delta, s[r]);
+        s[r + 1] = fmaf(in.k[r + 1], delta, s[r + 1]);
+        o0 = fmaf(s[r], in.q[r], o0);
+        o1 = fmaf(s[r + 1], in.q[r + 1], o1);
+    }
+    return o0 + o1;
+}
+#else
+// One reduction per token instead of two: with S' = exp(g) S, the output over the updated state is
+// (S' + k delta^T)^T q = S'^T q + delta (k . q), so the lane's parts of S'^T k, S'^T q and k . q are formed together
+// and the rank-1 update leaves the token's critical path.
+template <int R>
+__device__ __forceinline__ void decay_and_partials(float (&s)[R], const TokenInputs<R>& in, float decay, float& sk,
+                                                   float& sq, float& kq) {
+    sk = 0.0f, sq = 0.0f, kq = 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        s[r] *= decay;
+        sk = fmaf(s[r], in.k[r], sk);
+        sq = fmaf(s[r], in.q[r], sq);
+        kq = fmaf(in.k[r], in.q[r], kq);
+    }
+}
+
+template <int R>
+__device__ __forceinline__ void rank1_update(float (&s)[R], const TokenInputs<R>& in, float delta) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) s[r] = fmaf(in.k[r], delta, s[r]);
+}
+#endif
+
+// ---- shuffle kernel -------------------------------------------------------------------------------------------------
 
 // Block (x, h): value head h, state columns [x * BC, x * BC + BC). Lane `lane` of warp `w` owns column
 // w * C + lane % C and rows (lane / C) * R .. + R - 1 (contiguous, so k and q come in float4 loads).
@@ -90,59 +162,32 @@ __global__ void __launch_bounds__(kDeltaThreads) gated_delta_kernel(DeltaParams 
     for (int64_t t = 0; t < p.n_tokens; ++t) {
         const TokenInputs<R> cur = next;
         if (t + 1 < p.n_tokens) load_token<DK, R>(p, t + 1, kh, h, sub * R, j, valid, next);
-        const float vt = cur.v, gt = cur.g, bt = cur.beta;
 
-        // S *= exp(g); delta = (v - S^T k) * beta (two chains of partial sums for instruction-level parallelism).
-        const float decay = expf(gt);
+        // S *= exp(g); delta = (v - S^T k) * beta. The butterfly over lane bits C, 2C, .. 16 (the row-group index's
+        // bits, lowest first) leaves every lane of a column the same sum: ((p0 + p1) + (p2 + p3)) + ... for G = 8.
+        const float decay = expf(cur.g);
 #if STRATA_GDN_TWO_REDUCTIONS
-        // As the CPU orders it: out = S^T q over the updated state, a second reduction after the update.
-        float p0 = 0.0f, p1 = 0.0f;
-#pragma unroll
-        for (int r = 0; r < R; r += 2) {
-            s[r] *= decay;
-            s[r + 1] *= decay;
-            p0 = fmaf(s[r], cur.k[r], p0);
-            p1 = fmaf(s[r + 1], cur.k[r + 1], p1);
-        }
-        float sk = p0 + p1;
+        float sk = decay_and_sk_partial(s, cur, decay);
 #pragma unroll
         for (int offset = C; offset < 32; offset *= 2) sk += __shfl_xor_sync(0xffffffffu, sk, offset);
-        const float delta = (vt - sk) * bt;
-        float o0 = 0.0f, o1 = 0.0f;
-#pragma unroll
-        for (int r = 0; r < R; r += 2) {
-            s[r] = fmaf(cur.k[r], delta, s[r]);
-            s[r + 1] = fmaf(cur.k[r + 1], delta, s[r + 1]);
-            o0 = fmaf(s[r], cur.q[r], o0);
-            o1 = fmaf(s[r + 1], cur.q[r + 1], o1);
-        }
-        float o = o0 + o1;
+        const float delta = (cur.v - sk) * cur.beta;
+        float o = update_and_out_partial(s, cur, delta);
 #pragma unroll
         for (int offset = C; offset < 32; offset *= 2) o += __shfl_xor_sync(0xffffffffu, o, offset);
 #else
-        // One reduction per token instead of two: with S' = exp(g) S, the output over the updated state is
-        // (S' + k delta^T)^T q = S'^T q + delta (k . q), so S'^T k, S'^T q and k . q are reduced together (three
-        // independent shuffle chains) and the rank-1 update leaves the token's critical path.
-        float sk = 0.0f, sq = 0.0f, kq = 0.0f;
+        float sk, sq, kq;
+        decay_and_partials(s, cur, decay, sk, sq, kq);
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            s[r] *= decay;
-            sk = fmaf(s[r], cur.k[r], sk);
-            sq = fmaf(s[r], cur.q[r], sq);
-            kq = fmaf(cur.k[r], cur.q[r], kq);
-        }
-#pragma unroll
-        for (int offset = C; offset < 32; offset *= 2) {
+        for (int offset = C; offset < 32; offset *= 2) {  // three independent shuffle chains
             sk += __shfl_xor_sync(0xffffffffu, sk, offset);
             sq += __shfl_xor_sync(0xffffffffu, sq, offset);
             kq += __shfl_xor_sync(0xffffffffu, kq, offset);
         }
-        const float delta = (vt - sk) * bt;
+        const float delta = (cur.v - sk) * cur.beta;
         const float o = fmaf(delta, kq, sq);
-#pragma unroll
-        for (int r = 0; r < R; ++r) s[r] = fmaf(cur.k[r], delta, s[r]);
+        rank1_update(s, cur, delta);
 #endif
-        if (sub == 0 && valid) p.out[t * p.out_stride + h * dv + j] = o;
+        if (sub == 0 && valid) write_output(p, t, h, j, o);
     }
 
     __syncthreads();  // every thread has read its part of the tile before any overwrites it
@@ -161,6 +206,115 @@ void launch_gated_delta(const DeltaParams& p, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>((p.dv + BC - 1) / BC), static_cast<unsigned>(p.heads));
     gated_delta_kernel<DK, G><<<grid, kDeltaThreads, 0, stream>>>(p);
     STRATA_CUDA_CHECK_LAUNCH("gated_delta_kernel");
+}
+
+// ---- column kernel --------------------------------------------------------------------------------------------------
+
+// The G partial sums of one column (partial[g * kColumnBlockColumns], g < G) added in the shuffle butterfly's tree:
+// its step with lane offset C * 2^m (m = 0, 1, ..) adds the sums of two blocks of 2^m row groups that differ in bit m
+// of the group index, so after log2(G) steps every lane holds the balanced tree "lower half's sum + upper half's
+// sum", recursively: ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)) for G = 8. The lanes of an upper block add in
+// the other order (b + a), which is the same IEEE sum, so all lanes agree with this tree bit for bit.
+template <int G>
+__device__ __forceinline__ float butterfly_order_sum(const float* partial) {
+    static_assert(G >= 1 && (G & (G - 1)) == 0);
+    if constexpr (G == 1)
+        return partial[0];
+    else  // a recursion rather than a loop over an array, so the values stay in registers
+        return butterfly_order_sum<G / 2>(partial) + butterfly_order_sum<G / 2>(partial + G / 2 * kColumnBlockColumns);
+}
+
+// Block (x, h): value head h, state columns [x * 32, x * 32 + 32). Warp `group` holds rows group * R .. + R - 1 of the
+// block's 32 columns, lane = column. Per token each thread writes its partial sums to shared memory; after the barrier
+// every thread adds the G partials of its column itself (no second barrier to hand the result out). The partials are
+// double-buffered by token parity: token t + 1 writes the other buffer, and token t + 2 writes this one only after
+// the barrier of token t + 1, which no thread passes before it has read token t's partials.
+template <int DK, int G>
+__global__ void __launch_bounds__(G * kColumnBlockColumns) gated_delta_column_kernel(DeltaParams p) {
+    constexpr int R = DK / G, BC = kColumnBlockColumns, kThreads = G * BC;
+    static_assert(R % 4 == 0);
+    __shared__ float tile[DK * BC];
+#if STRATA_GDN_TWO_REDUCTIONS
+    // Two barriers per token, so one buffer each: S^T k's partials of token t + 1 are written after the second
+    // barrier of token t, by which every thread has read token t's; the output partials of token t + 1 after its
+    // first barrier, which group 0 passes only after reading token t's.
+    __shared__ float sk_partial[kThreads], out_partial[kThreads];
+#else
+    __shared__ float partial[2][3][kThreads];  // [token parity][S'^T k, S'^T q, k . q][group * BC + column]
+#endif
+
+    const int tid = static_cast<int>(threadIdx.x), group = tid / BC, column = tid % BC;
+    const int64_t h = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * BC, j = j0 + column;
+    const int64_t dv = p.dv;
+    const bool valid = j < dv;
+    const int64_t kh = p.tiled ? h % p.key_heads : h / (p.heads / p.key_heads);
+    float* state = p.state + h * DK * dv;
+
+    for (int idx = tid; idx < DK * BC; idx += kThreads) {
+        const int i = idx / BC, c = idx % BC;
+        tile[idx] = j0 + c < dv ? state[i * dv + j0 + c] : 0.0f;
+    }
+    __syncthreads();
+    float s[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) s[r] = tile[(group * R + r) * BC + column];
+
+    TokenInputs<R> next{};
+    if (p.n_tokens > 0) load_token<DK, R>(p, 0, kh, h, group * R, j, valid, next);
+    for (int64_t t = 0; t < p.n_tokens; ++t) {
+        const TokenInputs<R> cur = next;
+        if (t + 1 < p.n_tokens) load_token<DK, R>(p, t + 1, kh, h, group * R, j, valid, next);
+
+        const float decay = expf(cur.g);
+#if STRATA_GDN_TWO_REDUCTIONS
+        sk_partial[tid] = decay_and_sk_partial(s, cur, decay);
+        __syncthreads();
+        const float delta = (cur.v - butterfly_order_sum<G>(sk_partial + column)) * cur.beta;
+        out_partial[tid] = update_and_out_partial(s, cur, delta);
+        __syncthreads();
+        if (group == 0 && valid) write_output(p, t, h, j, butterfly_order_sum<G>(out_partial + column));
+#else
+        float (&buffer)[3][kThreads] = partial[t & 1];
+        float sk, sq, kq;
+        decay_and_partials(s, cur, decay, sk, sq, kq);
+        buffer[0][tid] = sk, buffer[1][tid] = sq, buffer[2][tid] = kq;
+        __syncthreads();
+        const float delta = (cur.v - butterfly_order_sum<G>(buffer[0] + column)) * cur.beta;
+        rank1_update(s, cur, delta);
+        // Only group 0 writes the output, so only it adds up S'^T q and k . q.
+        if (group == 0 && valid) {
+            const float kq_sum = butterfly_order_sum<G>(buffer[2] + column);
+            const float sq_sum = butterfly_order_sum<G>(buffer[1] + column);
+            write_output(p, t, h, j, fmaf(delta, kq_sum, sq_sum));
+        }
+#endif
+    }
+
+    __syncthreads();  // every thread has read its part of the tile before any overwrites it
+#pragma unroll
+    for (int r = 0; r < R; ++r) tile[(group * R + r) * BC + column] = s[r];
+    __syncthreads();
+    for (int idx = tid; idx < DK * BC; idx += kThreads) {
+        const int i = idx / BC, c = idx % BC;
+        if (j0 + c < dv) state[i * dv + j0 + c] = tile[idx];
+    }
+}
+
+template <int DK, int G>
+void launch_gated_delta_column(const DeltaParams& p, cudaStream_t stream) {
+    constexpr int BC = kColumnBlockColumns;
+    const dim3 grid(static_cast<unsigned>((p.dv + BC - 1) / BC), static_cast<unsigned>(p.heads));
+    gated_delta_column_kernel<DK, G><<<grid, G * BC, 0, stream>>>(p);
+    STRATA_CUDA_CHECK_LAUNCH("gated_delta_column_kernel");
+}
+
+// Both kernels with the same rows per lane (G lanes per column), so their FMA chains match.
+template <int DK, int G>
+void launch_gated_delta(const DeltaParams& p, GdnRecurrence recurrence, cudaStream_t stream) {
+    if (recurrence == GdnRecurrence::Column)
+        launch_gated_delta_column<DK, G>(p, stream);
+    else
+        launch_gated_delta<DK, G>(p, stream);
 }
 
 bool aligned16(const void* ptr) {
@@ -199,6 +353,23 @@ __global__ void causal_conv_kernel(ConvWindowArgs a) {
 
 }  // namespace
 
+const char* gdn_recurrence_name(GdnRecurrence recurrence) {
+    switch (recurrence) {
+        case GdnRecurrence::Auto: return "auto";
+        case GdnRecurrence::Column: return "column";
+        case GdnRecurrence::Shuffle: return "shuffle";
+    }
+    return "unknown";
+}
+
+GdnRecurrence resolve_gdn_recurrence(GdnRecurrence recurrence, int64_t dk) {
+    if (recurrence != GdnRecurrence::Auto) return recurrence;
+    // TODO(issue 8, seed 001): the H200 figures of `strata bench gdn-recurrence` (8,192 and 32,768 tokens, 48 heads of
+    // 128 x 128) decide this, per dk if they differ; until they are in, the kernel the engine has always run.
+    (void)dk;
+    return GdnRecurrence::Shuffle;
+}
+
 void gated_delta(Context& ctx, const GatedDeltaArgs& a) {
     if (a.n_tokens < 0) throw Error("CUDA gated_delta: n_tokens is negative");
     if (a.n_tokens == 0) return;
@@ -210,25 +381,29 @@ void gated_delta(Context& ctx, const GatedDeltaArgs& a) {
         throw Error("CUDA gated_delta: key head size dk = " + std::to_string(a.dk) +
                     " is not supported (16, 32, 64, 128, 256)");
     if (a.dv <= 0) throw Error("CUDA gated_delta: value head size dv must be positive");
-    if (!a.state || !a.q || !a.k || !a.v || !a.g || !a.beta || !a.out)
-        throw Error("CUDA gated_delta: a null pointer among state, q, k, v, g, beta, out");
+    if (!a.state || !a.q || !a.k || !a.v || !a.g || !a.beta || (!a.out && !a.out_f16))
+        throw Error("CUDA gated_delta: a null pointer among state, q, k, v, g, beta, out (and out_f16)");
+    if (a.recurrence != GdnRecurrence::Auto && a.recurrence != GdnRecurrence::Column &&
+        a.recurrence != GdnRecurrence::Shuffle)
+        throw Error("CUDA gated_delta: unknown recurrence kernel " + std::to_string(static_cast<int>(a.recurrence)));
     if (!aligned16(a.q) || !aligned16(a.k) || a.q_stride % 4 != 0 || a.k_stride % 4 != 0)
         throw Error("CUDA gated_delta: q and k rows must be 16-byte aligned (pointers and strides multiples of 4 "
                     "floats)");
     STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
     const DeltaParams p{.state = a.state, .q = a.q, .k = a.k, .v = a.v, .q_stride = a.q_stride,
                         .k_stride = a.k_stride, .v_stride = a.v_stride, .g = a.g, .beta = a.beta, .out = a.out,
-                        .out_stride = a.out_stride, .n_tokens = a.n_tokens, .heads = a.heads,
+                        .out_f16 = a.out_f16, .out_stride = a.out_stride, .n_tokens = a.n_tokens, .heads = a.heads,
                         .key_heads = a.key_heads, .tiled = a.tiled_value_heads, .dv = a.dv};
     cudaStream_t stream = ctx.stream().handle();
+    const GdnRecurrence recurrence = resolve_gdn_recurrence(a.recurrence, a.dk);
     // 8 lanes per column up to dk 128 (16 values each), 16 at 256: the same registers per lane. The small heads of
     // the test models (16, 32) take 4 values per lane.
     switch (a.dk) {
-        case 16: launch_gated_delta<16, 4>(p, stream); break;
-        case 32: launch_gated_delta<32, 8>(p, stream); break;
-        case 64: launch_gated_delta<64, 8>(p, stream); break;
-        case 128: launch_gated_delta<128, 8>(p, stream); break;
-        default: launch_gated_delta<256, 16>(p, stream); break;
+        case 16: launch_gated_delta<16, 4>(p, recurrence, stream); break;
+        case 32: launch_gated_delta<32, 8>(p, recurrence, stream); break;
+        case 64: launch_gated_delta<64, 8>(p, recurrence, stream); break;
+        case 128: launch_gated_delta<128, 8>(p, recurrence, stream); break;
+        default: launch_gated_delta<256, 16>(p, recurrence, stream); break;
     }
 }
 

@@ -20,10 +20,21 @@ const std::vector<std::string> kOpKindNames = {"embedding",          "PLE",
                                                "attention (KV, QSA)", "MoE",
                                                "head"};
 
+cuda::GdnRecurrence gdn_recurrence_kernel(GdnRecurrenceKernel choice) {
+    switch (choice) {
+        case GdnRecurrenceKernel::Column: return cuda::GdnRecurrence::Column;
+        case GdnRecurrenceKernel::Shuffle: return cuda::GdnRecurrence::Shuffle;
+        case GdnRecurrenceKernel::Auto: break;
+    }
+    return cuda::GdnRecurrence::Auto;
+}
+
 }  // namespace
 
 CudaHybridModel::CudaHybridModel(std::unique_ptr<gguf::File> file, const LoadOptions& options)
-    : file_(std::move(file)), graphs_(options.cuda_graphs && !options.cuda_profile) {
+    : file_(std::move(file)),
+      graphs_(options.cuda_graphs && !options.cuda_profile),
+      gdn_recurrence_(gdn_recurrence_kernel(options.gdn_recurrence)) {
     info_ = read_hybrid_info(*file_, &n_block_all_);
     ctx_ = std::make_unique<cuda::Context>(
         cuda::ContextOptions{.device = options.cuda_device, .vram_budget = options.vram_budget});
@@ -416,7 +427,8 @@ void CudaHybridModel::gdn_window(const GdnDevice& w, LayerDeviceState& l, const 
                             .key_heads = g.n_k_heads,
                             .tiled_value_heads = g.tiled_value_heads,
                             .dk = g.k_head_dim,
-                            .dv = g.v_head_dim});
+                            .dv = g.v_head_dim,
+                            .recurrence = gdn_recurrence_});
     cuda::gated_norm(ctx, {.x = w_.core,
                            .z = w_.z,
                            .gamma = w.norm,

@@ -171,6 +171,7 @@ class CudaHybridModel : public Model {
     void run_window(CudaSequence& s, std::span<const int32_t> tokens) const;
 
     bool graphs_ = true;
+    cuda::GdnRecurrence gdn_recurrence_ = cuda::GdnRecurrence::Auto;  // --gdn-recurrence
     GdnShape gdn_;
     AttentionShape attention_;
     std::vector<BlockLayout> layout_;

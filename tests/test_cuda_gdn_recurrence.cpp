@@ -235,8 +235,8 @@ TEST(CudaGdnRecurrence, AutoAndFp16OnlyGiveTheSameBits) {
     f16_column.call(0, 64, /*f32=*/false);
     f16_shuffle.call(0, 64, /*f32=*/false);
     std::printf("[ cuda     ] Auto runs the %s kernel for dk 128\n",
-                cuda::gdn_recurrence_name(cuda::resolve_gdn_recurrence(cuda::GdnRecurrence::Auto, 128)));
-    EXPECT_NE(cuda::resolve_gdn_recurrence(cuda::GdnRecurrence::Auto, 128), cuda::GdnRecurrence::Auto);
+                cuda::gdn_recurrence_name(cuda::resolve_gdn_recurrence(cuda::GdnRecurrence::Auto)));
+    EXPECT_NE(cuda::resolve_gdn_recurrence(cuda::GdnRecurrence::Auto), cuda::GdnRecurrence::Auto);
     EXPECT_EQ(bit_mismatches(automatic.state_now(), both.state_now()), 0);
     EXPECT_EQ(bit_mismatches(automatic.out_now(), both.out_now()), 0);
     for (KernelRun* r : {&f16_column, &f16_shuffle}) {
@@ -312,7 +312,7 @@ TEST(CudaPerf, GdnRecurrenceColumnVsShuffle) {
         "[ perf     ] %s: GDN recurrence, 48 value heads / 16 key heads of 128 x 128 (flash-next), median of "
         "5 calls; Auto runs %s\n",
         ctx.info().name.c_str(),
-        cuda::gdn_recurrence_name(cuda::resolve_gdn_recurrence(cuda::GdnRecurrence::Auto, 128)));
+        cuda::gdn_recurrence_name(cuda::resolve_gdn_recurrence(cuda::GdnRecurrence::Auto)));
     std::printf("[ perf     ] | tokens | column ms | shuffle ms | speed-up | mismatches |\n");
     for (const int64_t tokens : {int64_t{8192}, int64_t{32768}}) {
         const cuda::GdnRecurrenceBenchResult r = cuda::time_gdn_recurrences(ctx, {.tokens = tokens});

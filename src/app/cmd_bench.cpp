@@ -321,7 +321,7 @@ int run_gdn_recurrence_bench(const Args& args) {
     std::printf("GDN recurrence on %s: %lld value heads / %lld key heads of 128 x 128, median of %d calls each; "
                 "Auto runs %s\n",
                 ctx.info().name.c_str(), static_cast<long long>(heads), static_cast<long long>(key_heads), repeats,
-                cuda::gdn_recurrence_name(cuda::resolve_gdn_recurrence(cuda::GdnRecurrence::Auto, 128)));
+                cuda::gdn_recurrence_name(cuda::resolve_gdn_recurrence(cuda::GdnRecurrence::Auto)));
     std::printf("| tokens | column ms | shuffle ms | speed-up | mismatches |\n");
     std::printf("| ---: | ---: | ---: | ---: | ---: |\n");
     int64_t mismatches = 0;

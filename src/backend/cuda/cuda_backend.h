@@ -261,8 +261,8 @@ size_t matmul_scratch_bytes(const Tensor& w, int64_t n_tokens);
 // partial sums are combined in the same tree, so the choice changes speed only (and windows may mix them).
 enum class GdnRecurrence { Auto, Column, Shuffle };
 const char* gdn_recurrence_name(GdnRecurrence recurrence);
-// The kernel `recurrence` runs for key head size dk (Auto resolved; Column and Shuffle as they are).
-GdnRecurrence resolve_gdn_recurrence(GdnRecurrence recurrence, int64_t dk);
+// The kernel `recurrence` runs (Auto resolved to the faster on the H200, the shuffle kernel; the others as they are).
+GdnRecurrence resolve_gdn_recurrence(GdnRecurrence recurrence);
 struct GatedDeltaArgs {
     float* state;
     const float* q;

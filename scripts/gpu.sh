@@ -61,7 +61,7 @@ nvcc_path=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
     echo "== build"
     if [[ $only_tests == 1 ]]; then
         time ninja -C "$build" -j"$(nproc)" test_cuda_ops test_cuda_recurrent test_cuda_attention \
-            test_cuda_model_ops test_cuda_block_ops test_cuda_doorbell
+            test_cuda_model_ops test_cuda_block_ops test_cuda_doorbell test_cuda_doorbell_wait
     else
         time ninja -C "$build" -j"$(nproc)"
     fi
@@ -73,14 +73,14 @@ more_programs=()  # the full build's other CUDA test programs, after the op test
 if [[ $only_tests != 1 ]]; then
     for path in "$bindir"/test_cuda_*; do
         name=$(basename "$path")
-        case " test_cuda_block_ops test_cuda_model_ops test_cuda_attention test_cuda_recurrent test_cuda_ops test_cuda_doorbell " in
+        case " test_cuda_block_ops test_cuda_model_ops test_cuda_attention test_cuda_recurrent test_cuda_ops test_cuda_doorbell test_cuda_doorbell_wait " in
             *" $name "*) ;;
             *) [[ -x "$path" ]] && more_programs+=("$name") ;;
         esac
     done
 fi
 programs=(test_cuda_block_ops test_cuda_model_ops test_cuda_attention test_cuda_recurrent test_cuda_ops
-          test_cuda_doorbell "${more_programs[@]}")
+          test_cuda_doorbell test_cuda_doorbell_wait "${more_programs[@]}")
 [[ ${STRATA_CUDA_TESTS:-1} == 0 ]] && programs=()
 for program in "${programs[@]}"; do
     echo "== $program$([[ ${STRATA_CUDA_PERF:-1} == 1 ]] && echo ' (tests and perf)')"

@@ -20,6 +20,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/doorbell_wait.h"
 #include "backend/cuda/model_ops.h"
+#include "core/doorbell_stats.h"
 #include "cuda_test_util.h"
 #endif
 
@@ -119,7 +120,7 @@ TEST(CudaDoorbellWait, AFlagThatNeverComesIsCountedReportedAndItsDataNeverUsed) 
     SKIP_WITHOUT_DEVICE();
     constexpr int64_t kBoundUs = 50'000;
     Rig rig({.slots = 2, .bound_us = kBoundUs});
-    const int64_t process_timeouts_before = cuda::doorbell_timeouts_total();
+    const int64_t process_timeouts_before = strata::doorbell_stats().timeouts_total;
 
     // Window 1 rings: the mapped memory now holds window 1's data, which window 2 must not consume.
     uint32_t window = rig.doorbell.open_window();
@@ -151,12 +152,12 @@ TEST(CudaDoorbellWait, AFlagThatNeverComesIsCountedReportedAndItsDataNeverUsed) 
     EXPECT_LT(elapsed_ms, kBoundUs * 1e-3 + 1000.0);        // and never hung
     EXPECT_EQ(check.timeouts_total, 1);
     EXPECT_EQ(rig.doorbell.timeouts_total(), 1);
-    EXPECT_EQ(cuda::doorbell_timeouts_total() - process_timeouts_before, 1);
+    EXPECT_EQ(strata::doorbell_stats().timeouts_total - process_timeouts_before, 1);  // what /metrics shows
     EXPECT_NE(check.report.find("layer 3 window 2"), std::string::npos) << check.report;
     EXPECT_NE(check.report.find("bound 50.0 ms"), std::string::npos) << check.report;
     EXPECT_EQ(check.report.find('\n'), std::string::npos);
     EXPECT_EQ(rig.doorbell.last_stall_report(), check.report);
-    EXPECT_EQ(cuda::doorbell_last_stall_report(), check.report);
+    EXPECT_EQ(strata::doorbell_stats().last_stall_report, check.report);
     EXPECT_TRUE(rig.output_is_sentinel()) << "a consumer ran on data that never arrived (window 1's)";
 
     // The redo on the path that does not wait: the data is in place before the work is queued.

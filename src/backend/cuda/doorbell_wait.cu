@@ -9,13 +9,13 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
-#include <mutex>
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/doorbell_device.cuh"
 #include "backend/cuda/doorbell_wait.h"
 #include "backend/cuda/model_ops.h"
+#include "core/doorbell_stats.h"
 
 namespace strata::cuda {
 
@@ -42,10 +42,6 @@ struct StallRecord {
 
 // The flags sit at the start of their page; the published window number on a 128-byte line of its own after them.
 int window_word_index(int slots) { return (slots + 31) / 32 * 32; }
-
-std::atomic<int64_t> g_timeouts_total{0};
-std::mutex g_report_mutex;
-std::string g_last_report;
 
 __global__ void window_start_kernel(const uint32_t* published_window, DeviceState* state) {
     state->window = doorbell_load_acquire_system(published_window);
@@ -204,7 +200,6 @@ DoorbellCheck Doorbell::check_window() {
                                     .waited_ms = static_cast<double>(r.waited_ns) * 1e-6});
     }
     timeouts_total_ += new_timeouts;
-    g_timeouts_total += new_timeouts;
     check.timeouts_total = timeouts_total_;
     if (check.gave_up) {
         const double bound_ms = static_cast<double>(options_.bound_us) * 1e-3;
@@ -220,17 +215,9 @@ DoorbellCheck Doorbell::check_window() {
         check.report = "doorbell: " + what + ": the data it waited for did not arrive; bound " + format_ms(bound_ms) +
                        " ms, " + std::to_string(timeouts_total_) + " timeout(s) in total";
         last_report_ = check.report;
-        std::lock_guard lock(g_report_mutex);
-        g_last_report = check.report;
     }
+    if (new_timeouts > 0) add_doorbell_timeouts(new_timeouts, check.report);  // the server's /metrics
     return check;
-}
-
-int64_t doorbell_timeouts_total() { return g_timeouts_total.load(); }
-
-std::string doorbell_last_stall_report() {
-    std::lock_guard lock(g_report_mutex);
-    return g_last_report;
 }
 
 DoorbellCheck run_window(Doorbell& doorbell, const DoorbellWindow& window) {

@@ -106,6 +106,7 @@ public:
     // The word a consumer kernel of this doorbell's data checks first (doorbell_window_gave_up in doorbell_device.cuh).
     const uint32_t* gave_up_word() const;
 
+    // This doorbell's; the process's (what /metrics shows as strata:doorbell_timeouts_total) is core/doorbell_stats.h.
     int64_t timeouts_total() const { return timeouts_total_; }
     const std::string& last_stall_report() const { return last_report_; }
     int64_t bound_us() const { return options_.bound_us; }
@@ -122,10 +123,6 @@ private:
     int64_t timeouts_total_ = 0;
     std::string last_report_;
 };
-
-// Every doorbell timeout of this process and the last stall report, for the server's metrics (thread-safe).
-int64_t doorbell_timeouts_total();
-std::string doorbell_last_stall_report();
 
 // The caller's policy for a window whose wait gave up, as one call: opens the window, runs `waiting(window)` (queue the
 // window's work, waits included, and ring or hand the window to the host workers), checks it; when a wait gave up,

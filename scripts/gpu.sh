@@ -3,8 +3,8 @@
 # the dev machine by scripts/gpu_deps.sh): configures and builds with CUDA (see below), runs the CUDA op tests
 # (test_cuda_ops: matrix products; test_cuda_recurrent: the GDN/attention recurrent and elementwise ops;
 # test_cuda_attention: the paged KV cache and QSA decode attention; test_cuda_model_ops: MoE, hyper-connections, PLE
-# rows, sampling; test_cuda_block_ops: the blocks' small per-token ops) with the perf mode, and copies the logs to
-# $OUT when it is set.
+# rows, sampling; test_cuda_block_ops: the blocks' small per-token ops; test_cuda_doorbell and test_cuda_doorbell_wait:
+# the doorbell ping-pong and the engine's doorbell) with the perf mode, and copies the logs to $OUT when it is set.
 # By default it builds the whole project with -DSTRATA_CUDA=ON (`strata` and every test program; PCRE2, utf8proc,
 # nlohmann_json and cpp-httplib come from build-deps through -DSTRATA_DEPS_PREFIX) and then also runs every other
 # test_cuda_* program the full build made (test_cuda_model...). STRATA_CUDA_ONLY_TESTS=1 builds only the CUDA op

@@ -3,9 +3,9 @@
 # the dev machine by scripts/gpu_deps.sh): configures and builds with CUDA (see below), runs the CUDA op tests
 # (test_cuda_ops: matrix products; test_cuda_recurrent: the GDN/attention recurrent and elementwise ops;
 # test_cuda_attention: the paged KV cache and QSA decode attention; test_cuda_model_ops: MoE, hyper-connections, PLE
-# rows, sampling; test_cuda_block_ops: the blocks' small per-token ops; test_cuda_gdn_recurrence: the GDN recurrence's
-# column and shuffle kernels bit for bit, and their timing) with the perf mode, and copies the logs to
-# $OUT when it is set.
+# rows, sampling; test_cuda_block_ops: the blocks' small per-token ops; test_cuda_doorbell and test_cuda_doorbell_wait:
+# the doorbell ping-pong and the engine's doorbell; test_cuda_gdn_recurrence: the GDN recurrence's column and shuffle
+# kernels bit for bit, and their timing) with the perf mode, and copies the logs to $OUT when it is set.
 # By default it builds the whole project with -DSTRATA_CUDA=ON (`strata` and every test program; PCRE2, utf8proc,
 # nlohmann_json and cpp-httplib come from build-deps through -DSTRATA_DEPS_PREFIX) and then also runs every other
 # test_cuda_* program the full build made (test_cuda_model...). STRATA_CUDA_ONLY_TESTS=1 builds only the CUDA op
@@ -62,7 +62,7 @@ nvcc_path=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
     echo "== build"
     if [[ $only_tests == 1 ]]; then
         time ninja -C "$build" -j"$(nproc)" test_cuda_ops test_cuda_recurrent test_cuda_attention \
-            test_cuda_model_ops test_cuda_block_ops test_cuda_doorbell test_cuda_gdn_recurrence
+            test_cuda_model_ops test_cuda_block_ops test_cuda_doorbell test_cuda_doorbell_wait test_cuda_gdn_recurrence
     else
         time ninja -C "$build" -j"$(nproc)"
     fi
@@ -74,7 +74,7 @@ more_programs=()  # the full build's other CUDA test programs, after the op test
 if [[ $only_tests != 1 ]]; then
     for path in "$bindir"/test_cuda_*; do
         name=$(basename "$path")
-        case " test_cuda_block_ops test_cuda_model_ops test_cuda_attention test_cuda_recurrent test_cuda_ops test_cuda_doorbell \
+        case " test_cuda_block_ops test_cuda_model_ops test_cuda_attention test_cuda_recurrent test_cuda_ops test_cuda_doorbell test_cuda_doorbell_wait \
                test_cuda_gdn_recurrence " in
             *" $name "*) ;;
             *) [[ -x "$path" ]] && more_programs+=("$name") ;;
@@ -82,7 +82,7 @@ if [[ $only_tests != 1 ]]; then
     done
 fi
 programs=(test_cuda_block_ops test_cuda_model_ops test_cuda_attention test_cuda_recurrent test_cuda_ops
-          test_cuda_doorbell test_cuda_gdn_recurrence "${more_programs[@]}")
+          test_cuda_doorbell test_cuda_doorbell_wait test_cuda_gdn_recurrence "${more_programs[@]}")
 [[ ${STRATA_CUDA_TESTS:-1} == 0 ]] && programs=()
 for program in "${programs[@]}"; do
     echo "== $program$([[ ${STRATA_CUDA_PERF:-1} == 1 ]] && echo ' (tests and perf)')"

@@ -1,8 +1,10 @@
-// The doorbell ping-pong (backend/cuda/doorbell.h, issue 8 seed 000) as a correctness check: with the reads the CUDA
-// memory model promises to see a host store (system-scope acquire load, volatile load, system-scope read-modify-write)
-// every round completes with no device timeout and no host miss; a doorbell that never rings is counted in every
-// round and the call still returns (every wait is bounded). The plain load has no such promise: `strata bench
-// doorbell` reports it, and no test asserts on it. No timing is asserted here (the benchmark measures it).
+// The doorbell ping-pong (backend/cuda/doorbell.h, issue 8 seed 000) as a correctness check: with the reads that see
+// a host store (system-scope acquire load; volatile load) every round completes with no device timeout and no host
+// miss; a doorbell that never rings is counted in every round and the call still returns (every wait is bounded).
+// Neither the plain load nor the system-scope read-modify-write has that promise: CUDA promises nothing for
+// system-scope atomics on host memory unless the device reports cudaDevAttrHostNativeAtomicSupported, and on the H200
+// the fetch_add(0) was mostly answered without the host's store (bench/NOTES.md). The RMW's figures are printed, not
+// asserted; the plain load is left to `strata bench doorbell`. No timing is asserted here (the benchmark measures it).
 //
 // Without the CUDA backend compiled in (-DSTRATA_CUDA=ON) or without a GPU, every test skips with a message saying so.
 #include <gtest/gtest.h>
@@ -32,8 +34,7 @@ constexpr const char* kDeviceTests = "CUDA doorbell tests";
 
 TEST(CudaDoorbell, PromisedReadsSeeEveryRing) {
     SKIP_WITHOUT_DEVICE();
-    for (const cuda::DoorbellRead read :
-         {cuda::DoorbellRead::AcquireSystem, cuda::DoorbellRead::Volatile, cuda::DoorbellRead::RelaxedRmw})
+    for (const cuda::DoorbellRead read : {cuda::DoorbellRead::AcquireSystem, cuda::DoorbellRead::Volatile})
         for (const bool write_combined : {false, true}) {
             SCOPED_TRACE(std::string(cuda::doorbell_read_name(read)) + (write_combined ? ", write-combined" : ""));
             const cuda::DoorbellResult r =
@@ -43,6 +44,25 @@ TEST(CudaDoorbell, PromisedReadsSeeEveryRing) {
             EXPECT_EQ(r.device_timeouts, 0);
             EXPECT_EQ(r.host_misses, 0);
         }
+}
+
+// Reported, not asserted: what the system-scope fetch_add(0) sees on this device, next to whether the device does
+// host atomics natively (the only case in which CUDA promises anything for it).
+TEST(CudaDoorbell, ReadModifyWriteIsReported) {
+    SKIP_WITHOUT_DEVICE();
+    const bool native = cuda::host_native_atomics(context());
+    std::printf("[ doorbell ] cudaDevAttrHostNativeAtomicSupported = %d\n", native ? 1 : 0);
+    for (const bool write_combined : {false, true}) {
+        const int64_t rounds = 2000;
+        const cuda::DoorbellResult r = cuda::doorbell_ping_pong(
+            context(), {.read = cuda::DoorbellRead::RelaxedRmw, .write_combined = write_combined, .rounds = rounds});
+        std::printf("[ doorbell ] %s%s: median %.2f us, p90 %.2f us, max %.1f us, device timeouts %lld/%lld, host "
+                    "misses %lld (not asserted)\n",
+                    cuda::doorbell_read_name(cuda::DoorbellRead::RelaxedRmw), write_combined ? ", write-combined" : "",
+                    r.median_us, r.p90_us, r.max_us, static_cast<long long>(r.device_timeouts),
+                    static_cast<long long>(rounds), static_cast<long long>(r.host_misses));
+        EXPECT_EQ(r.rounds, rounds);  // it ran and returned: every wait is bounded whatever the read sees
+    }
 }
 
 TEST(CudaDoorbell, ARingThatNeverComesIsCountedAndNeverHangs) {

@@ -202,6 +202,8 @@ TEST(Server, HealthModelsAndStatus) {
     EXPECT_EQ(status["model"]["arch"], "qwen4exp");
     EXPECT_EQ(status["slots"].size(), 4u);
     EXPECT_GT(status["memory_plan"]["total_bytes"].get<double>(), 0);
+    // The doorbell's timeout counter is exported (zero: no device waits for a host doorbell in this model).
+    EXPECT_EQ(s.metric("strata:doorbell_timeouts_total"), 0);
     auto root = s.client().Get("/");
     ASSERT_TRUE(root);
     EXPECT_EQ(root->status, 200);

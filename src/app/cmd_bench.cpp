@@ -281,8 +281,9 @@ int run_doorbell_bench(const Args& args) {
     const int64_t rounds = args.get_int("--rounds", 1, 10'000'000).value_or(10000);
 #if STRATA_HAS_CUDA
     cuda::Context ctx{cuda::ContextOptions{}};
-    std::printf("doorbell ping-pong on %s: %lld rounds per row, device waits bounded at 1 ms, host waits at 20 ms\n",
-                ctx.info().name.c_str(), static_cast<long long>(rounds));
+    std::printf("doorbell ping-pong on %s: %lld rounds per row, device waits bounded at 1 ms, host waits at 20 ms; "
+                "cudaDevAttrHostNativeAtomicSupported = %d\n",
+                ctx.info().name.c_str(), static_cast<long long>(rounds), cuda::host_native_atomics(ctx) ? 1 : 0);
     std::printf("| device read of the host flag | backoff | host memory | median us | p90 us | max us | device "
                 "timeouts | host misses |\n");
     std::printf("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |\n");

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "core/doorbell_stats.h"
+
 namespace strata::server {
 
 namespace {
@@ -120,6 +122,10 @@ std::string Metrics::render(const LoadGauges& load) const {
     header(out, "strata:http_responses_total", "counter", "HTTP responses by status code.");
     for (const auto& [status, n] : http_status_)
         out += "strata:http_responses_total{status=\"" + std::to_string(status) + "\"} " + std::to_string(n) + "\n";
+    header(out, "strata:doorbell_timeouts_total", "counter",
+           "Device waits for a host doorbell that hit their bound (each such window was redone without waits, or "
+           "its request failed).");
+    out += "strata:doorbell_timeouts_total " + std::to_string(doorbell_stats().timeouts_total) + "\n";
     ttft_.render(out, "strata:time_to_first_token_seconds", "Time from arrival to the first generated token.");
     tpot_.render(out, "strata:time_per_output_token_seconds", "Time per generated token after the first.");
     e2e_.render(out, "strata:e2e_request_latency_seconds", "Time from arrival to the last token.");

@@ -252,7 +252,10 @@ TEST_F(BenchCliTest, UserErrorsAreOneLine) {
 #if !STRATA_HAS_CUDA  // a CUDA build runs it (tests/test_cuda_model.cpp)
     expect_user_error(run_strata("bench " + model + " -p 8 -n 4 --backend cuda"), "no CUDA backend");
     expect_user_error(run_strata("bench doorbell"), "needs the CUDA backend");
+    expect_user_error(run_strata("bench qsa-union"), "needs the CUDA backend");
 #endif
+    expect_user_error(run_strata("bench " + model + " --positions 64"), "apply to `strata bench qsa-union`");
+    expect_user_error(run_strata("bench qsa-union --positions 3"), "--positions");
     expect_user_error(run_strata("bench gdn-recurrence"), "unknown benchmark 'gdn-recurrence'");
     expect_user_error(run_strata("bench " + model + " --rounds 10"), "--rounds applies to `strata bench doorbell`");
     expect_user_error(run_strata("bench doorbell --rounds 0"), "--rounds");

@@ -303,9 +303,13 @@ int run_bench(const Args& args) {
     if (!args.positional().empty()) {
         const std::string& name = args.positional()[0];
         if (name == "doorbell") return run_doorbell_bench(args);
-        throw Error("bench: unknown benchmark '" + name + "' (known: doorbell; without a name, the model benchmark)");
+        if (name == "qsa-union") return run_qsa_union_bench(args);
+        throw Error("bench: unknown benchmark '" + name +
+                    "' (known: doorbell, qsa-union; without a name, the model benchmark)");
     }
     if (args.has("--rounds")) throw Error("bench: --rounds applies to `strata bench doorbell` only");
+    if (args.has("--positions") || args.has("--context"))
+        throw Error("bench: --positions and --context apply to `strata bench qsa-union` only");
     const BenchPlan plan = read_plan(args);
     const auto file = gguf::File::open(plan.model_path);  // for the summary and the rooflines; the model maps its own
     const ModelSummary summary = summarize(*file);
@@ -365,6 +369,8 @@ Command bench_command() {
         {"--profile", "",
          "cuda: time each kind of op (kernels launched one by one) and print the split per token"},
         {"--rounds", "N", "bench doorbell: ping-pong rounds per variant (default 10000)"},
+        {"--positions", "N", "bench qsa-union: prompt positions in the timed chunk (default 8192)"},
+        {"--context", "N", "bench qsa-union: cells of context before the chunk's first position (default 24576)"},
         {"--json", "", "one JSON object per line per test instead of the table"},
     };
     // The model-loading flags but --threads, which bench takes as a list.
@@ -376,11 +382,15 @@ Command bench_command() {
                 .name = "bench",
                 .summary = "prompt and decode speed in tokens/s (llama-bench style)",
                 .usage = "strata bench --model FILE.gguf [-p 512] [-n 128] [-d DEPTH] [-r 5] [--threads N[,N...]] "
-                         "[--backend cpu|cuda] [--json]\n       strata bench doorbell [--rounds N]",
+                         "[--backend cpu|cuda] [--json]\n       strata bench doorbell [--rounds N]\n"
+                         "       strata bench qsa-union [--positions N] [--context N] [-r R] [--kv-cache f16|int8]",
                 .flags = flags,
-                .positional_name = "doorbell",
+                .positional_name = "doorbell|qsa-union",
                 .notes = "`strata bench doorbell` times the host/GPU ping-pong through mapped pinned memory for each way "
                          "the GPU can read the host's flag (CUDA only; exit status 2 without it).\n"
+                         "`strata bench qsa-union` times one prompt chunk of QSA attention at the Flash-Next shape, "
+                         "per query (FP32) and over 8-position selection unions (CUDA only; exit status 2 without "
+                         "it).\n"
                          "Token ids are pseudo-random within the vocabulary (fixed seed), so every run feeds the same "
                          "input. t/s is the mean over the repetitions, ± the sample standard deviation.",
             },

@@ -86,6 +86,8 @@ const std::vector<FlagSpec> kLoadFlags = {
     {"--backend", "B", "cpu (default) or cuda (a build with -DSTRATA_CUDA=ON and an NVIDIA GPU)"},
     {"--vram-budget", "SIZE", "cuda: device memory strata may take, e.g. 12G (default: what is free less 5%)"},
     {"--no-cuda-graphs", "", "cuda: launch each window's kernels one by one instead of replaying a captured graph"},
+    {"--kv-cache", "TYPE", "cuda: KV cache storage, f16 (default) or int8 (one fp16 scale per 64 values: about half)"},
+    {"--qsa-union", "", "cuda: prompt windows attend over the union of 8 positions' QSA selections on tensor cores"},
 };
 
 LoadOptions load_options(const Args& args, bool read_threads) {
@@ -102,6 +104,11 @@ LoadOptions load_options(const Args& args, bool read_threads) {
     o.cuda_graphs = !args.has("--no-cuda-graphs");
     if (o.backend == Backend::Cpu && (args.has("--vram-budget") || args.has("--no-cuda-graphs")))
         throw Error("--vram-budget and --no-cuda-graphs apply to --backend cuda only");
+    if (args.has("--kv-cache"))
+        o.kv_cache = args.get_choice("--kv-cache", {"f16", "int8"}) == "int8" ? KvCacheType::Int8 : KvCacheType::F16;
+    o.qsa_union = args.has("--qsa-union");
+    if (o.backend == Backend::Cpu && (args.has("--kv-cache") || o.qsa_union))
+        throw Error("--kv-cache and --qsa-union apply to --backend cuda only");
     return o;
 }
 

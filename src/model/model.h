@@ -56,6 +56,9 @@ struct BatchEntry {
 
 enum class Backend { Cpu, Cuda };
 
+// How the CUDA backend stores the KV cache: fp16, or int8 with one fp16 scale per 64 values (backend/cuda/attention.h).
+enum class KvCacheType { F16, Int8 };
+
 struct LoadOptions {
     Backend backend = Backend::Cpu;
     int n_threads = 0;  // 0: all cores
@@ -74,6 +77,11 @@ struct LoadOptions {
     // CUDA: time each kind of op with events (launches one by one) and print the split per token to stderr when the
     // model goes away.
     bool cuda_profile = false;
+    // CUDA: the KV cache's storage (--kv-cache).
+    KvCacheType kv_cache = KvCacheType::F16;
+    // CUDA: prompt windows of QSA layers attend over the union of 8 positions' selections on tensor cores
+    // (--qsa-union; issue 8, seed 003) instead of once per position. Logits differ by rounding: fp16 products.
+    bool qsa_union = false;
 };
 
 class Model {

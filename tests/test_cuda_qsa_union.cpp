@@ -396,10 +396,10 @@ TEST(CudaQsaUnion, RerunIsBitwiseAndGraphReplayMatches) {
 
 TEST(CudaQsaUnion, RejectsWhatItCannotRun) {
     SKIP_WITHOUT_DEVICE();
-    EXPECT_NE(cuda::qsa_union_unsupported({.n_head_kv = 2, .head_dim = 32, .n_pages = 4}, 4), "");
-    EXPECT_NE(cuda::qsa_union_unsupported({.n_head_kv = 1, .head_dim = 256, .n_pages = 4}, 64), "");
-    EXPECT_EQ(cuda::qsa_union_unsupported({.n_head_kv = 2, .head_dim = 256, .n_pages = 4}, 24), "");
-    EXPECT_EQ(cuda::qsa_union_unsupported({.n_head_kv = 2, .head_dim = 64, .n_pages = 4}, 4), "");
+    EXPECT_NE(cuda::qsa_union_unsupported(context(), {.n_head_kv = 2, .head_dim = 32, .n_pages = 4}, 4), "");
+    EXPECT_NE(cuda::qsa_union_unsupported(context(), {.n_head_kv = 1, .head_dim = 256, .n_pages = 4}, 64), "");
+    EXPECT_EQ(cuda::qsa_union_unsupported(context(), {.n_head_kv = 2, .head_dim = 256, .n_pages = 4}, 24), "");
+    EXPECT_EQ(cuda::qsa_union_unsupported(context(), {.n_head_kv = 2, .head_dim = 64, .n_pages = 4}, 4), "");
     std::mt19937 rng(3005);
     Pool pool(2, 64, KvStorage::F16, 64, 0.0, rng);
     const Window w = make_window(4, 64, 16, 60, 4, 0.0, 0, rng);

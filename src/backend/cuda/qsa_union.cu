@@ -211,11 +211,16 @@ __device__ __forceinline__ float warp_max(float v) {
 // (g = lane / 4, q = lane % 4): a[0] = A[g][2q, 2q+1], a[1] = A[g+8][2q..], a[2] = A[g][2q+8..], a[3] = A[g+8][2q+8..];
 // b[0] = B[2q, 2q+1][g], b[1] = B[2q+8, 2q+9][g]; d[0], d[1] = D[g][2q, 2q+1], d[2], d[3] = D[g+8][2q, 2q+1].
 __device__ __forceinline__ void mma_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    (void)d, (void)a, (void)b;
+    __trap();  // the host refuses devices below compute capability 8.0 (qsa_union_unsupported)
+#else
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
 }
 
 // Four 8 x 8 fp16 matrices transposed from shared memory: lane i gives the address of row i % 8 of matrix i / 8.
@@ -516,7 +521,10 @@ void launch_attention(const AttentionParams& p, dim3 grid, size_t shared, cudaSt
 
 }  // namespace
 
-std::string qsa_union_unsupported(const KvCacheShape& s, int64_t n_head) {
+std::string qsa_union_unsupported(const Context& ctx, const KvCacheShape& s, int64_t n_head) {
+    if (ctx.info().cc_major < 8)
+        return "compute capability " + std::to_string(ctx.info().cc_major) + "." +
+               std::to_string(ctx.info().cc_minor) + " (the union kernel's mma.sync m16n8k16 needs 8.0 or newer)";
     if (!(s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256))
         return "head_dim " + std::to_string(s.head_dim) + " (the union kernel takes 64, 128 or 256)";
     if (s.n_head_kv <= 0 || n_head <= 0 || n_head % s.n_head_kv != 0)
@@ -548,7 +556,7 @@ int64_t qsa_union_splits(const Context& ctx, int64_t n_tokens, int64_t n_head_kv
 
 void qsa_union_attention(Context& ctx, const QsaUnionAttentionArgs& a) {
     const KvCacheShape& s = a.cache.shape;
-    if (const std::string why = qsa_union_unsupported(s, a.n_head); !why.empty())
+    if (const std::string why = qsa_union_unsupported(ctx, s, a.n_head); !why.empty())
         throw Error("CUDA qsa_union_attention: " + why);
     const bool int8 = s.storage == KvStorage::Int8;
     if (!a.cache.k || !a.cache.v || (int8 && (!a.cache.k_scales || !a.cache.v_scales)))

@@ -125,6 +125,19 @@ void CudaHybridModel::finish_loading(const WindowShape& shape, const Tensor* tok
             index_heads = std::max(index_heads, b.indexer.n_head);
             index_dim = std::max(index_dim, b.indexer.head_dim);
         }
+    if (kv_storage_ == cuda::KvStorage::Int8 && !(a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256))
+        throw Error(file_->path() + ": --kv-cache int8 needs an attention head_dim of 64, 128 or 256, this model's is " +
+                    std::to_string(a.head_dim) + "; use --kv-cache f16");
+    if (qsa_union_) {
+        const bool any_sparse = std::any_of(layout_.begin(), layout_.end(),
+                                            [](const BlockLayout& b) { return !b.recurrent && b.indexer.ratio > 0; });
+        const cuda::KvCacheShape kv{.n_head_kv = a.n_head_kv, .head_dim = a.head_dim, .n_pages = 1,
+                                    .storage = kv_storage_};
+        qsa_union_off_ = !any_sparse ? "the model has no QSA layers" : cuda::qsa_union_unsupported(*ctx_, kv, a.n_head);
+        if (!qsa_union_off_.empty())
+            std::fprintf(stderr, "strata: --qsa-union does not apply (%s): QSA layers attend once per position\n",
+                         qsa_union_off_.c_str());
+    }
     const int64_t ple_heads = shape.ple ? shape.ple->n_heads() : 0;
     const int64_t ple_width = shape.ple ? ple_heads * shape.ple->row_width : 0;
     const int64_t ple_rows = shape.ple ? HC : 0;
@@ -153,20 +166,6 @@ void CudaHybridModel::finish_loading(const WindowShape& shape, const Tensor* tok
     i32(&w_.cells, T * max_cells);
     i32(&w_.n_selected, T);
     w_.max_cells = max_cells;
-    if (kv_storage_ == cuda::KvStorage::Int8 && !(a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256))
-        throw Error(file_->path() + ": --kv-cache int8 needs an attention head_dim of 64, 128 or 256, this model's is " +
-                    std::to_string(a.head_dim) + "; use --kv-cache f16");
-    if (qsa_union_) {
-        const bool any_sparse = std::any_of(layout_.begin(), layout_.end(),
-                                            [](const BlockLayout& b) { return !b.recurrent && b.indexer.ratio > 0; });
-        qsa_union_off_ = !any_sparse ? "the model has no QSA layers"
-                                     : cuda::qsa_union_unsupported({.n_head_kv = a.n_head_kv, .head_dim = a.head_dim,
-                                                                    .n_pages = 1, .storage = kv_storage_},
-                                                                   a.n_head);
-        if (!qsa_union_off_.empty())
-            std::fprintf(stderr, "strata: --qsa-union does not apply (%s): QSA layers attend once per position\n",
-                         qsa_union_off_.c_str());
-    }
     parts.push_back({reinterpret_cast<void**>(&w_.ple_rows), size_t(T * ple_heads) * 8});
     parts.push_back({&w_.ple_staging, size_t(T * ple_heads) * shape.ple_row_bytes});
     f32(&w_.ple_emb, T * ple_width);

@@ -321,7 +321,7 @@ TEST(CudaModel, QsaUnionAndInt8KvStayCloseToTheDefault) {
             std::printf("[ cuda bundled ] %s, %zu per call: max |diff| %.3g of %.3g (relative %.3g), argmax %d/%zu\n",
                         v.name, per_call, d.max_diff, d.max_ref, d.relative(), agree, tokens.size());
             EXPECT_LE(d.relative(), v.bound) << v.name;
-            EXPECT_GE(agree, static_cast<int>(tokens.size() * 9 / 10)) << v.name;
+            EXPECT_GE(agree, static_cast<int>(tokens.size() * 8 / 10)) << v.name;
         }
     }
 }

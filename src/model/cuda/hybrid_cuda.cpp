@@ -463,7 +463,8 @@ void CudaHybridModel::gdn_window(const GdnDevice& w, LayerDeviceState& l, const 
 
 // Gated attention (model/attention.cpp): projections, q/k norms and rope, the KV append; with an indexer, the raw and
 // pooled keys and each token's QSA selection; then decode attention per token (its own cache length) with the output
-// gate fused, and the output projection.
+// gate fused, or with --qsa-union for a sparse layer's window of 2-8 tokens one kernel over the union of the tokens'
+// selections (backend/cuda/qsa_union.h; the same contract); and the output projection.
 void CudaHybridModel::attention_window(const AttentionDevice& w, CudaSequence& s, LayerDeviceState& l,
                                        const float* x, float* out, int64_t T) const {
     cuda::Context& ctx = *ctx_;

@@ -5,7 +5,8 @@
 # test_cuda_attention: the paged KV cache and QSA decode attention; test_cuda_model_ops: MoE, hyper-connections, PLE
 # rows, sampling; test_cuda_block_ops: the blocks' small per-token ops; test_cuda_doorbell and test_cuda_doorbell_wait:
 # the doorbell ping-pong and the engine's doorbell; test_cuda_gdn_recurrence: the GDN recurrence's column and shuffle
-# kernels bit for bit, and their timing) with the perf mode, and copies the logs to $OUT when it is set.
+# kernels bit for bit, and their timing; test_cuda_qsa_union: QSA attention over 8-position selection unions against
+# the per-query kernel and FP64) with the perf mode, and copies the logs to $OUT when it is set.
 # By default it builds the whole project with -DSTRATA_CUDA=ON (`strata` and every test program; PCRE2, utf8proc,
 # nlohmann_json and cpp-httplib come from build-deps through -DSTRATA_DEPS_PREFIX) and then also runs every other
 # test_cuda_* program the full build made (test_cuda_model...). STRATA_CUDA_ONLY_TESTS=1 builds only the CUDA op
@@ -62,7 +63,7 @@ nvcc_path=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
     echo "== build"
     if [[ $only_tests == 1 ]]; then
         time ninja -C "$build" -j"$(nproc)" test_cuda_ops test_cuda_recurrent test_cuda_attention \
-            test_cuda_model_ops test_cuda_block_ops test_cuda_doorbell test_cuda_doorbell_wait test_cuda_gdn_recurrence
+            test_cuda_model_ops test_cuda_block_ops test_cuda_doorbell test_cuda_doorbell_wait test_cuda_gdn_recurrence test_cuda_qsa_union
     else
         time ninja -C "$build" -j"$(nproc)"
     fi
@@ -75,14 +76,14 @@ if [[ $only_tests != 1 ]]; then
     for path in "$bindir"/test_cuda_*; do
         name=$(basename "$path")
         case " test_cuda_block_ops test_cuda_model_ops test_cuda_attention test_cuda_recurrent test_cuda_ops test_cuda_doorbell test_cuda_doorbell_wait \
-               test_cuda_gdn_recurrence " in
+               test_cuda_gdn_recurrence test_cuda_qsa_union " in
             *" $name "*) ;;
             *) [[ -x "$path" ]] && more_programs+=("$name") ;;
         esac
     done
 fi
 programs=(test_cuda_block_ops test_cuda_model_ops test_cuda_attention test_cuda_recurrent test_cuda_ops
-          test_cuda_doorbell test_cuda_doorbell_wait test_cuda_gdn_recurrence "${more_programs[@]}")
+          test_cuda_doorbell test_cuda_doorbell_wait test_cuda_gdn_recurrence test_cuda_qsa_union "${more_programs[@]}")
 [[ ${STRATA_CUDA_TESTS:-1} == 0 ]] && programs=()
 for program in "${programs[@]}"; do
     echo "== $program$([[ ${STRATA_CUDA_PERF:-1} == 1 ]] && echo ' (tests and perf)')"
@@ -115,5 +116,7 @@ if [[ ${STRATA_CUDA_SANITIZE:-0} == 1 ]]; then
         2>&1 | tee "$logs/memcheck_block_ops.log"
     compute-sanitizer --tool memcheck --error-exitcode 1 "$bindir/test_cuda_gdn_recurrence" \
         --gtest_filter='-CudaPerf*' 2>&1 | tee "$logs/memcheck_gdn_recurrence.log"
+    compute-sanitizer --tool memcheck --error-exitcode 1 "$bindir/test_cuda_qsa_union" \
+        2>&1 | tee "$logs/memcheck_qsa_union.log"
 fi
 exit $status

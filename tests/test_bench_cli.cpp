@@ -253,12 +253,15 @@ TEST_F(BenchCliTest, UserErrorsAreOneLine) {
     expect_user_error(run_strata("bench " + model + " -p 8 -n 4 --backend cuda"), "no CUDA backend");
     expect_user_error(run_strata("bench doorbell"), "needs the CUDA backend");
     expect_user_error(run_strata("bench gdn-recurrence"), "needs the CUDA backend");
+    expect_user_error(run_strata("bench qsa-union"), "needs the CUDA backend");
 #endif
     expect_user_error(run_strata("bench no-such-benchmark"), "unknown benchmark 'no-such-benchmark'");
     expect_user_error(run_strata("bench gdn-recurrence --tokens 0"), "--tokens");
     expect_user_error(run_strata("bench gdn-recurrence --tokens 8,x"), "--tokens");
     expect_user_error(run_strata("bench gdn-recurrence --heads 0"), "--heads");
     expect_user_error(run_strata("bench " + model + " --tokens 8"), "apply to `strata bench gdn-recurrence`");
+    expect_user_error(run_strata("bench " + model + " --positions 64"), "apply to `strata bench qsa-union`");
+    expect_user_error(run_strata("bench qsa-union --positions 3"), "--positions");
     expect_user_error(run_strata("bench " + model + " --rounds 10"), "--rounds applies to `strata bench doorbell`");
     expect_user_error(run_strata("bench doorbell --rounds 0"), "--rounds");
     expect_user_error(run_strata("bench " + model + " --backend tpu"), "--backend");

@@ -305,6 +305,45 @@ TEST(CudaModel, QuantizedExpertsMatchTheCpuBackend) {
     expect_matches_cpu(synthesized(DType::IQ2_XS), "small-k iq2_xs");
 }
 
+// --qsa-union and --kv-cache int8 on the bundled model (QSA layers of head_dim 64 with a budget of 64 cells, so a
+// 300-token prompt attends to a fraction of its context): the prompt's logits stay within rounding of the default
+// path (fp16 products in the union kernel; int8 keys and values), fed in windows of 8 and of 5 (ragged groups). A
+// union kernel that attended to cells a position did not choose, or dropped some, moves logits by far more.
+TEST(CudaModel, QsaUnionAndInt8KvStayCloseToTheDefault) {
+    SKIP_WITHOUT_CUDA_DEVICE();
+    const std::string path = std::string(STRATA_SOURCE_DIR) + "/assets/strata-code-19m.gguf";
+    auto base = load_model(path, cuda_options());
+    const int64_t V = base->info().n_vocab;
+    std::mt19937 rng(8);
+    std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(V - 1));
+    std::vector<int32_t> tokens(300);
+    for (int32_t& t : tokens) t = pick(rng);
+    const std::vector<float> reference = run(*base, tokens, tokens.size());
+    struct Variant {
+        const char* name;
+        bool qsa_union;
+        KvCacheType kv;
+        double bound;  // relative to the largest logit
+    };
+    for (const Variant v : {Variant{"--qsa-union", true, KvCacheType::F16, 2e-2},
+                            Variant{"--kv-cache int8", false, KvCacheType::Int8, 5e-2},
+                            Variant{"--qsa-union --kv-cache int8", true, KvCacheType::Int8, 5e-2}}) {
+        LoadOptions options = cuda_options();
+        options.qsa_union = v.qsa_union;
+        options.kv_cache = v.kv;
+        auto model = load_model(path, options);
+        for (const size_t per_call : {tokens.size(), size_t{5}}) {
+            const std::vector<float> got = run(*model, tokens, per_call);
+            const Diff d = compare(got, reference);
+            const int agree = agreement(got, reference, V);
+            std::printf("[ cuda bundled ] %s, %zu per call: max |diff| %.3g of %.3g (relative %.3g), argmax %d/%zu\n",
+                        v.name, per_call, d.max_diff, d.max_ref, d.relative(), agree, tokens.size());
+            EXPECT_LE(d.relative(), v.bound) << v.name;
+            EXPECT_GE(agree, static_cast<int>(tokens.size() * 8 / 10)) << v.name;
+        }
+    }
+}
+
 TEST(CudaModel, ClearErrors) {
     SKIP_WITHOUT_CUDA_DEVICE();
     // A budget far below the weights: refused before anything is uploaded, naming the flag.

@@ -351,12 +351,15 @@ int run_bench(const Args& args) {
         const std::string& name = args.positional()[0];
         if (name == "doorbell") return run_doorbell_bench(args);
         if (name == "gdn-recurrence") return run_gdn_recurrence_bench(args);
+        if (name == "qsa-union") return run_qsa_union_bench(args);
         throw Error("bench: unknown benchmark '" + name +
-                    "' (known: doorbell, gdn-recurrence; without a name, the model benchmark)");
+                    "' (known: doorbell, gdn-recurrence, qsa-union; without a name, the model benchmark)");
     }
     if (args.has("--rounds")) throw Error("bench: --rounds applies to `strata bench doorbell` only");
     if (args.has("--tokens") || args.has("--heads"))
         throw Error("bench: --tokens and --heads apply to `strata bench gdn-recurrence` only");
+    if (args.has("--positions") || args.has("--context"))
+        throw Error("bench: --positions and --context apply to `strata bench qsa-union` only");
     const BenchPlan plan = read_plan(args);
     const auto file = gguf::File::open(plan.model_path);  // for the summary and the rooflines; the model maps its own
     const ModelSummary summary = summarize(*file);
@@ -418,6 +421,8 @@ Command bench_command() {
         {"--rounds", "N", "bench doorbell: ping-pong rounds per variant (default 10000)"},
         {"--tokens", "N[,N...]", "bench gdn-recurrence: window lengths (default 8192,32768)"},
         {"--heads", "H", "bench gdn-recurrence: value heads (default 48, flash-next)"},
+        {"--positions", "N", "bench qsa-union: prompt positions in the timed chunk (default 8192)"},
+        {"--context", "N", "bench qsa-union: cells of context before the chunk's first position (default 24576)"},
         {"--json", "", "one JSON object per line per test instead of the table"},
     };
     // The model-loading flags but --threads, which bench takes as a list.
@@ -430,14 +435,18 @@ Command bench_command() {
                 .summary = "prompt and decode speed in tokens/s (llama-bench style)",
                 .usage = "strata bench --model FILE.gguf [-p 512] [-n 128] [-d DEPTH] [-r 5] [--threads N[,N...]] "
                          "[--backend cpu|cuda] [--json]\n       strata bench doorbell [--rounds N]\n"
-                         "       strata bench gdn-recurrence [--tokens N[,N...]] [--heads H] [-r R]",
+                         "       strata bench gdn-recurrence [--tokens N[,N...]] [--heads H] [-r R]\n"
+                         "       strata bench qsa-union [--positions N] [--context N] [-r R] [--kv-cache f16|int8]",
                 .flags = flags,
-                .positional_name = "doorbell",
+                .positional_name = "doorbell|gdn-recurrence|qsa-union",
                 .notes = "`strata bench doorbell` times the host/GPU ping-pong through mapped pinned memory for each way "
                          "the GPU can read the host's flag (CUDA only; exit status 2 without it).\n"
                          "`strata bench gdn-recurrence` times the GDN recurrence's column and shuffle kernels on the "
                          "same window and checks that their state and outputs agree bit for bit (CUDA only; exit "
                          "status 2 without it).\n"
+                         "`strata bench qsa-union` times one prompt chunk of QSA attention at the Flash-Next shape, "
+                         "per query (FP32) and over 8-position selection unions (CUDA only; exit status 2 without "
+                         "it).\n"
                          "Token ids are pseudo-random within the vocabulary (fixed seed), so every run feeds the same "
                          "input. t/s is the mean over the repetitions, ± the sample standard deviation.",
             },

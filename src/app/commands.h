@@ -28,6 +28,8 @@ Command perplexity_command();
 Command info_command();
 // cmd_bench.cpp
 Command bench_command();
+// bench_qsa_union.cpp: `strata bench qsa-union` (--positions, --context, -r, --kv-cache)
+int run_qsa_union_bench(const Args& args);
 // cmd_tokenize.cpp
 Command tokenize_command();
 // cmd_chat.cpp

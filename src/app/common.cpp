@@ -88,6 +88,8 @@ const std::vector<FlagSpec> kLoadFlags = {
     {"--no-cuda-graphs", "", "cuda: launch each window's kernels one by one instead of replaying a captured graph"},
     {"--gdn-recurrence", "K",
      "cuda: the GDN recurrence kernel, auto (default: the faster), column or shuffle (same outputs)"},
+    {"--kv-cache", "TYPE", "cuda: KV cache storage, f16 (default) or int8 (one fp16 scale per 64 values: about half)"},
+    {"--qsa-union", "", "cuda: prompt windows attend over the union of 8 positions' QSA selections on tensor cores"},
 };
 
 LoadOptions load_options(const Args& args, bool read_threads) {
@@ -106,9 +108,13 @@ LoadOptions load_options(const Args& args, bool read_threads) {
     o.gdn_recurrence = recurrence == "column"    ? GdnRecurrenceKernel::Column
                        : recurrence == "shuffle" ? GdnRecurrenceKernel::Shuffle
                                                  : GdnRecurrenceKernel::Auto;
-    if (o.backend == Backend::Cpu &&
-        (args.has("--vram-budget") || args.has("--no-cuda-graphs") || args.has("--gdn-recurrence")))
-        throw Error("--vram-budget, --no-cuda-graphs and --gdn-recurrence apply to --backend cuda only");
+    if (args.has("--kv-cache"))
+        o.kv_cache = args.get_choice("--kv-cache", {"f16", "int8"}) == "int8" ? KvCacheType::Int8 : KvCacheType::F16;
+    o.qsa_union = args.has("--qsa-union");
+    if (o.backend == Backend::Cpu && (args.has("--vram-budget") || args.has("--no-cuda-graphs") ||
+                                      args.has("--gdn-recurrence") || args.has("--kv-cache") || o.qsa_union))
+        throw Error("--vram-budget, --no-cuda-graphs, --gdn-recurrence, --kv-cache and --qsa-union apply to "
+                    "--backend cuda only");
     return o;
 }
 

@@ -59,6 +59,8 @@ enum class Backend { Cpu, Cuda };
 // CUDA: which kernel runs the GDN blocks' gated delta rule (same bits either way; --gdn-recurrence). Auto: the one
 // measured faster.
 enum class GdnRecurrenceKernel { Auto, Column, Shuffle };
+// How the CUDA backend stores the KV cache: fp16, or int8 with one fp16 scale per 64 values (backend/cuda/attention.h).
+enum class KvCacheType { F16, Int8 };
 
 struct LoadOptions {
     Backend backend = Backend::Cpu;
@@ -79,6 +81,11 @@ struct LoadOptions {
     // model goes away.
     bool cuda_profile = false;
     GdnRecurrenceKernel gdn_recurrence = GdnRecurrenceKernel::Auto;
+    // CUDA: the KV cache's storage (--kv-cache).
+    KvCacheType kv_cache = KvCacheType::F16;
+    // CUDA: prompt windows of QSA layers attend over the union of 8 positions' selections on tensor cores
+    // (--qsa-union; issue 8, seed 003) instead of once per position. Logits differ by rounding: fp16 products.
+    bool qsa_union = false;
 };
 
 class Model {

@@ -34,7 +34,9 @@ cuda::GdnRecurrence gdn_recurrence_kernel(GdnRecurrenceKernel choice) {
 CudaHybridModel::CudaHybridModel(std::unique_ptr<gguf::File> file, const LoadOptions& options)
     : file_(std::move(file)),
       graphs_(options.cuda_graphs && !options.cuda_profile),
-      gdn_recurrence_(gdn_recurrence_kernel(options.gdn_recurrence)) {
+      gdn_recurrence_(gdn_recurrence_kernel(options.gdn_recurrence)),
+      kv_storage_(options.kv_cache == KvCacheType::Int8 ? cuda::KvStorage::Int8 : cuda::KvStorage::F16),
+      qsa_union_(options.qsa_union) {
     info_ = read_hybrid_info(*file_, &n_block_all_);
     ctx_ = std::make_unique<cuda::Context>(
         cuda::ContextOptions{.device = options.cuda_device, .vram_budget = options.vram_budget});
@@ -133,6 +135,19 @@ void CudaHybridModel::finish_loading(const WindowShape& shape, const Tensor* tok
             index_heads = std::max(index_heads, b.indexer.n_head);
             index_dim = std::max(index_dim, b.indexer.head_dim);
         }
+    if (kv_storage_ == cuda::KvStorage::Int8 && !(a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256))
+        throw Error(file_->path() + ": --kv-cache int8 needs an attention head_dim of 64, 128 or 256, this model's is " +
+                    std::to_string(a.head_dim) + "; use --kv-cache f16");
+    if (qsa_union_) {
+        const bool any_sparse = std::any_of(layout_.begin(), layout_.end(),
+                                            [](const BlockLayout& b) { return !b.recurrent && b.indexer.ratio > 0; });
+        const cuda::KvCacheShape kv{.n_head_kv = a.n_head_kv, .head_dim = a.head_dim, .n_pages = 1,
+                                    .storage = kv_storage_};
+        qsa_union_off_ = !any_sparse ? "the model has no QSA layers" : cuda::qsa_union_unsupported(*ctx_, kv, a.n_head);
+        if (!qsa_union_off_.empty())
+            std::fprintf(stderr, "strata: --qsa-union does not apply (%s): QSA layers attend once per position\n",
+                         qsa_union_off_.c_str());
+    }
     const int64_t ple_heads = shape.ple ? shape.ple->n_heads() : 0;
     const int64_t ple_width = shape.ple ? ple_heads * shape.ple->row_width : 0;
     const int64_t ple_rows = shape.ple ? HC : 0;
@@ -278,8 +293,10 @@ void CudaHybridModel::allocate_sequence(CudaSequence& s) const {
             l.recurrent = ctx_->allocate(size_t(g.n_v_heads * g.k_head_dim * g.v_head_dim) * 4, "sequence state");
         } else {
             const int64_t pages = (cap + cuda::kKvPageCells - 1) / cuda::kKvPageCells;
-            l.kv = std::make_unique<cuda::KvCache>(
-                *ctx_, cuda::KvCacheShape{.n_head_kv = a.n_head_kv, .head_dim = a.head_dim, .n_pages = pages});
+            l.kv = std::make_unique<cuda::KvCache>(*ctx_, cuda::KvCacheShape{.n_head_kv = a.n_head_kv,
+                                                                             .head_dim = a.head_dim,
+                                                                             .n_pages = pages,
+                                                                             .storage = kv_storage_});
             std::vector<int32_t> table(static_cast<size_t>(pages));
             for (int64_t j = 0; j < pages; ++j) table[static_cast<size_t>(j)] = static_cast<int32_t>(j);
             l.page_table = ctx_->upload(table.data(), table.size() * 4, "kv cache");
@@ -310,7 +327,21 @@ void CudaHybridModel::allocate_sequence(CudaSequence& s) const {
         s.attention_workspace = ctx_->allocate(
             cuda::decode_attention_workspace_bytes(a.n_head, a.head_dim, std::max(s.dense_splits, s.sparse_splits)),
             "sequence state");
-    size_t bytes = s.qsa_scores.size() + s.qsa_keys.size() + s.attention_workspace.size();
+    if (qsa_union_ && qsa_union_off_.empty() && any_sparse) {
+        // Scratch for one window's unions and split results. Without room for it the sequence keeps the per-query path.
+        s.union_splits = cuda::qsa_union_splits(*ctx_, kWindow, a.n_head_kv, w_.max_cells);
+        try {
+            s.union_workspace = ctx_->allocate(cuda::qsa_union_workspace_bytes(kWindow, w_.max_cells, a.n_head,
+                                                                                a.head_dim, s.union_splits),
+                                               "sequence state");
+        } catch (const Error& e) {
+            if (!qsa_union_scratch_reported_)
+                std::fprintf(stderr, "strata: --qsa-union does not apply (no device memory for its scratch: %s): QSA "
+                             "layers attend once per position\n", e.what());
+            qsa_union_scratch_reported_ = true;
+        }
+    }
+    size_t bytes = s.qsa_scores.size() + s.qsa_keys.size() + s.attention_workspace.size() + s.union_workspace.size();
     for (const LayerDeviceState& l : s.layers) {
         for (const cuda::DeviceBuffer* b : {&l.conv_history, &l.recurrent, &l.page_table, &l.kv_length,
                                             &l.index_raw, &l.index_pooled, &l.ple_tokens, &l.ple_conv_history})
@@ -443,7 +474,8 @@ void CudaHybridModel::gdn_window(const GdnDevice& w, LayerDeviceState& l, const 
 
 // Gated attention (model/attention.cpp): projections, q/k norms and rope, the KV append; with an indexer, the raw and
 // pooled keys and each token's QSA selection; then decode attention per token (its own cache length) with the output
-// gate fused, and the output projection.
+// gate fused, or with --qsa-union for a sparse layer's window of 2-8 tokens one kernel over the union of the tokens'
+// selections (backend/cuda/qsa_union.h; the same contract); and the output projection.
 void CudaHybridModel::attention_window(const AttentionDevice& w, CudaSequence& s, LayerDeviceState& l,
                                        const float* x, float* out, int64_t T) const {
     cuda::Context& ctx = *ctx_;
@@ -553,25 +585,50 @@ void CudaHybridModel::attention_window(const AttentionDevice& w, CudaSequence& s
                                    .n_selected = w_.n_selected + t});
     }
     const int64_t splits = w.sparse() ? s.sparse_splits : s.dense_splits;
-    for (int64_t t = 0; t < T; ++t) {
-        float* qg = w_.qg + t * 2 * hd * nh;
-        cuda::decode_attention(ctx, {.cache = l.kv->view(),
-                                     .table = table,
-                                     .n_cells = w_.lengths + t,
-                                     .cells = w.sparse() ? w_.cells + t * w_.max_cells : nullptr,
-                                     .n_selected = w.sparse() ? w_.n_selected + t : nullptr,
-                                     .max_cells = max_cells,
-                                     .q = qg,
-                                     .n_head = nh,
-                                     .q_head_stride = 2 * hd,
-                                     .gate = qg + hd,
-                                     .gate_head_stride = 2 * hd,
-                                     .scale = 1.0f / std::sqrt(static_cast<float>(hd)),
-                                     .out = w_.heads + t * nh * hd,
-                                     .n_splits = splits,
-                                     .workspace = s.attention_workspace.data(),
-                                     .workspace_bytes = s.attention_workspace.size()});
-    }
+    // --qsa-union: the window's positions attend over the union of their selections, all at once.
+    const bool by_union = w.sparse() && T > 1 && s.union_workspace.size() > 0;
+    if (by_union)
+        cuda::qsa_union_attention(ctx, {.cache = l.kv->view(),
+                                        .table = table,
+                                        .n_tokens = T,
+                                        .n_cells = w_.lengths,
+                                        .cells = w_.cells,
+                                        .cells_stride = w_.max_cells,
+                                        .n_selected = w_.n_selected,
+                                        .max_cells = max_cells,
+                                        .q = w_.qg,
+                                        .n_head = nh,
+                                        .q_head_stride = 2 * hd,
+                                        .q_token_stride = 2 * hd * nh,
+                                        .gate = w_.qg + hd,
+                                        .gate_head_stride = 2 * hd,
+                                        .gate_token_stride = 2 * hd * nh,
+                                        .scale = 1.0f / std::sqrt(static_cast<float>(hd)),
+                                        .out = w_.heads,
+                                        .out_token_stride = nh * hd,
+                                        .n_splits = s.union_splits,
+                                        .workspace = s.union_workspace.data(),
+                                        .workspace_bytes = s.union_workspace.size()});
+    else
+        for (int64_t t = 0; t < T; ++t) {
+            float* qg = w_.qg + t * 2 * hd * nh;
+            cuda::decode_attention(ctx, {.cache = l.kv->view(),
+                                         .table = table,
+                                         .n_cells = w_.lengths + t,
+                                         .cells = w.sparse() ? w_.cells + t * w_.max_cells : nullptr,
+                                         .n_selected = w.sparse() ? w_.n_selected + t : nullptr,
+                                         .max_cells = max_cells,
+                                         .q = qg,
+                                         .n_head = nh,
+                                         .q_head_stride = 2 * hd,
+                                         .gate = qg + hd,
+                                         .gate_head_stride = 2 * hd,
+                                         .scale = 1.0f / std::sqrt(static_cast<float>(hd)),
+                                         .out = w_.heads + t * nh * hd,
+                                         .n_splits = splits,
+                                         .workspace = s.attention_workspace.data(),
+                                         .workspace_bytes = s.attention_workspace.size()});
+        }
     mark(kAttentionProjections);
     cuda::matmul(ctx, {.w = *w.o, .x = w_.heads, .y = out, .n_tokens = T});
 }

@@ -16,6 +16,7 @@
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/model_ops.h"
+#include "backend/cuda/qsa_union.h"
 #include "model/attention.h"
 #include "model/cuda/device_weights.h"
 #include "model/gdn.h"
@@ -92,6 +93,8 @@ class CudaSequence final : public SequenceState {
     std::vector<LayerDeviceState> layers;
     cuda::DeviceBuffer qsa_scores, qsa_keys, attention_workspace;
     int64_t dense_splits = 1, sparse_splits = 1;
+    cuda::DeviceBuffer union_workspace;  // --qsa-union: empty when the union path does not apply
+    int64_t union_splits = 1;
     std::array<cuda::Graph, kWindow + 1> graphs;  // by window size; they hold this sequence's buffers
     const void* graphs_scratch = nullptr;          // the context scratch the graphs were captured with
     std::function<void(CudaSequence&)> reset_;
@@ -172,6 +175,11 @@ class CudaHybridModel : public Model {
 
     bool graphs_ = true;
     cuda::GdnRecurrence gdn_recurrence_ = cuda::GdnRecurrence::Auto;  // --gdn-recurrence
+    cuda::KvStorage kv_storage_ = cuda::KvStorage::F16;
+    // --qsa-union: asked for, and why it does not apply to this model ("" when it does; said once on stderr).
+    bool qsa_union_ = false;
+    std::string qsa_union_off_;
+    mutable bool qsa_union_scratch_reported_ = false;
     GdnShape gdn_;
     AttentionShape attention_;
     std::vector<BlockLayout> layout_;

@@ -306,40 +306,51 @@ TEST(CudaModel, QuantizedExpertsMatchTheCpuBackend) {
 }
 
 // --qsa-union and --kv-cache int8 on the bundled model (QSA layers of head_dim 64 with a budget of 64 cells, so a
-// 300-token prompt attends to a fraction of its context): the prompt's logits stay within rounding of the default
-// path (fp16 products in the union kernel; int8 keys and values), fed in windows of 8 and of 5 (ragged groups). A
-// union kernel that attended to cells a position did not choose, or dropped some, moves logits by far more.
+// 300-token prompt attends to a fraction of its context), fed in windows of 8 and of 5 (ragged groups). The union
+// kernel is compared with the per-query kernel over the same cache (fp16 or int8): only its fp16 products differ, so
+// the logits stay within 1e-3 of the largest (H200: 1.3e-4), yet not bit-identical (which would mean the union path
+// silently did not run); a kernel that attended to cells a position did not choose, or dropped some, moves them by far
+// more (test_cuda_qsa_union checks that bound against such a kernel). int8 cells against fp16 cells: 0.1 (H200: 0.052
+// on these random tokens; on held-out text the mean NLL moved by 1e-4 nats, bench/NOTES.md).
 TEST(CudaModel, QsaUnionAndInt8KvStayCloseToTheDefault) {
     SKIP_WITHOUT_CUDA_DEVICE();
     const std::string path = std::string(STRATA_SOURCE_DIR) + "/assets/strata-code-19m.gguf";
-    auto base = load_model(path, cuda_options());
-    const int64_t V = base->info().n_vocab;
+    auto logits_of = [&](bool qsa_union, KvCacheType kv, const std::vector<int32_t>& tokens, size_t per_call) {
+        LoadOptions options = cuda_options();
+        options.qsa_union = qsa_union;
+        options.kv_cache = kv;
+        return run(*load_model(path, options), tokens, per_call);
+    };
+    const int64_t V = load_model(path, cuda_options())->info().n_vocab;
     std::mt19937 rng(8);
     std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(V - 1));
     std::vector<int32_t> tokens(300);
     for (int32_t& t : tokens) t = pick(rng);
-    const std::vector<float> reference = run(*base, tokens, tokens.size());
+    const std::vector<float> ref_f16 = logits_of(false, KvCacheType::F16, tokens, tokens.size());
+    const std::vector<float> ref_int8 = logits_of(false, KvCacheType::Int8, tokens, tokens.size());
     struct Variant {
         const char* name;
         bool qsa_union;
         KvCacheType kv;
+        const std::vector<float>& reference;
+        const char* reference_name;
         double bound;  // relative to the largest logit
+        int min_agree_percent;
     };
-    for (const Variant v : {Variant{"--qsa-union", true, KvCacheType::F16, 2e-2},
-                            Variant{"--kv-cache int8", false, KvCacheType::Int8, 5e-2},
-                            Variant{"--qsa-union --kv-cache int8", true, KvCacheType::Int8, 5e-2}}) {
-        LoadOptions options = cuda_options();
-        options.qsa_union = v.qsa_union;
-        options.kv_cache = v.kv;
-        auto model = load_model(path, options);
+    for (const Variant& v : {Variant{"--qsa-union", true, KvCacheType::F16, ref_f16, "per-query, f16", 1e-3, 97},
+                             Variant{"--qsa-union --kv-cache int8", true, KvCacheType::Int8, ref_int8,
+                                     "per-query, int8", 1e-3, 97},
+                             Variant{"--kv-cache int8", false, KvCacheType::Int8, ref_f16, "f16", 0.1, 95}}) {
         for (const size_t per_call : {tokens.size(), size_t{5}}) {
-            const std::vector<float> got = run(*model, tokens, per_call);
-            const Diff d = compare(got, reference);
-            const int agree = agreement(got, reference, V);
-            std::printf("[ cuda bundled ] %s, %zu per call: max |diff| %.3g of %.3g (relative %.3g), argmax %d/%zu\n",
-                        v.name, per_call, d.max_diff, d.max_ref, d.relative(), agree, tokens.size());
+            const std::vector<float> got = logits_of(v.qsa_union, v.kv, tokens, per_call);
+            const Diff d = compare(got, v.reference);
+            const int agree = agreement(got, v.reference, V);
+            std::printf("[ cuda bundled ] %s against %s, %zu per call: max |diff| %.3g of %.3g (relative %.3g), "
+                        "argmax %d/%zu\n",
+                        v.name, v.reference_name, per_call, d.max_diff, d.max_ref, d.relative(), agree, tokens.size());
             EXPECT_LE(d.relative(), v.bound) << v.name;
-            EXPECT_GE(agree, static_cast<int>(tokens.size() * 8 / 10)) << v.name;
+            if (v.qsa_union) EXPECT_GT(d.max_diff, 0.0) << v.name << ": the union path did not run";
+            EXPECT_GE(agree, static_cast<int>(tokens.size()) * v.min_agree_percent / 100) << v.name;
         }
     }
 }

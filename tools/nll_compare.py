@@ -69,7 +69,7 @@ def main():
         changes.sort()
         low = changes[int(0.025 * len(changes))]
         high = changes[min(len(changes) - 1, int(0.975 * len(changes)))]
-        print(f"| {name} | {weighted_mean(files, arm):.4f} | {change:+.4f} | {low:+.4f} to {high:+.4f} | "
+        print(f"| {name} | {weighted_mean(files, arm):.4f} | {change:+.5f} | {low:+.5f} to {high:+.5f} | "
               f"{100.0 * same / total:.1f}% |")
 
 

@@ -116,8 +116,12 @@ MoeDevice CudaHybridModel::upload_moe(const MoeWeights& m, const MoeShape& s) {
 
 void CudaHybridModel::moe_window(const MoeDevice& m, const float* x, float* out, int64_t T) const {
     mark(kMoe);
-    cuda::moe_layer(*ctx_, {.shape = m.shape, .weights = m.weights, .x = x, .out = out, .n_tokens = T,
-                            .workspace = *m.workspace});
+    const int64_t H = m.shape.n_embd;
+    for (int64_t start = 0, n = 0; start < T; start += n) {
+        n = std::min(kWindow, T - start);
+        cuda::moe_layer(*ctx_, {.shape = m.shape, .weights = m.weights, .x = x + start * H, .out = out + start * H,
+                                .n_tokens = n, .workspace = *m.workspace});
+    }
 }
 
 // The window buffers, carved from one allocation, and the context scratch every product of a window needs
@@ -125,7 +129,7 @@ void CudaHybridModel::moe_window(const MoeDevice& m, const float* x, float* out,
 void CudaHybridModel::finish_loading(const WindowShape& shape, const Tensor* token_embd, const Tensor* output) {
     token_embd_ = token_embd;
     output_ = output;
-    const int64_t T = kWindow, H = info_.n_embd, hc = shape.n_streams, HC = hc * H, V = info_.n_vocab;
+    const int64_t T = kPromptWindow, H = info_.n_embd, hc = shape.n_streams, HC = hc * H, V = info_.n_vocab;
     const GdnShape& g = gdn_;
     const AttentionShape& a = attention_;
     int64_t max_cells = 1, index_heads = 0, index_dim = 0;
@@ -136,8 +140,8 @@ void CudaHybridModel::finish_loading(const WindowShape& shape, const Tensor* tok
             index_dim = std::max(index_dim, b.indexer.head_dim);
         }
     if (kv_storage_ == cuda::KvStorage::Int8 && !(a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256))
-        throw Error(file_->path() + ": --kv-cache int8 needs an attention head_dim of 64, 128 or 256, this model's is " +
-                    std::to_string(a.head_dim) + "; use --kv-cache f16");
+        throw Error(file_->path() + ": --kv-cache int8 needs an attention head_dim of 64, 128 or 256, this model's " +
+                    "is " + std::to_string(a.head_dim) + "; use --kv-cache f16");
     if (qsa_union_) {
         const bool any_sparse = std::any_of(layout_.begin(), layout_.end(),
                                             [](const BlockLayout& b) { return !b.recurrent && b.indexer.ratio > 0; });
@@ -192,10 +196,11 @@ void CudaHybridModel::finish_loading(const WindowShape& shape, const Tensor* tok
         *ptr = bytes ? base : nullptr;
         base += (bytes + 255) / 256 * 256;
     }
-    w_.positions = w_.tokens + kWindow;
-    w_.lengths = w_.tokens + 2 * kWindow;
-    // Every matrix a window multiplies by was uploaded through weights_: the largest scratch any of them takes.
-    ctx_->scratch(weights_->max_matmul_scratch(kWindow));
+    w_.positions = w_.tokens + kPromptWindow;
+    w_.lengths = w_.tokens + 2 * kPromptWindow;
+    // Every matrix a window multiplies by was uploaded through weights_: the largest scratch any of them takes, for
+    // a decode window (the graphs keep its address) and a prompt window (its GEMM path takes more).
+    ctx_->scratch(std::max(weights_->max_matmul_scratch(kWindow), weights_->max_matmul_scratch(kPromptWindow)));
     std::fprintf(stderr, "strata: CUDA %s, VRAM plan after loading:\n%s", ctx_->info().name.c_str(),
                  ctx_->memory().plan().c_str());
 }
@@ -203,7 +208,7 @@ void CudaHybridModel::finish_loading(const WindowShape& shape, const Tensor* tok
 std::unique_ptr<SequenceState> CudaHybridModel::new_sequence(int64_t max_tokens) const {
     if (max_tokens <= 0)
         throw Error("a sequence needs room for at least one token, asked for " + std::to_string(max_tokens));
-    if (max_tokens > (int64_t{1} << 31) - kWindow)
+    if (max_tokens > (int64_t{1} << 31) - kPromptWindow)
         throw Error("a sequence of " + std::to_string(max_tokens) + " tokens is more than the CUDA backend "
                     "supports (2^31 positions)");
     std::lock_guard<std::mutex> lock(mutex_);
@@ -240,8 +245,9 @@ void CudaHybridModel::forward(SequenceState& state, std::span<const int32_t> tok
                     " more would pass its capacity of " + std::to_string(seq->capacity_));
     if (T == 0) return;
     std::lock_guard<std::mutex> lock(mutex_);
-    for (int64_t start = 0; start < T; start += kWindow) {
-        const int64_t n = std::min(kWindow, T - start);
+    // Prompt windows while more than a decode window is left, then one decode window for the rest.
+    for (int64_t start = 0, n = 0; start < T; start += n) {
+        n = T - start > kWindow ? std::min(kPromptWindow, T - start) : T - start;
         run_window(*seq, tokens.subspan(static_cast<size_t>(start), static_cast<size_t>(n)));
         if (logits.empty()) continue;
         if (!last_only)
@@ -331,7 +337,7 @@ void CudaHybridModel::allocate_sequence(CudaSequence& s) const {
         // Scratch for one window's unions and split results. Without room for it the sequence keeps the per-query path.
         s.union_splits = cuda::qsa_union_splits(*ctx_, kWindow, a.n_head_kv, w_.max_cells);
         try {
-            s.union_workspace = ctx_->allocate(cuda::qsa_union_workspace_bytes(kWindow, w_.max_cells, a.n_head,
+            s.union_workspace = ctx_->allocate(cuda::qsa_union_workspace_bytes(kPromptWindow, w_.max_cells, a.n_head,
                                                                                 a.head_dim, s.union_splits),
                                                "sequence state");
         } catch (const Error& e) {
@@ -374,14 +380,14 @@ void CudaHybridModel::clear_sequence(CudaSequence& s) const {
 // (captured on first use, and again if the context scratch has moved since), or the launches one by one.
 void CudaHybridModel::run_window(CudaSequence& s, std::span<const int32_t> tokens) const {
     const int64_t T = static_cast<int64_t>(tokens.size());
-    int32_t host[3 * kWindow] = {};
+    int32_t host[3 * kPromptWindow] = {};
     for (int64_t t = 0; t < T; ++t) {
         host[t] = tokens[static_cast<size_t>(t)];
-        host[kWindow + t] = static_cast<int32_t>(s.n_past_ + t);
-        host[2 * kWindow + t] = static_cast<int32_t>(s.n_past_ + t + 1);
+        host[kPromptWindow + t] = static_cast<int32_t>(s.n_past_ + t);
+        host[2 * kPromptWindow + t] = static_cast<int32_t>(s.n_past_ + t + 1);
     }
     ctx_->copy_to_device(w_.tokens, host, sizeof(host));
-    if (graphs_) {
+    if (graphs_ && T <= kWindow) {
         const void* scratch = ctx_->scratch(0);
         if (s.graphs_scratch != scratch) {
             for (cuda::Graph& g : s.graphs) g.clear();

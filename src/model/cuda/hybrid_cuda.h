@@ -1,8 +1,8 @@
 // What the CUDA forward passes of the hybrid architectures share (qwen4exp_cuda.cpp, single_stream_cuda.cpp): the
 // device state of a sequence, the window buffers, the GDN and attention blocks over the backend's ops, and the
-// Model interface around them. Tokens go through in windows of up to kWindow (prompts as consecutive windows, decode
-// one token at a time); each window size is captured once per sequence as a CUDA graph and replayed, the window's
-// tokens and positions written to device memory before each replay.
+// Model interface around them. Tokens go through in windows: decode windows of up to kWindow tokens, each window size
+// captured once per sequence as a CUDA graph and replayed (the window's tokens and positions written to device memory
+// before each replay), and prompt windows of up to kPromptWindow tokens launched one by one.
 #pragma once
 
 #include <array>
@@ -27,6 +27,11 @@
 namespace strata::cuda_model {
 
 constexpr int64_t kWindow = cuda::kMaxMatvecTokens;
+// Prompts longer than a decode window go through in windows of up to kPromptWindow tokens, launched one by one (no
+// graph: the launches are amortised over the window), so every dense matrix is read once per kPromptWindow tokens
+// through the matmul's GEMM path instead of once per 8 through the matrix-vector kernels. The MoE runs such a window
+// in slices of kWindow (its workspace and gathered kernels are cut for decode windows).
+constexpr int64_t kPromptWindow = 64;
 
 // The op kinds of the profile (LoadOptions::cuda_profile).
 enum OpKind {
@@ -104,7 +109,7 @@ class CudaSequence final : public SequenceState {
 // single-stream model has one residual stream and leaves the hyper-connection and PLE parts empty.
 struct WindowBuffers {
     cuda::DeviceBuffer buffer;
-    int32_t *tokens, *positions, *lengths;  // kWindow each, consecutive: the host writes them before each window
+    int32_t *tokens, *positions, *lengths;  // kPromptWindow each, consecutive: the host writes them per window
     float *residual, *mixed, *out, *inject, *hc_work;
     float *qkv, *z, *beta, *alpha, *ba, *conv, *core;          // GDN
     float *qg, *k_new, *v_new, *heads, *index_raw, *index_q;  // attention

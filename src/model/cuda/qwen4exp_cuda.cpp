@@ -55,7 +55,7 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
         output_hc_ = hc_device(output_hc);
         for (const Qwen4ExpBlock& b : blocks) blocks_.push_back(block_device(b));
         finish_loading({.n_streams = h_.hc.n_streams,
-                        .hc_work_floats = cuda::hyper_connection_workspace_floats(hc_dims(), kWindow),
+                        .hc_work_floats = cuda::hyper_connection_workspace_floats(hc_dims(), kPromptWindow),
                         .ple = h_.ple_block >= 0 ? &h_.ple : nullptr,
                         .ple_row_bytes = ple_row_bytes_},
                        weights_->tensor(embeddings.token_embd), weights_->tensor(embeddings.output));

@@ -28,6 +28,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gdn_bench.h"
 #include "cuda_test_util.h"
+#include "gdn_test_inputs.h"
 #endif
 
 namespace {
@@ -48,10 +49,7 @@ constexpr const char* kDeviceTests = "CUDA GDN recurrence tests";
 constexpr int64_t kSentinels = 64;        // values after an output that must stay poison
 constexpr uint16_t kHalfPoison = 0x7e5a;  // a quiet half NaN that no rounding of a finite output gives
 
-struct Shape {
-    int64_t dk, dv, heads, key_heads;
-    bool tiled;
-};
+using Shape = DeltaShape;
 
 std::string shape_name(const Shape& s) {
     return "dk " + std::to_string(s.dk) + " dv " + std::to_string(s.dv) + " heads " + std::to_string(s.heads) + "/" +
@@ -67,54 +65,7 @@ const Shape kShapes[] = {{128, 128, 48, 16, true},
                          {16, 20, 4, 2, false},
                          {32, 24, 3, 1, true}};
 
-// One window's inputs laid out as the model's conv output: token rows of [q heads | k heads | v heads], q and k
-// L2-normalised per head (q also scaled by 1/sqrt(dk)), g a log decay in (-1.5, -0.01), beta in (0, 1).
-struct Inputs {
-    Shape s;
-    int64_t n_tokens = 0, row = 0;
-    std::vector<float> rows, g, beta, state;
-
-    Inputs(const Shape& shape, int64_t tokens, std::mt19937& rng) : s(shape), n_tokens(tokens) {
-        const int64_t key_dim = s.key_heads * s.dk;
-        row = 2 * key_dim + s.heads * s.dv;
-        rows = gaussian(static_cast<size_t>(std::max<int64_t>(tokens, 1) * row), rng);
-        for (int64_t t = 0; t < tokens; ++t)
-            for (int64_t part = 0; part < 2; ++part)
-                for (int64_t kh = 0; kh < s.key_heads; ++kh) {
-                    float* x = rows.data() + t * row + part * key_dim + kh * s.dk;
-                    cpu::l2_norm(x, s.dk, 1e-6f, x);
-                    if (part == 0)
-                        for (int64_t i = 0; i < s.dk; ++i) x[i] /= std::sqrt(static_cast<float>(s.dk));
-                }
-        std::uniform_real_distribution<float> decay(-1.5f, -0.01f);
-        std::normal_distribution<float> logit;
-        g.resize(static_cast<size_t>(std::max<int64_t>(tokens, 1) * s.heads));
-        beta.resize(g.size());
-        for (size_t i = 0; i < g.size(); ++i) g[i] = decay(rng), beta[i] = cpu::sigmoid(logit(rng));
-        state = gaussian(static_cast<size_t>(s.heads * s.dk * s.dv), rng, 0.5f);
-    }
-    int64_t key_head(int64_t h) const { return s.tiled ? h % s.key_heads : h / (s.heads / s.key_heads); }
-    int64_t out_row() const { return s.heads * s.dv; }
-    size_t n_out() const { return static_cast<size_t>(n_tokens * out_row()); }
-
-    // The whole window token by token with the CPU reference; state updated in place.
-    void reference(std::vector<float>& st, std::vector<float>& out) const {
-        const int64_t key_dim = s.key_heads * s.dk;
-        for (int64_t t = 0; t < n_tokens; ++t)
-            for (int64_t h = 0; h < s.heads; ++h) {
-                const float* r = rows.data() + t * row;
-                cpu::gated_delta_step({.state = st.data() + h * s.dk * s.dv,
-                                       .q = r + key_head(h) * s.dk,
-                                       .k = r + key_dim + key_head(h) * s.dk,
-                                       .v = r + 2 * key_dim + h * s.dv,
-                                       .g = g[static_cast<size_t>(t * s.heads + h)],
-                                       .beta = beta[static_cast<size_t>(t * s.heads + h)],
-                                       .dk = s.dk,
-                                       .dv = s.dv,
-                                       .out = out.data() + t * out_row() + h * s.dv});
-            }
-    }
-};
+using Inputs = DeltaInputs;
 
 // One kernel's device copies of a window: its own state and poisoned FP32 and FP16 outputs (with sentinels).
 struct KernelRun {
@@ -209,7 +160,7 @@ TEST(CudaGdnRecurrence, ColumnEqualsShuffleBitForBit) {
                     continue;
                 }
                 std::vector<float> ref_state = in.state, ref_out(n_out);
-                in.reference(ref_state, ref_out);
+                in.reference(0, in.n_tokens, ref_state, ref_out);
                 const double state_nmse = nmse(cs.data(), ref_state.data(), cs.size());
                 const double out_nmse = nmse(co.data(), ref_out.data(), n_out);
                 EXPECT_LE(state_nmse, kCpuNmse);

@@ -85,12 +85,7 @@ std::vector<int> parse_thread_list(const std::string& text) {
 
 BenchPlan read_plan(const Args& args) {
     BenchPlan plan;
-    if (auto m = args.get("--model")) {
-        plan.model_path = *m;
-        require_file(plan.model_path, "--model");
-    } else {
-        plan.model_path = default_model_path();
-    }
+    plan.model_path = model_path_or_default(args);
     plan.n_prompt = args.get_int("-p", 0, kMaxTokens).value_or(plan.n_prompt);
     plan.n_gen = args.get_int("-n", 0, kMaxTokens).value_or(plan.n_gen);
     plan.depth = args.get_int("-d", 0, kMaxTokens).value_or(0);

@@ -176,13 +176,7 @@ struct Engine {
 };
 
 Engine load_engine(const Args& args) {
-    std::string path;
-    if (auto m = args.get("--model")) {
-        path = *m;
-        require_file(path, "--model");
-    } else {
-        path = default_model_path();
-    }
+    const std::string path = model_path_or_default(args);
     LoadOptions options = load_options(args);
     Engine e;
     {

@@ -97,13 +97,7 @@ int run_perplexity(const Args& args) {
     const int64_t chunk = args.get_int("--chunk", 1, kMaxContext).value_or(512);
     const int64_t score_from = args.get_int("--score-from", 1, kMaxContext).value_or(1);
     const LoadOptions options = load_options(args);
-    std::string model_path;
-    if (auto m = args.get("--model")) {
-        model_path = *m;
-        require_file(model_path, "--model");
-    } else {
-        model_path = default_model_path();
-    }
+    const std::string model_path = model_path_or_default(args);
     // Every input is read and tokenized before the model loads, so a bad file costs no load.
     const bool ids = args.has("--ids");
     std::unique_ptr<Tokenizer> tokenizer;

@@ -74,13 +74,7 @@ int run_generate(const Args& args) {
     std::vector<int32_t> prompt = text_prompt ? std::vector<int32_t>{} : read_tokens(args);
     const bool stop_at_eog = args.has("--stop-at-eog");
     const LoadOptions options = load_options(args);
-    std::string model_path;
-    if (auto m = args.get("--model")) {
-        model_path = *m;
-        require_file(model_path, "--model");
-    } else {
-        model_path = default_model_path();
-    }
+    const std::string model_path = model_path_or_default(args);
 
     auto model = load_model(model_path, options);
     const ModelInfo& info = model->info();
@@ -208,6 +202,14 @@ Command generate_command() {
             },
         .run = run_generate,
     };
+}
+
+std::string model_path_or_default(const Args& args) {
+    if (auto m = args.get("--model")) {
+        require_file(*m, "--model");
+        return *m;
+    }
+    return default_model_path();
 }
 
 }  // namespace strata::app

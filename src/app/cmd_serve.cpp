@@ -13,12 +13,7 @@ namespace {
 
 int run_serve(const Args& args) {
     server::ServeOptions o;
-    if (auto m = args.get("--model")) {
-        o.model_path = *m;
-        require_file(o.model_path, "--model");
-    } else {
-        o.model_path = default_model_path();
-    }
+    o.model_path = model_path_or_default(args);
     if (auto h = args.get("--host")) {
         if (h->empty()) throw Error("--host expects an address, got ''");
         o.host = *h;

@@ -79,6 +79,8 @@ inline constexpr const char* kBundledModelPath = "assets/strata-code-19m.gguf";
 inline constexpr const char* kDefaultModelHelp = "the model (default: the bundled assets/strata-code-19m.gguf)";
 // cmd_run.cpp: kBundledModelPath in the working folder or beside the build folder; Error otherwise.
 std::string default_model_path();
+// --model FILE (a readable file, else Error) or, without the flag, default_model_path().
+std::string model_path_or_default(const Args& args);
 // "1.50 GiB", "12.0 MiB", "512 B".
 std::string format_bytes(uint64_t n);
 

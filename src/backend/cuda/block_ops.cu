@@ -12,6 +12,7 @@
 #include "backend/cuda/block_ops.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/internal.h"
+#include "backend/cuda/warp_reduce.cuh"
 
 namespace strata::cuda {
 
@@ -58,11 +59,6 @@ __device__ __forceinline__ float softplus(float x) {
     return x > 20.0f ? x : log1pf(expf(x));
 }
 
-__device__ __forceinline__ double warp_sum(double v) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
-}
 
 // One NEOX pair (x[i], x[i + n_rot / 2]) of cpu::rope_neox at position pos.
 __device__ __forceinline__ void rope_pair(float* x, int64_t i, int64_t n_rot, double pos, float freq_base) {

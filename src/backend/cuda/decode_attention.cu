@@ -21,6 +21,7 @@
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/warp_reduce.cuh"
 
 namespace strata::cuda {
 
@@ -51,16 +52,6 @@ struct SplitParams {
     float* part_l;
 };
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-    return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
-    return v;
-}
 
 // R = hd / 32 consecutive values of one row as raw bytes: fp16 2R bytes, int8 R bytes (at most 16).
 template <int R, bool kInt8>

@@ -20,6 +20,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/internal.h"
+#include "backend/cuda/warp_reduce.cuh"
 
 namespace strata::cuda::kernels {
 
@@ -108,11 +109,6 @@ struct MatvecParams {
     ExpertGather gather;  // MoE: blockIdx.y is the pair (see internal.h)
 };
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
-}
 
 template <typename F>
 struct ChunkShape {

@@ -7,6 +7,7 @@
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/warp_reduce.cuh"
 
 namespace strata::cuda {
 
@@ -77,32 +78,6 @@ __global__ void __launch_bounds__(kScoreThreads) qsa_score_kernel(QsaSelectArgs 
     }
 }
 
-// Block-wide inclusive sum over kSelectThreads threads; *total gets the sum of all (needs 32 ints of shared memory).
-__device__ __forceinline__ int32_t block_inclusive_sum(int32_t v, int32_t* warp_sums, int32_t* total) {
-    const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
-#pragma unroll
-    for (int off = 1; off < 32; off *= 2) {
-        const int32_t o = __shfl_up_sync(0xffffffffu, v, off);
-        if (lane >= off) v += o;
-    }
-    if (lane == 31) warp_sums[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        int32_t w = warp_sums[lane];
-#pragma unroll
-        for (int off = 1; off < 32; off *= 2) {
-            const int32_t o = __shfl_up_sync(0xffffffffu, w, off);
-            if (lane >= off) w += o;
-        }
-        warp_sums[lane] = w;
-    }
-    __syncthreads();
-    if (warp > 0) v += warp_sums[warp - 1];
-    const int32_t all = warp_sums[31];
-    __syncthreads();  // warp_sums may be reused by the next call
-    if (total) *total = all;
-    return v;
-}
 
 // One thread block: the selection of qsa_select_into.
 __global__ void __launch_bounds__(kSelectThreads) qsa_select_kernel(QsaSelectArgs a, bool keys_in_shared) {

@@ -23,6 +23,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/qsa_union.h"
+#include "backend/cuda/warp_reduce.cuh"
 
 namespace strata::cuda {
 
@@ -48,33 +49,6 @@ struct UnionParams {
     int64_t union_stride;
 };
 
-// Exclusive prefix sum over the block; *total gets the sum of all. Needs 32 ints of shared memory.
-__device__ __forceinline__ int32_t block_exclusive_sum(int32_t v, int32_t* warp_sums, int32_t* total) {
-    const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
-    const int n_warps = static_cast<int>(blockDim.x) / 32;
-    int32_t inclusive = v;
-#pragma unroll
-    for (int off = 1; off < 32; off *= 2) {
-        const int32_t o = __shfl_up_sync(0xffffffffu, inclusive, off);
-        if (lane >= off) inclusive += o;
-    }
-    if (lane == 31) warp_sums[warp] = inclusive;
-    __syncthreads();
-    if (warp == 0) {
-        int32_t w = lane < n_warps ? warp_sums[lane] : 0;
-#pragma unroll
-        for (int off = 1; off < 32; off *= 2) {
-            const int32_t o = __shfl_up_sync(0xffffffffu, w, off);
-            if (lane >= off) w += o;
-        }
-        warp_sums[lane] = w;
-    }
-    __syncthreads();
-    const int32_t before = (warp > 0 ? warp_sums[warp - 1] : 0) + inclusive - v;
-    *total = warp_sums[31];
-    __syncthreads();  // warp_sums is reused by the next call
-    return before;
-}
 
 __device__ __forceinline__ int nonzero_bytes(uint32_t w) {
     return ((w & 0xffu) != 0) + ((w & 0xff00u) != 0) + ((w & 0xff0000u) != 0) + ((w & 0xff000000u) != 0);
@@ -129,7 +103,7 @@ __global__ void __launch_bounds__(kUnionThreads) union_kernel(const UnionParams 
 #pragma unroll
         for (int j = 0; j < kCellsPerThread / 4; ++j) mine += nonzero_bytes(words[j]);
         int32_t total = 0;
-        int32_t slot = written + block_exclusive_sum(mine, warp_sums, &total);
+        int32_t slot = written + block_inclusive_sum(mine, warp_sums, &total) - mine;
 #pragma unroll
         for (int j = 0; j < kCellsPerThread / 4; ++j)
 #pragma unroll
@@ -196,16 +170,6 @@ struct AttentionParams {
     float* part_l;
 };
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-    return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
-    return v;
-}
 
 // D = A B + D for one m16n8k16 tile (A row-major 16 x 16 fp16, B column-major 16 x 8 fp16, D 16 x 8 f32). Fragments
 // (g = lane / 4, q = lane % 4): a[0] = A[g][2q, 2q+1], a[1] = A[g+8][2q..], a[2] = A[g][2q+8..], a[3] = A[g+8][2q+8..];

@@ -183,23 +183,6 @@ void fill_stats(TestResult& r) {
     r.sd = r.samples.size() > 1 ? std::sqrt(sq / static_cast<double>(r.samples.size() - 1)) : 0.0;
 }
 
-std::string json_escape(const std::string& s) {
-    std::string out;
-    for (unsigned char c : s) {
-        if (c == '"' || c == '\\') {
-            out += '\\';
-            out += static_cast<char>(c);
-        } else if (c < 0x20) {
-            char buf[8];
-            std::snprintf(buf, sizeof buf, "\\u%04x", c);
-            out += buf;
-        } else {
-            out += static_cast<char>(c);
-        }
-    }
-    return out;
-}
-
 std::string format_params(uint64_t n) {
     char buf[32];
     if (n >= 1000000000ULL)

@@ -71,20 +71,7 @@ FileScore score_tokens(const Model& model, const std::string& path, const std::v
 }
 
 void write_jsonl_line(std::FILE* out, const FileScore& s) {
-    std::string path;  // JSON string escaping of the path (quotes, backslashes, control characters)
-    for (unsigned char c : s.path) {
-        if (c == '"' || c == '\\') {
-            path += '\\';
-            path += static_cast<char>(c);
-        } else if (c < 0x20) {
-            char buf[8];
-            std::snprintf(buf, sizeof buf, "\\u%04x", c);
-            path += buf;
-        } else {
-            path += static_cast<char>(c);
-        }
-    }
-    std::fprintf(out, "{\"file\":\"%s\",\"tokens\":%lld,\"nll_sum\":%.17g,\"argmax\":[", path.c_str(),
+    std::fprintf(out, "{\"file\":\"%s\",\"tokens\":%lld,\"nll_sum\":%.17g,\"argmax\":[", json_escape(s.path).c_str(),
                  static_cast<long long>(s.scored), s.nll_sum);
     for (size_t i = 0; i < s.argmax.size(); ++i) std::fprintf(out, i ? ",%d" : "%d", s.argmax[i]);
     std::fprintf(out, "]}\n");

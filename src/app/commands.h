@@ -83,5 +83,7 @@ std::string default_model_path();
 std::string model_path_or_default(const Args& args);
 // "1.50 GiB", "12.0 MiB", "512 B".
 std::string format_bytes(uint64_t n);
+// s as the inside of a JSON string: quotes, backslashes and control characters escaped (other bytes as they are).
+std::string json_escape(const std::string& s);
 
 }  // namespace strata::app

@@ -67,6 +67,32 @@ __device__ __forceinline__ void load_token(const DeltaParams& p, int64_t t, int6
     in.beta = __ldg(p.beta + t * p.heads + h);
 }
 
+// A block's BC state columns [j0, j0 + BC) of one head go through shared memory on the way in and out, so both global
+// passes are coalesced rows: a lane's R rows from row0 of column `column` (columns past dv read as 0, never written).
+template <int DK, int R, int BC, int kThreadCount>
+__device__ __forceinline__ void load_state(const float* state, int64_t j0, int64_t dv, float* tile, int row0,
+                                           int column, float (&s)[R]) {
+    for (int idx = static_cast<int>(threadIdx.x); idx < DK * BC; idx += kThreadCount) {
+        const int i = idx / BC, c = idx % BC;
+        tile[idx] = j0 + c < dv ? state[i * dv + j0 + c] : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; ++r) s[r] = tile[(row0 + r) * BC + column];
+}
+template <int DK, int R, int BC, int kThreadCount>
+__device__ __forceinline__ void store_state(float* state, int64_t j0, int64_t dv, float* tile, int row0, int column,
+                                            const float (&s)[R]) {
+    __syncthreads();  // every thread has read its part of the tile before any overwrites it
+#pragma unroll
+    for (int r = 0; r < R; ++r) tile[(row0 + r) * BC + column] = s[r];
+    __syncthreads();
+    for (int idx = static_cast<int>(threadIdx.x); idx < DK * BC; idx += kThreadCount) {
+        const int i = idx / BC, c = idx % BC;
+        if (j0 + c < dv) state[i * dv + j0 + c] = tile[idx];
+    }
+}
+
 __device__ __forceinline__ void write_output(const DeltaParams& p, int64_t t, int64_t h, int64_t j, float o) {
     const int64_t at = t * p.out_stride + h * p.dv + j;
     if (p.out) p.out[at] = o;
@@ -147,14 +173,8 @@ __global__ void __launch_bounds__(kDeltaThreads) gated_delta_kernel(DeltaParams 
     const int64_t kh = p.tiled ? h % p.key_heads : h / (p.heads / p.key_heads);
     float* state = p.state + h * DK * dv;
 
-    for (int idx = tid; idx < DK * BC; idx += kDeltaThreads) {
-        const int i = idx / BC, c = idx % BC;
-        tile[idx] = j0 + c < dv ? state[i * dv + j0 + c] : 0.0f;
-    }
-    __syncthreads();
     float s[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) s[r] = tile[(sub * R + r) * BC + column];
+    load_state<DK, R, BC, kDeltaThreads>(state, j0, dv, tile, sub * R, column, s);
 
     // The next token's inputs are loaded before the current token is computed, so their latency hides behind its math.
     TokenInputs<R> next{};
@@ -190,14 +210,7 @@ __global__ void __launch_bounds__(kDeltaThreads) gated_delta_kernel(DeltaParams 
         if (sub == 0 && valid) write_output(p, t, h, j, o);
     }
 
-    __syncthreads();  // every thread has read its part of the tile before any overwrites it
-#pragma unroll
-    for (int r = 0; r < R; ++r) tile[(sub * R + r) * BC + column] = s[r];
-    __syncthreads();
-    for (int idx = tid; idx < DK * BC; idx += kDeltaThreads) {
-        const int i = idx / BC, c = idx % BC;
-        if (j0 + c < dv) state[i * dv + j0 + c] = tile[idx];
-    }
+    store_state<DK, R, BC, kDeltaThreads>(state, j0, dv, tile, sub * R, column, s);
 }
 
 template <int DK, int G>
@@ -250,14 +263,8 @@ __global__ void __launch_bounds__(G * kColumnBlockColumns) gated_delta_column_ke
     const int64_t kh = p.tiled ? h % p.key_heads : h / (p.heads / p.key_heads);
     float* state = p.state + h * DK * dv;
 
-    for (int idx = tid; idx < DK * BC; idx += kThreads) {
-        const int i = idx / BC, c = idx % BC;
-        tile[idx] = j0 + c < dv ? state[i * dv + j0 + c] : 0.0f;
-    }
-    __syncthreads();
     float s[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) s[r] = tile[(group * R + r) * BC + column];
+    load_state<DK, R, BC, kThreads>(state, j0, dv, tile, group * R, column, s);
 
     TokenInputs<R> next{};
     if (p.n_tokens > 0) load_token<DK, R>(p, 0, kh, h, group * R, j, valid, next);
@@ -290,14 +297,7 @@ __global__ void __launch_bounds__(G * kColumnBlockColumns) gated_delta_column_ke
 #endif
     }
 
-    __syncthreads();  // every thread has read its part of the tile before any overwrites it
-#pragma unroll
-    for (int r = 0; r < R; ++r) tile[(group * R + r) * BC + column] = s[r];
-    __syncthreads();
-    for (int idx = tid; idx < DK * BC; idx += kThreads) {
-        const int i = idx / BC, c = idx % BC;
-        if (j0 + c < dv) state[i * dv + j0 + c] = tile[idx];
-    }
+    store_state<DK, R, BC, kThreads>(state, j0, dv, tile, group * R, column, s);
 }
 
 template <int DK, int G>

@@ -283,19 +283,34 @@ INSTANTIATE_TEST_SUITE_P(
 // quantization step (~1e-7 each, as for the MoE). F32 weights: no quantization, ~1e-12.
 constexpr double kHcNmse = 1e-5;
 
+// The weight types of a read. Decode windows of quantized down/up products with float (or no) inject weights take
+// the fused path (one kernel for the pending write, norm, quantization and inject product); the rest, and every
+// window of more than 8 tokens, the plain one. Both are checked here against the CPU.
+struct HcCase {
+    DType down, up, inject;
+    int64_t hc, H, r;
+};
+
 TEST(CudaHyperConnection, ReadAndWriteMatchTheCpu) {
     SKIP_WITHOUT_DEVICE();
     std::mt19937 rng(77);
     cuda::Context& ctx = context();
-    for (const DType wt : {DType::Q8_0, DType::F32}) {
+    const HcCase cases[] = {
+        {DType::Q8_0, DType::Q8_0, DType::Q8_0, 4, 96, 64},   // plain (quantized inject), fused as the final mixer
+        {DType::F32, DType::F32, DType::F32, 4, 96, 64},      // plain
+        {DType::Q8_0, DType::Q8_0, DType::F16, 4, 96, 64},    // fused: Flash-Next's mix
+        {DType::Q4_K, DType::Q8_0, DType::F32, 4, 128, 64},   // fused, Q8_K activations for down
+        {DType::IQ4_NL, DType::Q8_0, DType::BF16, 2, 160, 96}, // fused, two streams
+    };
+    for (const HcCase& c : cases) {
         for (const bool with_inject : {true, false}) {
-            const int64_t hc = 4, H = 96, r = 64, HC = hc * H;
+            const int64_t hc = c.hc, H = c.H, r = c.r, HC = hc * H;
             const strata::HyperConnectionShape shape{.n_streams = hc, .n_embd = H, .low_rank = r, .eps = 1e-6f};
             const cuda::HyperConnectionDims dims{.n_streams = hc, .n_embd = H, .low_rank = r, .eps = 1e-6f};
             std::vector<float> norm = gaussian(static_cast<size_t>(HC), rng, 0.2f);
             for (float& v : norm) v += 1.0f;
-            Weight down = Weight::random(wt, {HC, r}, rng, 0.1f), up = Weight::random(wt, {r, HC}, rng, 0.1f),
-                   inject = Weight::random(wt, {HC, hc}, rng, 0.1f);
+            Weight down = Weight::random(c.down, {HC, r}, rng, 0.1f), up = Weight::random(c.up, {r, HC}, rng, 0.1f),
+                   inject = Weight::random(c.inject, {HC, hc}, rng, 0.1f);
             strata::HyperConnectionWeights cw;
             cw.norm = norm;
             cw.down = down.host_t;
@@ -305,9 +320,11 @@ TEST(CudaHyperConnection, ReadAndWriteMatchTheCpu) {
             const cuda::HyperConnectionDeviceWeights dw{.norm = norm_dev.as<float>(), .down = &down.dev_t,
                                                         .up = &up.dev_t,
                                                         .inject = with_inject ? &inject.dev_t : nullptr};
-            double worst_mixed = 0, worst_inject = 0, worst_write = 0;
-            for (const int64_t T : {int64_t{1}, int64_t{3}, int64_t{8}}) {
-                SCOPED_TRACE(std::string(strata::dtype_name(wt)) + " T " + std::to_string(T));
+            const std::string name = std::string(strata::dtype_name(c.down)) + "/" + strata::dtype_name(c.up) + "/" +
+                                     strata::dtype_name(c.inject) + " hc " + std::to_string(hc);
+            double worst_mixed = 0, worst_inject = 0, worst_write = 0, worst_pending = 0;
+            for (const int64_t T : {int64_t{1}, int64_t{3}, int64_t{8}, int64_t{12}}) {
+                SCOPED_TRACE(name + " T " + std::to_string(T));
                 const std::vector<float> residual = gaussian(static_cast<size_t>(T * HC), rng, 2.0f);
                 std::vector<float> mixed(static_cast<size_t>(T * H)), inj(static_cast<size_t>(T * hc));
                 strata::Scratch scratch;
@@ -340,10 +357,28 @@ TEST(CudaHyperConnection, ReadAndWriteMatchTheCpu) {
                 const std::vector<float> res_gpu = download<float>(dres.data(), res_cpu.size());
                 EXPECT_EQ(std::memcmp(res_gpu.data(), res_cpu.data(), res_cpu.size() * 4), 0) << "write not exact";
                 worst_write = std::max(worst_write, nmse(res_gpu, res_cpu));
+
+                // The same write left pending and applied by the next read's first kernel: CPU write then read.
+                const cuda::DeviceBuffer dres2 = upload(residual), dinj2 = upload(inj);
+                std::vector<float> mixed2(mixed.size()), inj2(inj.size());
+                strata::hyper_connection_read({.shape = shape, .weights = cw, .residual = res_cpu.data(),
+                                               .mixed = mixed2.data(), .inject = inj2.data(), .n_tokens = T,
+                                               .scratch = scratch});
+                cuda::hyper_connection_read(ctx, {.shape = dims, .weights = dw, .residual = dres2.as<float>(),
+                                                  .mixed = dmixed.as<float>(), .inject = dinj2.as<float>(),
+                                                  .n_tokens = T, .workspace = dws.as<float>(),
+                                                  .pending_block_out = dout.as<float>()});
+                const std::vector<float> res2 = download<float>(dres2.data(), res_cpu.size());
+                EXPECT_EQ(std::memcmp(res2.data(), res_cpu.data(), res_cpu.size() * 4), 0)
+                    << "pending write not exact";
+                const double e_p = std::max(nmse(download<float>(dmixed.data(), mixed2.size()), mixed2),
+                                            nmse(download<float>(dinj2.data(), inj2.size()), inj2));
+                EXPECT_LE(e_p, kHcNmse);
+                worst_pending = std::max(worst_pending, e_p);
             }
-            std::printf("[ cuda     ] hyper-connection %s%s: worst NMSE mixed %.3g, inject %.3g (limit %.0g); write "
-                        "%.3g (bit-exact expected)\n",
-                        strata::dtype_name(wt), with_inject ? "" : " (final mixer)", worst_mixed, worst_inject,
+            std::printf("[ cuda     ] hyper-connection %s%s: worst NMSE mixed %.3g, inject %.3g, read after a pending "
+                        "write %.3g (limit %.0g); write %.3g (bit-exact expected)\n",
+                        name.c_str(), with_inject ? "" : " (final mixer)", worst_mixed, worst_inject, worst_pending,
                         kHcNmse, worst_write);
         }
     }

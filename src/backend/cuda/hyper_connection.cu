@@ -1,11 +1,19 @@
-// Hyper-connection read and write (model_ops.h): the grouped RMS norm (elementwise.cu), the down / inject / up
-// products (matmul), and two small kernels of this file: the silu of the low-rank product, and the sigmoid, stream
-// mix and inject transform together.
+// Hyper-connection read and write (model_ops.h). Decode windows take the fused path: one kernel per read applies the
+// previous block's pending write, forms the grouped RMS norm, quantizes it for the down product and computes the
+// inject product; then the down matvec, the silu quantized on the way into the up matvec, and the mix kernel (5
+// launches where the plain path takes 8-9). Prompt windows and shapes the fused kernel does not cover take the plain
+// path: the grouped norm (elementwise.cu), the products (matmul), and this file's silu and mix kernels.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <algorithm>
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/internal.h"
+#include "backend/cuda/matvec_kernels.cuh"
 #include "backend/cuda/model_ops.h"
+#include "backend/cuda/quantize_device.cuh"
 
 namespace strata::cuda {
 
@@ -52,6 +60,134 @@ __global__ void write_kernel(float* residual, const float* block_out, const floa
     residual[i] = __fadd_rn(residual[i], __fmul_rn(inject[ts], block_out[t * H + j]));
 }
 
+// ---- the fused read's first kernel --------------------------------------------------------------------------------
+
+constexpr int kPrologueThreads = 1024;
+constexpr int kPrologueValues = 12;  // values per thread: HC up to 12,288 (Flash-Next: 10,240)
+
+struct PrologueParams {
+    float* residual;          // [T x HC], updated in place by the pending write
+    const float* block_out;   // [T x H] of the previous block, or null (no pending write)
+    const float* gamma;       // [HC]
+    float eps;
+    int64_t H;
+    float* xn;                // [T x HC]
+    QuantizedActivations act; // xn quantized for the down product (T rows of HC)
+    const uint8_t* inject_w;  // {HC, hc} rows inject_row_bytes apart, or null
+    size_t inject_row_bytes;
+    float* inject;            // [T x hc]: in, the previous block's transformed inject; out, the raw inject product
+};
+
+template <typename T>
+__device__ __forceinline__ float load_weight(const uint8_t* row, int64_t e) {
+    if constexpr (std::is_same_v<T, float>)
+        return reinterpret_cast<const float*>(row)[e];
+    else if constexpr (std::is_same_v<T, __half>)
+        return __half2float(reinterpret_cast<const __half*>(row)[e]);
+    else
+        return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(row)[e]);
+}
+
+// One block per token. Every thread holds the values e = k * 1024 + threadIdx.x: loads are issued together, the
+// pending write and the norm's sums in double follow (hyper_connection_write and group_norm_block_kernel's rounding),
+// then each 1,024-value slice is scaled, stored, quantized (kQ8K: 256-value blocks, else 32) and added into the inject
+// sums. InjectW: the inject weights' element type (void: no inject).
+template <int kStreams, bool kQ8K, typename InjectW>
+__global__ void __launch_bounds__(kPrologueThreads) hc_prologue_kernel(const PrologueParams p) {
+    __shared__ double group_sums[kPrologueThreads / 32][kStreams];
+    __shared__ float inject_sums[kPrologueThreads / 32][kStreams];
+    __shared__ float pending_inject[kStreams];
+    __shared__ kernels::AbsMax best[kPrologueThreads / 32];
+    kernels::wait_for_previous_grid();
+    kernels::allow_next_grid_to_launch();  // the down matvec may start loading its weights
+    const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+    const int64_t t = blockIdx.x, H = p.H, HC = kStreams * H;
+    float* residual = p.residual + t * HC;
+    if (p.block_out && tid < kStreams) pending_inject[tid] = p.inject[t * kStreams + tid];
+    __syncthreads();  // the inject row is rewritten below
+
+    float v[kPrologueValues];
+    double sums[kStreams] = {};
+#pragma unroll
+    for (int k = 0; k < kPrologueValues; ++k) {
+        const int64_t e = static_cast<int64_t>(k) * kPrologueThreads + tid;
+        v[k] = e < HC ? residual[e] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kPrologueValues; ++k) {
+        const int64_t e = static_cast<int64_t>(k) * kPrologueThreads + tid;
+        if (e >= HC) continue;
+        const int s = static_cast<int>(e / H);
+        if (p.block_out) {
+            v[k] = __fadd_rn(v[k], __fmul_rn(pending_inject[s], p.block_out[t * H + e % H]));
+            residual[e] = v[k];
+        }
+        const double square = static_cast<double>(v[k]) * v[k];
+#pragma unroll
+        for (int g = 0; g < kStreams; ++g)  // a register per stream, not an indexed (local memory) array
+            if (g == s) sums[g] += square;
+    }
+#pragma unroll
+    for (int s = 0; s < kStreams; ++s) {
+        double x = sums[s];
+#pragma unroll
+        for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+        if (lane == 0) group_sums[warp][s] = x;
+    }
+    __syncthreads();
+    float scale[kStreams];
+#pragma unroll
+    for (int s = 0; s < kStreams; ++s) {
+        double total = 0.0;
+        for (int w = 0; w < kPrologueThreads / 32; ++w) total += group_sums[w][s];
+        scale[s] = static_cast<float>(1.0 / sqrt(total / static_cast<double>(H) + p.eps));
+    }
+
+    float inj[kStreams] = {};
+    auto* q = const_cast<int8_t*>(p.act.q) + t * HC;
+    auto* d = const_cast<float*>(p.act.d) + t * (HC / 32);
+    auto* s16 = const_cast<float*>(p.act.s16) + t * (HC / 16);
+#pragma unroll
+    for (int k = 0; k < kPrologueValues; ++k) {
+        const int64_t slice = static_cast<int64_t>(k) * kPrologueThreads;
+        if (slice >= HC) break;  // block-uniform
+        const int64_t e = slice + tid;
+        const bool inside = e < HC;
+        float x = 0.0f;
+        if (inside) {
+            const int s = static_cast<int>(e / H);
+            float group_scale = scale[0];
+#pragma unroll
+            for (int g = 1; g < kStreams; ++g)
+                if (g == s) group_scale = scale[g];
+            x = __fmul_rn(__fmul_rn(v[k], group_scale), p.gamma[e]);
+            p.xn[t * HC + e] = x;
+            if constexpr (!std::is_void_v<InjectW>)
+#pragma unroll
+                for (int r = 0; r < kStreams; ++r)
+                    inj[r] = fmaf(load_weight<InjectW>(p.inject_w + r * p.inject_row_bytes, e), x, inj[r]);
+        }
+        if constexpr (kQ8K) {
+            kernels::quantize_q8_k_value(x, e, inside, q, d, s16, best);
+        } else if (e - lane < HC) {  // whole warps: HC is a multiple of 32
+            kernels::quantize_q8_0_value(x, e, q, d, s16);
+        }
+    }
+    if constexpr (!std::is_void_v<InjectW>) {
+#pragma unroll
+        for (int r = 0; r < kStreams; ++r) {
+            const float x = warp_sum(inj[r]);
+            if (lane == 0) inject_sums[warp][r] = x;
+        }
+        __syncthreads();
+        if (tid < kStreams) {
+            float total = 0.0f;
+            for (int w = 0; w < kPrologueThreads / 32; ++w) total += inject_sums[w][tid];
+            p.inject[t * kStreams + tid] = total;
+        }
+    }
+}
+
 unsigned blocks_for(int64_t n) {
     return static_cast<unsigned>((n + kThreads - 1) / kThreads);
 }
@@ -59,10 +195,92 @@ unsigned blocks_for(int64_t n) {
 }  // namespace
 
 int64_t hyper_connection_workspace_floats(const HyperConnectionDims& s, int64_t n_tokens) {
-    // xn [T x HC], low [T x r] (rounded up to 64 floats), gate [T x HC]
+    // xn [T x HC], low [T x r] (rounded up to 64 floats), gate [T x HC], then for the fused path xn and low quantized
     const int64_t HC = s.n_streams * s.n_embd;
-    return n_tokens * HC + (n_tokens * s.low_rank + 63) / 64 * 64 + n_tokens * HC;
+    const int64_t quantized = static_cast<int64_t>(quantized_activation_bytes(DType::Q8_0, n_tokens * HC).total() +
+                                                   quantized_activation_bytes(DType::Q8_0, n_tokens * s.low_rank).total());
+    return n_tokens * HC + (n_tokens * s.low_rank + 63) / 64 * 64 + n_tokens * HC + (quantized + 3) / 4 + 64;
 }
+
+namespace {
+
+bool float_type(DType t) {
+    return t == DType::F32 || t == DType::F16 || t == DType::BF16;
+}
+
+// Whether the fused read covers this window: a decode window, 2 or 4 streams, HC within the kernel's reach, quantized
+// down and up products with rows of whole activation blocks, and float inject weights (or none).
+bool fused_read_applies(const HyperConnectionReadArgs& a) {
+    const HyperConnectionDims& s = a.shape;
+    const HyperConnectionDeviceWeights& w = a.weights;
+    const int64_t HC = s.n_streams * s.n_embd, R = s.low_rank;
+    auto whole_blocks = [](DType t, int64_t in) {
+        return reads_quantized_activations(t) && in % (reads_q8_k_activations(t) ? 256 : 32) == 0;
+    };
+    return a.n_tokens <= kMaxMatvecTokens && (s.n_streams == 2 || s.n_streams == 4) &&
+           HC <= int64_t{kPrologueThreads} * kPrologueValues && whole_blocks(w.down->type, HC) &&
+           whole_blocks(w.up->type, R) && (!a.inject || float_type(w.inject->type));
+}
+
+template <int kStreams, bool kQ8K>
+void launch_prologue(const PrologueParams& p, DType inject_type, int64_t T, cudaStream_t stream) {
+    const dim3 grid(static_cast<unsigned>(T));
+    if (!p.inject_w)
+        hc_prologue_kernel<kStreams, kQ8K, void><<<grid, kPrologueThreads, 0, stream>>>(p);
+    else if (inject_type == DType::F32)
+        hc_prologue_kernel<kStreams, kQ8K, float><<<grid, kPrologueThreads, 0, stream>>>(p);
+    else if (inject_type == DType::F16)
+        hc_prologue_kernel<kStreams, kQ8K, __half><<<grid, kPrologueThreads, 0, stream>>>(p);
+    else
+        hc_prologue_kernel<kStreams, kQ8K, __nv_bfloat16><<<grid, kPrologueThreads, 0, stream>>>(p);
+    STRATA_CUDA_CHECK_LAUNCH("hc_prologue_kernel");
+}
+
+void fused_read(Context& ctx, const HyperConnectionReadArgs& a) {
+    const HyperConnectionDims& s = a.shape;
+    const HyperConnectionDeviceWeights& w = a.weights;
+    const int64_t T = a.n_tokens, hc = s.n_streams, H = s.n_embd, HC = hc * H, R = s.low_rank;
+    cudaStream_t stream = ctx.stream().handle();
+    float* xn = a.workspace;
+    float* low = xn + T * HC;
+    float* gate = low + (T * R + 63) / 64 * 64;
+    auto* quantized = reinterpret_cast<uint8_t*>(gate + T * HC);
+    quantized += (256 - reinterpret_cast<uintptr_t>(quantized) % 256) % 256;
+    const QuantizedActivations xn_act = quantized_activations_at(quantized, w.down->type, T * HC);
+    const QuantizedActivations low_act = quantized_activations_at(
+        quantized + quantized_activation_bytes(DType::Q8_0, T * HC).total(), w.up->type, T * R);
+
+    const PrologueParams p{.residual = a.residual,
+                           .block_out = a.pending_block_out,
+                           .gamma = w.norm,
+                           .eps = s.eps,
+                           .H = H,
+                           .xn = xn,
+                           .act = xn_act,
+                           .inject_w = a.inject ? static_cast<const uint8_t*>(w.inject->data) : nullptr,
+                           .inject_row_bytes = a.inject ? w.inject->nb[1] : 0,
+                           .inject = a.inject};
+    const bool q8k = reads_q8_k_activations(w.down->type);
+    const DType inject_type = a.inject ? w.inject->type : DType::F32;
+    if (hc == 2)
+        q8k ? launch_prologue<2, true>(p, inject_type, T, stream) : launch_prologue<2, false>(p, inject_type, T, stream);
+    else
+        q8k ? launch_prologue<4, true>(p, inject_type, T, stream) : launch_prologue<4, false>(p, inject_type, T, stream);
+
+    auto matvec = [&](const Tensor& m, const QuantizedActivations& act, const float* x, float* y) {
+        const MatvecLaunch l{.type = m.type, .w = static_cast<const uint8_t*>(m.data), .row_bytes = m.nb[1],
+                             .rows = m.ne[1], .in = m.ne[0], .n_tokens = static_cast<int>(T), .act = act, .x = x,
+                             .y = y, .stream = stream};
+        STRATA_ASSERT(launch_matvec_any(l));
+    };
+    matvec(*w.down, xn_act, xn, low);
+    quantize_silu_scaled(w.up->type, low, static_cast<float>(hc), R, T, low_act, stream);
+    matvec(*w.up, low_act, nullptr, gate);
+    mix_kernel<<<blocks_for(T * std::max(H, hc)), kThreads, 0, stream>>>(gate, xn, a.mixed, a.inject, T, hc, H);
+    STRATA_CUDA_CHECK_LAUNCH("mix_kernel");
+}
+
+}  // namespace
 
 void hyper_connection_read(Context& ctx, const HyperConnectionReadArgs& a) {
     const HyperConnectionDims& s = a.shape;
@@ -73,10 +291,15 @@ void hyper_connection_read(Context& ctx, const HyperConnectionReadArgs& a) {
     if (!a.residual || !a.mixed || !a.workspace || !w.norm || !w.down || !w.up)
         throw Error("CUDA hyper-connection read: null residual, output, workspace or weight");
     if (a.inject && !w.inject) throw Error("CUDA hyper-connection read: inject asked for without inject weights");
+    if (a.pending_block_out && !a.inject)
+        throw Error("CUDA hyper-connection read: a pending write needs the inject buffer");
     if (w.down->ne[0] != HC || w.down->ne[1] != R || w.up->ne[0] != R || w.up->ne[1] != HC ||
         (a.inject && (w.inject->ne[0] != HC || w.inject->ne[1] != hc)))
         throw Error("CUDA hyper-connection read: weight shapes do not match the streams, width and rank");
     STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
+    if (fused_read_applies(a)) return fused_read(ctx, a);
+
+    if (a.pending_block_out) hyper_connection_write(ctx, s, a.residual, a.pending_block_out, a.inject, T);
     cudaStream_t stream = ctx.stream().handle();
     float* xn = a.workspace;
     float* low = xn + T * HC;

@@ -38,6 +38,16 @@ struct ExpertGather {
     int64_t second_offset = 0;
 };
 
+// More matrices of the same type and row length in the same launch, against the same activations: products that
+// share an input (q/k/v, the GDN projections, gate/up) then cost one launch and one tail instead of several.
+struct MatvecSegment {
+    const uint8_t* w = nullptr;
+    size_t row_bytes = 0;
+    int64_t rows = 0;
+    float* y = nullptr;  // y[t * rows + r]
+};
+constexpr int kMaxMatvecSegments = 4;
+
 // One matrix-vector launch: rows [0, rows) of W (row_bytes apart) against n_tokens (1..8) activation rows.
 struct MatvecLaunch {
     DType type;
@@ -51,6 +61,9 @@ struct MatvecLaunch {
     float* y;                  // y[t * rows + r]
     cudaStream_t stream;
     ExpertGather gather = {};  // with gather.ids set, n_tokens must be 1
+    // Segments after the first (w, row_bytes, rows, y above); none with a gather.
+    MatvecSegment more[kMaxMatvecSegments - 1] = {};
+    int n_more = 0;
 };
 // Each family's launcher returns false for a type it does not own.
 bool launch_matvec_float(const MatvecLaunch& l);  // F32, F16, BF16
@@ -88,6 +101,8 @@ QuantizedActivationBytes quantized_activation_bytes(DType w_type, int64_t n_valu
 bool same_activation_format(DType a, DType b);
 // Whether w_type's products read quantized activations (false: f32 x).
 bool reads_quantized_activations(DType w_type);
+// Whether w_type's products read Q8_K activations (256-value blocks; else Q8_0 or f32).
+bool reads_q8_k_activations(DType w_type);
 // Carves the three arrays out of `base` (quantized_activation_bytes apart).
 QuantizedActivations quantized_activations_at(void* base, DType w_type, int64_t n_values);
 void quantize_activations(DType w_type, const float* x, int64_t in, int64_t n_rows, const QuantizedActivations& out,
@@ -106,5 +121,9 @@ struct SwiGluQuantize {
     cudaStream_t stream;
 };
 void quantize_swiglu(const SwiGluQuantize& args);
+// The rows silu(x[t] / divisor) quantized for w_type (a quantized type), as the hyper-connection read's low-rank
+// step: one launch instead of the silu and the quantizer.
+void quantize_silu_scaled(DType w_type, const float* x, float divisor, int64_t in, int64_t n_rows,
+                          const QuantizedActivations& out, cudaStream_t stream);
 
 }  // namespace strata::cuda

@@ -4,14 +4,25 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/internal.h"
 #include "backend/cuda/matvec_kernels.cuh"
+#include "backend/cuda/quantize_device.cuh"
 
 namespace strata::cuda {
+
+bool kernels::programmatic_launch() {
+    static const bool on = [] {
+        const char* v = std::getenv("STRATA_CUDA_PDL");
+        return v && std::string(v) == "1";
+    }();
+    return on;
+}
 
 namespace {
 
@@ -33,34 +44,6 @@ ActivationFormat activation_format(DType w) {
 // ---- activation quantization ----------------------------------------------------------------------------------------
 
 constexpr int kQuantizeThreads = 256;
-
-// (|x|, index, x) with the larger |x| winning and the lower index on ties: quant::signed_absmax's "first largest".
-struct AbsMax {
-    float abs;
-    int index;
-    float value;
-};
-
-__device__ __forceinline__ AbsMax better(const AbsMax& a, const AbsMax& b) {
-    return (b.abs > a.abs || (b.abs == a.abs && b.index < a.index)) ? b : a;
-}
-
-__device__ __forceinline__ AbsMax warp_absmax(AbsMax m) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) {
-        const AbsMax o{__shfl_xor_sync(0xffffffffu, m.abs, offset), __shfl_xor_sync(0xffffffffu, m.index, offset),
-                       __shfl_xor_sync(0xffffffffu, m.value, offset)};
-        m = better(m, o);
-    }
-    return m;
-}
-
-// Sum of v over each aligned group of 16 lanes, in every lane of the group.
-__device__ __forceinline__ int sum16(int v) {
-#pragma unroll
-    for (int offset = 8; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
-}
 
 // One thread per value, 256 values per thread block, grid.y over tokens. Q8_0: every warp is one block of 32, the
 // rule of dtype.cpp's quantize_row(Q8_0): d = max|x| / 127 rounded to f16, q = roundf(x * (1 / d_unrounded)).
@@ -85,48 +68,29 @@ struct SwiGluSource {
     }
 };
 
+// silu(x / divisor), as the hyper-connection read's low-rank step (cpu::silu of the quotient).
+struct SiluScaledSource {
+    const float* x;
+    float divisor;
+    __device__ __forceinline__ float operator()(int64_t t, int64_t in, int64_t e) const {
+        const float v = x[t * in + e] / divisor;
+        return v / (1.0f + expf(-v));
+    }
+};
+
 template <ActivationFormat kFormat, typename Source = RowSource>
 __global__ void __launch_bounds__(kQuantizeThreads)
     quantize_activations_kernel(const Source x, int64_t in, int64_t n_tokens, int8_t* q, float* d, float* s16) {
-    __shared__ AbsMax warp_best[kQuantizeThreads / 32];
+    __shared__ kernels::AbsMax warp_best[kQuantizeThreads / 32];
     kernels::allow_next_grid_to_launch();  // the matvec kernel may start loading weights already
-    const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+    const int lane = static_cast<int>(threadIdx.x) % 32;
     const int64_t e = static_cast<int64_t>(blockIdx.x) * kQuantizeThreads + threadIdx.x;
     for (int64_t t = blockIdx.y; t < n_tokens; t += gridDim.y) {
         if constexpr (kFormat == ActivationFormat::Q8_0) {
             if (e - lane >= in) return;  // whole warps: in is a multiple of 32
-            const float v = x(t, in, e);
-            float amax = fabsf(v);
-#pragma unroll
-            for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-            const float scale = amax / 127.0f;
-            const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
-            const float stored = __half2float(__float2half_rn(scale));
-            const int qv = static_cast<int>(roundf(v * inv));
-            q[t * in + e] = static_cast<int8_t>(qv);
-            const int s = sum16(qv);
-            if (lane == 0) d[t * (in / 32) + e / 32] = stored;
-            if (lane % 16 == 0) s16[t * (in / 16) + e / 16] = stored * static_cast<float>(s);
+            kernels::quantize_q8_0_value(x(t, in, e), t * in + e, q, d, s16);
         } else {
-            const float v = x(t, in, e);
-            AbsMax m = warp_absmax({fabsf(v), static_cast<int>(threadIdx.x), v});
-            if (lane == 0) warp_best[warp] = m;
-            __syncthreads();
-            m = warp_best[0];
-#pragma unroll
-            for (int w = 1; w < kQuantizeThreads / 32; ++w) m = better(m, warp_best[w]);
-            __syncthreads();  // warp_best is rewritten for the next token
-            int qv = 0;
-            float scale = 0.0f;
-            if (m.value != 0.0f) {
-                const float iscale = -127.0f / m.value;
-                qv = min(127, __float2int_rn(iscale * v));
-                scale = 1.0f / iscale;
-            }
-            q[t * in + e] = static_cast<int8_t>(qv);
-            const int s = sum16(qv);
-            if (lane == 0) d[t * (in / 32) + e / 32] = scale;
-            if (lane % 16 == 0) s16[t * (in / 16) + e / 16] = scale * static_cast<float>(s);
+            kernels::quantize_q8_k_value(x(t, in, e), t * in + e, true, q, d, s16, warp_best);
         }
     }
 }
@@ -293,6 +257,33 @@ void quantize_swiglu(const SwiGluQuantize& a) {
     STRATA_CUDA_CHECK_LAUNCH("quantize_activations_kernel (swiglu)");
 }
 
+void quantize_silu_scaled(DType w_type, const float* x, float divisor, int64_t in, int64_t n_rows,
+                          const QuantizedActivations& out, cudaStream_t stream) {
+    const ActivationFormat format = activation_format(w_type);
+    STRATA_ASSERT(format != ActivationFormat::F32);
+    if (n_rows <= 0) return;
+    const dim3 grid(static_cast<unsigned>((in + kQuantizeThreads - 1) / kQuantizeThreads),
+                    static_cast<unsigned>(std::min<int64_t>(n_rows, 65535)));
+    const SiluScaledSource src{x, divisor};
+    auto* q = const_cast<int8_t*>(out.q);
+    auto* d = const_cast<float*>(out.d);
+    auto* s16 = const_cast<float*>(out.s16);
+    if (format == ActivationFormat::Q8_0) {
+        STRATA_ASSERT(in % 32 == 0);
+        quantize_activations_kernel<ActivationFormat::Q8_0>
+            <<<grid, kQuantizeThreads, 0, stream>>>(src, in, n_rows, q, d, s16);
+    } else {
+        STRATA_ASSERT(in % 256 == 0);
+        quantize_activations_kernel<ActivationFormat::Q8_K>
+            <<<grid, kQuantizeThreads, 0, stream>>>(src, in, n_rows, q, d, s16);
+    }
+    STRATA_CUDA_CHECK_LAUNCH("quantize_activations_kernel (silu)");
+}
+
+bool reads_q8_k_activations(DType w_type) {
+    return activation_format(w_type) == ActivationFormat::Q8_K;
+}
+
 bool supports_matmul(DType t) {
     switch (t) {
         case DType::F32:
@@ -377,11 +368,18 @@ void matmul_shared_input(Context& ctx, const float* x, int64_t n_tokens, std::in
     cudaStream_t stream = ctx.stream().handle();
     auto* scratch = static_cast<uint8_t*>(ctx.scratch(need));
     const Tensor* quantized_for = nullptr;  // whose format the scratch holds now
+    // Consecutive outputs whose weights have the same type go out as the segments of one launch.
+    std::optional<MatvecLaunch> pending;
+    auto flush = [&] {
+        if (pending) STRATA_ASSERT(launch_matvec(*pending));
+        pending.reset();
+    };
     for (const MatmulOutput& o : outputs) {
         const Tensor& w = *o.w;
         const int64_t in = w.ne[0], rows = w.ne[1];
         if (rows == 0) continue;
         if (n_tokens > kMaxMatvecTokens || in % 16 != 0) {
+            flush();
             matmul(ctx, {.w = w, .x = x, .y = o.y, .n_tokens = n_tokens});  // rewrites the scratch
             quantized_for = nullptr;
             continue;
@@ -390,15 +388,21 @@ void matmul_shared_input(Context& ctx, const float* x, int64_t n_tokens, std::in
         const QuantizedActivations act{.q = reinterpret_cast<int8_t*>(scratch),
                                        .d = reinterpret_cast<float*>(scratch + layout.q),
                                        .s16 = reinterpret_cast<float*>(scratch + layout.q + layout.d)};
+        if (pending && pending->type == w.type && pending->n_more + 1 < kMaxMatvecSegments) {
+            pending->more[pending->n_more++] = {.w = static_cast<const uint8_t*>(w.data), .row_bytes = w.nb[1],
+                                                .rows = rows, .y = o.y};
+            continue;
+        }
+        flush();
         if (!quantized_for || !same_activation_format(quantized_for->type, w.type)) {
             quantize_activations(w.type, x, in, n_tokens, act, stream);
             quantized_for = &w;
         }
-        const MatvecLaunch l{.type = w.type, .w = static_cast<const uint8_t*>(w.data), .row_bytes = w.nb[1],
-                             .rows = rows, .in = in, .n_tokens = static_cast<int>(n_tokens), .act = act, .x = x,
-                             .y = o.y, .stream = stream};
-        STRATA_ASSERT(launch_matvec(l));
+        pending = MatvecLaunch{.type = w.type, .w = static_cast<const uint8_t*>(w.data), .row_bytes = w.nb[1],
+                               .rows = rows, .in = in, .n_tokens = static_cast<int>(n_tokens), .act = act, .x = x,
+                               .y = o.y, .stream = stream};
     }
+    flush();
 }
 
 void matmul(Context& ctx, const MatmulArgs& a) {

@@ -31,27 +31,23 @@ constexpr int kPieceElems = 16;
 // H200 at decode shapes (bench/NOTES.md, 2026-11-30).
 constexpr int kQuantPiecesPerLane = 2;
 
-// Programmatic dependent launch (sm_90+), built with -DSTRATA_CUDA_PDL: the matvec kernel may start while the kernel
-// before it (the activation quantizer) still runs; it issues its first weight loads, which depend on nothing computed
-// on the device, and waits for the previous kernel's results only before it reads activations or writes outputs.
-// Off by default: on the H200 it gained 0.3-0.8 us on some decode shapes and lost ~2 us on others (bench/NOTES.md);
-// the captured decode graph is where it should be judged again.
-#if defined(STRATA_CUDA_PDL)
-constexpr bool kUseProgrammaticLaunch = true;
-#else
-constexpr bool kUseProgrammaticLaunch = false;
-#endif
+// Programmatic dependent launch (sm_90+): a kernel launched with it may start while the kernel before it still runs;
+// the matvec kernel issues its first weight loads, which depend on nothing computed on the device, and waits for the
+// previous kernel's results only before it reads activations or writes outputs. Chosen at run time
+// (programmatic_launch(), STRATA_CUDA_PDL=1), so that one build measures both: the wait and the early trigger are
+// no-ops for a kernel launched without it.
+bool programmatic_launch();
 
 // Waits until the grid this one depends on has finished and its writes are visible (a no-op without PDL).
 __device__ __forceinline__ void wait_for_previous_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if constexpr (kUseProgrammaticLaunch) asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
 // Lets the next kernel on the stream launch now (it still waits for this grid before it reads what this one writes).
 __device__ __forceinline__ void allow_next_grid_to_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if constexpr (kUseProgrammaticLaunch) asm volatile("griddepcontrol.launch_dependents;");
+    asm volatile("griddepcontrol.launch_dependents;");
 #endif
 }
 
@@ -98,9 +94,9 @@ __device__ __forceinline__ int apply_signs(uint32_t v, uint32_t four_bits) {
 // ---- the matvec kernel ----------------------------------------------------------------------------------------------
 
 struct MatvecParams {
-    const uint8_t* w;
-    size_t row_bytes;
-    int64_t rows;
+    MatvecSegment segment[kMaxMatvecSegments];
+    int64_t first_block[kMaxMatvecSegments];  // blockIdx.x where each segment starts
+    int n_segments;
     int64_t in;
     QuantizedActivations act;
     const float* x;
@@ -135,14 +131,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
     // memory at the end (in a fixed order, so results do not depend on timing).
     const int split = p.warps_per_row;
     const int part = warp % split;
-    const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * (kWarpsPerBlock / split) + warp / split) * kRows;
-    const bool active = row0 < p.rows;  // no early return: the block synchronizes below when split > 1
+    int s = 0;  // this block's segment (block-uniform)
+    while (s + 1 < p.n_segments && static_cast<int64_t>(blockIdx.x) >= p.first_block[s + 1]) ++s;
+    const MatvecSegment seg = p.segment[s];
+    const int64_t block = static_cast<int64_t>(blockIdx.x) - p.first_block[s];
+    const int64_t row0 = (block * (kWarpsPerBlock / split) + warp / split) * kRows;
+    const bool active = row0 < seg.rows;  // no early return: the block synchronizes below when split > 1
 
     // The weights, activations and outputs of this launch, or with an expert gather those of pair blockIdx.y.
-    const uint8_t* w_base = p.w;
+    const uint8_t* w_base = seg.w;
     QuantizedActivations act = p.act;
     const float* x_base = p.x;
-    float* y_base = p.y;
+    float* y_base = seg.y;
     if (p.gather.ids) {
         wait_for_previous_grid();  // the expert ids come from the kernel before
         const int64_t pair = blockIdx.y;
@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
             if (act.s16) act.s16 += act_row * (p.in / 16);
         }
         if (x_base) x_base += act_row * p.in;
-        y_base += pair * p.rows;
+        y_base += pair * seg.rows;
     }
 
     const int64_t in = p.in;
@@ -175,9 +175,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
             next_shift[r] = 0;
-            if (row0 + r >= p.rows) continue;
+            if (row0 + r >= seg.rows) continue;
             const uintptr_t start =
-                reinterpret_cast<uintptr_t>(w_base + (row0 + r) * p.row_bytes + b0 * F::kBlockBytes);
+                reinterpret_cast<uintptr_t>(w_base + (row0 + r) * seg.row_bytes + b0 * F::kBlockBytes);
             const uintptr_t base = start & ~uintptr_t{15};
             const int n_granules = static_cast<int>((start + nb * F::kBlockBytes - base + 15) / 16);
             next_shift[r] = static_cast<int>(start - base);
@@ -300,7 +300,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
     for (int r = 0; r < kRows; ++r) {
 #pragma unroll
         for (int t = 0; t < kTokens; ++t)
-            if (lane == t && row0 + r < p.rows) y_base[t * p.rows + row0 + r] = acc[r][t];
+            if (lane == t && row0 + r < seg.rows) y_base[t * seg.rows + row0 + r] = acc[r][t];
     }
 }
 
@@ -318,21 +318,30 @@ void launch_matvec_tokens(const MatvecLaunch& l) {
     // per token, never per launch, so the order of a token's sums still does not depend on the batch.
     constexpr int64_t kTargetRowParts = 4096;
     const int64_t n_chunks = (l.in / F::kBlockElems + ChunkShape<F>::kBlocks - 1) / ChunkShape<F>::kBlocks;
-    const int64_t rows_per_token =
+    // Segments count together: the split depends on the launch's rows, fixed by the shape, never by the tokens.
+    STRATA_ASSERT(l.n_more >= 0 && l.n_more < kMaxMatvecSegments && (l.n_more == 0 || !l.gather.ids));
+    int64_t rows_per_token =
         l.gather.ids ? l.rows * l.gather.pairs_per_act_row * (l.gather.second_from > 0 ? 2 : 1) : l.rows;
+    for (int i = 0; i < l.n_more; ++i) rows_per_token += l.more[i].rows;
     int split = 1;
     while (split < kWarpsPerBlock && rows_per_token * split < kTargetRowParts && split * 2 <= n_chunks) split *= 2;
     const int64_t rows_per_block = kWarpsPerBlock / split * kRows;
-    const MatvecParams p{.w = l.w, .row_bytes = l.row_bytes, .rows = l.rows, .in = l.in, .act = l.act, .x = l.x,
-                         .y = l.y, .warps_per_row = split, .gather = l.gather};
+    MatvecParams p{.segment = {}, .first_block = {}, .n_segments = 1 + l.n_more, .in = l.in, .act = l.act, .x = l.x,
+                   .warps_per_row = split, .gather = l.gather};
+    p.segment[0] = {.w = l.w, .row_bytes = l.row_bytes, .rows = l.rows, .y = l.y};
+    for (int i = 0; i < l.n_more; ++i) p.segment[i + 1] = l.more[i];
+    int64_t blocks = 0;
+    for (int i = 0; i < p.n_segments; ++i) {
+        p.first_block[i] = blocks;
+        blocks += (p.segment[i].rows + rows_per_block - 1) / rows_per_block;
+    }
     cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>((l.rows + rows_per_block - 1) / rows_per_block),
-                          l.gather.ids ? static_cast<unsigned>(l.gather.n_pairs) : 1u);
+    config.gridDim = dim3(static_cast<unsigned>(blocks), l.gather.ids ? static_cast<unsigned>(l.gather.n_pairs) : 1u);
     config.blockDim = dim3(kWarpsPerBlock * kWarpSize);
     config.stream = l.stream;
     cudaLaunchAttribute attribute = {};
     attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = kUseProgrammaticLaunch ? 1 : 0;
+    attribute.val.programmaticStreamSerializationAllowed = programmatic_launch() ? 1 : 0;
     config.attrs = &attribute;
     config.numAttrs = 1;
     STRATA_CUDA_CHECK(cudaLaunchKernelEx(&config, matvec_kernel<F, kTokens, kRows>, p));

@@ -114,11 +114,14 @@ struct HyperConnectionDims {
 struct HyperConnectionReadArgs {
     const HyperConnectionDims& shape;
     const HyperConnectionDeviceWeights& weights;
-    const float* residual;  // [n_tokens x HC]
-    float* mixed;           // [n_tokens x H]
-    float* inject;          // [n_tokens x hc]; null for the final mixer
+    float* residual;  // [n_tokens x HC]
+    float* mixed;     // [n_tokens x H]
+    float* inject;    // [n_tokens x hc]; null for the final mixer
     int64_t n_tokens = 1;
     float* workspace;  // hyper_connection_workspace_floats floats
+    // The previous block's write, not yet applied: residual += inject * pending_block_out (hyper_connection_write with
+    // the inject buffer as it holds now) comes first, fused into the read's first kernel where it can be.
+    const float* pending_block_out = nullptr;
 };
 int64_t hyper_connection_workspace_floats(const HyperConnectionDims& shape, int64_t n_tokens);
 void hyper_connection_read(Context& ctx, const HyperConnectionReadArgs& args);

@@ -266,8 +266,15 @@ void moe_layer(Context& ctx, const MoeLayerArgs& a) {
             sx = x_act;  // the experts' quantized x serves the shared expert too
         else
             quantize_activations(st, a.x, H, T, sx, side);
-        plain(*w.shared_gate_proj, sx, a.x, ws.shared_g_);
-        plain(*w.shared_up, sx, a.x, ws.shared_u_);
+        // Gate and up in one launch (two segments): same type and input.
+        const Tensor& sg = *w.shared_gate_proj;
+        MatvecLaunch gate_up{.type = st, .w = static_cast<const uint8_t*>(sg.data), .row_bytes = sg.nb[1],
+                             .rows = sg.ne[1], .in = H, .n_tokens = static_cast<int>(T), .act = sx, .x = a.x,
+                             .y = ws.shared_g_, .stream = side};
+        gate_up.more[0] = {.w = static_cast<const uint8_t*>(w.shared_up->data), .row_bytes = w.shared_up->nb[1],
+                           .rows = w.shared_up->ne[1], .y = ws.shared_u_};
+        gate_up.n_more = 1;
+        STRATA_ASSERT(launch_matvec_any(gate_up));
         const DType dt = w.shared_down->type;
         const QuantizedActivations h_act = quantized_activations_at(ws.shared_h_act_, dt, T * FS);
         quantize_swiglu({.w_type = dt, .gate = ws.shared_g_, .up = ws.shared_u_, .stride = FS, .in = FS,

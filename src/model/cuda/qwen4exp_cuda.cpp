@@ -118,42 +118,47 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
                                .copies = hc,
                                .out = w_.residual,
                                .staging = w_.embed_staging});
+        // A block's write into the residual streams waits for the next read, whose first kernel applies it (fused
+        // read, backend/cuda/hyper_connection.cu); the PLE and the final mixer need it applied first.
+        const float* pending = nullptr;
+        auto apply_pending = [&] {
+            if (pending) cuda::hyper_connection_write(ctx, dims, w_.residual, pending, w_.inject, T);
+            pending = nullptr;
+        };
+        auto read = [&](const cuda::HyperConnectionDeviceWeights& weights, float* mixed, float* inject) {
+            cuda::hyper_connection_read(ctx, {.shape = dims,
+                                              .weights = weights,
+                                              .residual = w_.residual,
+                                              .mixed = mixed,
+                                              .inject = inject,
+                                              .n_tokens = T,
+                                              .workspace = w_.hc_work,
+                                              .pending_block_out = pending});
+            pending = nullptr;
+        };
         for (size_t il = 0; il < blocks_.size(); ++il) {
             const BlockDevice& b = blocks_[il];
             LayerDeviceState& l = s.layers[il];
-            if (b.has_ple) ple_window(b.ple, l, T);
+            if (b.has_ple) {
+                mark(kResidual);
+                apply_pending();
+                ple_window(b.ple, l, T);
+            }
             mark(kResidual);
-            cuda::hyper_connection_read(ctx, {.shape = dims,
-                                              .weights = b.hc_attn,
-                                              .residual = w_.residual,
-                                              .mixed = w_.mixed,
-                                              .inject = w_.inject,
-                                              .n_tokens = T,
-                                              .workspace = w_.hc_work});
+            read(b.hc_attn, w_.mixed, w_.inject);
             if (b.recurrent)
                 gdn_window(b.gdn, l, w_.mixed, w_.out, T);
             else
                 attention_window(b.attention, s, l, w_.mixed, w_.out, T);
             mark(kResidual);
-            cuda::hyper_connection_write(ctx, dims, w_.residual, w_.out, w_.inject, T);
-            cuda::hyper_connection_read(ctx, {.shape = dims,
-                                              .weights = b.hc_ffn,
-                                              .residual = w_.residual,
-                                              .mixed = w_.mixed,
-                                              .inject = w_.inject,
-                                              .n_tokens = T,
-                                              .workspace = w_.hc_work});
+            pending = w_.out;
+            read(b.hc_ffn, w_.mixed, w_.inject);
             moe_window(b.moe, w_.mixed, w_.out, T);
-            mark(kResidual);
-            cuda::hyper_connection_write(ctx, dims, w_.residual, w_.out, w_.inject, T);
+            pending = w_.out;
         }
-        cuda::hyper_connection_read(ctx, {.shape = dims,
-                                          .weights = output_hc_,
-                                          .residual = w_.residual,
-                                          .mixed = w_.hidden,
-                                          .inject = nullptr,
-                                          .n_tokens = T,
-                                          .workspace = w_.hc_work});
+        mark(kResidual);
+        apply_pending();
+        read(output_hc_, w_.hidden, nullptr);
         mark(kHead);
         cuda::matmul(ctx, {.w = *output_, .x = w_.hidden, .y = w_.logits, .n_tokens = T});
     }

@@ -459,7 +459,7 @@ TEST(CudaPerf, GemmTflops) {
     if (!std::getenv("STRATA_CUDA_PERF")) GTEST_SKIP() << "set STRATA_CUDA_PERF=1 for the CUDA timing run";
     SKIP_WITHOUT_DEVICE();
     cuda::Context& ctx = context();
-    const PerfShape shapes[] = {{2560, 4096}, {4096, 2560}, {2560, 12288}, {10240, 2560}, {2560, 10240}};
+    const PerfShape shapes[] = {{2560, 4096}, {4096, 2560}, {2560, 12288}, {12288, 2560}, {2560, 10240}, {10240, 2560}};
     const int64_t token_counts[] = {64, 256, 512};
     std::printf("[ perf     ] GEMM path: TFLOP/s = 2 in out T / time per call (median graph replay of 10 calls)\n");
     std::printf("[ perf     ] %-8s %-12s %9s %7s %9s %7s %9s %7s\n", "type", "in x out", "us T=64", "TFLOP/s",

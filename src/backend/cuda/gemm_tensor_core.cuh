@@ -5,8 +5,10 @@
 //
 // A block owns 128 weight rows x kTokens tokens (64 or 128) and walks k in tiles of 64:
 //   weights:     each thread decodes 2 pieces (16 weights) of the 128 x 64 tile with Format<T>::decode straight from
-//                global memory (no dequantized copy of the matrix anywhere) and stores them as fp16 in shared memory;
-//                the next tile's pieces are decoded into registers while the tensor cores work on the current one;
+//                global memory (no dequantized copy of the matrix anywhere) and stores them as fp16 in shared memory.
+//                The next tile's blocks are prefetched into L1 before the tensor cores start on the current tile and
+//                decoded after them: a decode right after its loads would stall every warp of the block on memory at
+//                the same point (decode reads type-specific fields, so "load raw, decode later" has no generic form);
 //   activations: fp16 (the Q8 activations the CPU multiplies with, d * q, times a power of two per token that keeps
 //                them inside fp16's range), copied into shared memory with cp.async one tile ahead;
 //   products:    mma.sync m16n8k16 (fp16 in, f32 sums): 8 warps, 4 along rows x 2 along tokens, 32 rows x kTokens / 2
@@ -75,6 +77,10 @@ __device__ __forceinline__ void wait_async_all() {
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
 
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+    asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p));
+}
+
 __device__ __forceinline__ uint32_t half2_bits(__half2 h) {
     return *reinterpret_cast<uint32_t*>(&h);
 }
@@ -96,8 +102,24 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_tensor_core_kernel(const
     const int64_t kt_end = min(k_tiles, kt_begin + p.k_tiles_per_split);
     const int warp_row = (warp % 4) * 32, warp_tok = (warp / 4) * kWarpTokens;
 
+    // Asks for the cache lines of the blocks under this thread's pieces of weight tile kt (once per block and tile:
+    // the first piece of a block, or of the row in this tile for blocks longer than a tile).
+    auto prefetch_tile = [&](int64_t kt) {
+#pragma unroll
+        for (int i = 0; i < kGemmPiecesPerThread; ++i) {
+            const int piece = tid + i * kGemmThreads;
+            const int64_t row = row0 + piece / kGemmPiecesPerRow;
+            const int64_t e0 = kt * kGemmTileK + (piece % kGemmPiecesPerRow) * kPieceElems;
+            if (row >= p.rows || e0 >= p.in || (e0 % F::kBlockElems != 0 && piece % kGemmPiecesPerRow != 0)) continue;
+            const uint8_t* blk = p.w + row * p.row_bytes + (e0 / F::kBlockElems) * F::kBlockBytes;
+            prefetch_l1(blk);
+            if constexpr (F::kBlockBytes > 128) prefetch_l1(blk + 128);
+            static_assert(F::kBlockBytes <= 256, "three lines cover a block");
+            prefetch_l1(blk + F::kBlockBytes - 1);
+        }
+    };
     QuantPiece next[kGemmPiecesPerThread];
-    // Issues the reads and decodes this thread's pieces of weight tile kt (zeros past the rows or the row's end).
+    // Reads and decodes this thread's pieces of weight tile kt (zeros past the rows or the row's end).
     auto decode_tile = [&](int64_t kt) {
 #pragma unroll
         for (int i = 0; i < kGemmPiecesPerThread; ++i) {
@@ -166,7 +188,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_tensor_core_kernel(const
         const bool more = kt + 1 < kt_end;
         if (more) {
             load_x_tile(kt + 1, cur ^ 1);
-            decode_tile(kt + 1);  // its reads are in flight during the products below
+            prefetch_tile(kt + 1);  // in flight during the products below
         }
         const __half* wt = w_tiles + cur * kGemmRows * kGemmStride;
         const __half* xt = x_tiles + cur * kTokens * kGemmStride;
@@ -190,7 +212,10 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_tensor_core_kernel(const
                 }
             }
         }
-        if (more) store_tile(cur ^ 1);  // that buffer was last read before the barrier that ended the previous tile
+        if (more) {
+            decode_tile(kt + 1);
+            store_tile(cur ^ 1);  // that buffer was last read before the barrier that ended the previous tile
+        }
         wait_async_all();
         __syncthreads();
     }

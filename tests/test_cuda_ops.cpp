@@ -68,7 +68,7 @@ const DType kWeightTypes[] = {DType::F32,    DType::F16,    DType::BF16,    DTyp
 // Both sides compute the same products of the same numbers: the device quantizes the activations with the CPU's own
 // rules (Q8_0: f16 scale, roundf; Q8_K: -127 / signed max, nearest_int), the integer dot of a 16-weight piece is
 // exact on both, and what differs is only the order (and grouping of the scale products) in which f32 adds the
-// per-piece terms, and for more than 8 tokens that the weights are dequantized to f32 before the products. Rounding
+// per-piece terms, and for float weights at more than 8 tokens the f32 GEMM. Rounding
 // in a different order is a random walk of relative steps of 2^-24 ~ 6e-8: over N terms of random sign the relative
 // error of a dot is about 6e-8 * sqrt(N) / sqrt(N) of the typical term, an NMSE near 1e-14 .. 1e-12 for these rows.
 // 1e-9 leaves orders of headroom, while one activation value quantized differently (off by one step in a 256-block)

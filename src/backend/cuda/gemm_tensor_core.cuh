@@ -81,6 +81,13 @@ __device__ __forceinline__ void prefetch_l1(const void* p) {
     asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p));
 }
 
+// Byte k of v as a signed integer in a float, exactly and without I2F (a quarter-rate instruction, 16 of them per
+// piece): with the sign bit flipped the byte is q + 128, which as the low mantissa bits of 2^23 gives 2^23 + q + 128.
+template <int k>
+__device__ __forceinline__ float signed_byte_as_float(uint32_t sign_flipped) {
+    return __int_as_float(static_cast<int>(__byte_perm(sign_flipped, 0x4B000000u, 0x7440u | k))) - 8388736.0f;
+}
+
 __device__ __forceinline__ uint32_t half2_bits(__half2 h) {
     return *reinterpret_cast<uint32_t*>(&h);
 }
@@ -143,9 +150,9 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_tensor_core_kernel(const
             uint32_t h[8];
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
-                const int v = wp.q[k];
-                const float b0 = static_cast<float>(static_cast<int8_t>(v)), b1 = static_cast<float>(static_cast<int8_t>(v >> 8));
-                const float b2 = static_cast<float>(static_cast<int8_t>(v >> 16)), b3 = static_cast<float>(static_cast<int8_t>(v >> 24));
+                const uint32_t v = static_cast<uint32_t>(wp.q[k]) ^ 0x80808080u;
+                const float b0 = signed_byte_as_float<0>(v), b1 = signed_byte_as_float<1>(v);
+                const float b2 = signed_byte_as_float<2>(v), b3 = signed_byte_as_float<3>(v);
                 h[2 * k] = half2_bits(__floats2half2_rn(fmaf(wp.scale, b0, wp.offset), fmaf(wp.scale, b1, wp.offset)));
                 h[2 * k + 1] = half2_bits(__floats2half2_rn(fmaf(wp.scale, b2, wp.offset), fmaf(wp.scale, b3, wp.offset)));
             }

@@ -1,6 +1,7 @@
 // Private to the CUDA backend: what the host code (context.cpp, matmul.cu) calls in the kernel files.
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -85,6 +86,31 @@ bool launch_dequantize_float(const DequantizeLaunch& l);
 bool launch_dequantize_basic(const DequantizeLaunch& l);
 bool launch_dequantize_kquant(const DequantizeLaunch& l);
 bool launch_dequantize_iq(const DequantizeLaunch& l);
+
+// One tensor-core GEMM (gemm_tensor_core.cuh; quant types, more than kMaxMatvecTokens tokens): y[t * ldy + r] for
+// rows [0, rows) of W against n_tokens rows of fp16 activations, tile_tokens (64 or 128) tokens a block. With splits
+// > 1 each of the splits ranges of k_tiles_per_split tiles of 64 writes partials[s * rows * n_tokens + t * rows + r]
+// instead, for the caller to add in order.
+struct GemmLaunch {
+    DType type;
+    const uint8_t* w;
+    size_t row_bytes;
+    int64_t rows;
+    int64_t in;
+    int64_t n_tokens;
+    const __half* x;           // x[t * in + k]
+    const float* token_scale;  // token t's sums are multiplied by token_scale[t]
+    float* y;
+    int64_t ldy;
+    int tile_tokens;
+    int splits;
+    int64_t k_tiles_per_split;
+    float* partials;  // splits * rows * n_tokens floats when splits > 1
+    cudaStream_t stream;
+};
+bool launch_gemm_basic(const GemmLaunch& l);
+bool launch_gemm_kquant(const GemmLaunch& l);
+bool launch_gemm_iq(const GemmLaunch& l);
 
 // Any family (false: a type no family owns).
 bool launch_matvec_any(const MatvecLaunch& l);

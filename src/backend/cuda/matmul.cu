@@ -1,6 +1,7 @@
 // The matrix product entry point: activations quantized on the device exactly as the CPU backend quantizes them,
-// then the matvec kernels for up to kMaxMatvecTokens tokens, or for more tokens a correct but plain path: weights
-// dequantized to f32 in row panels and a tiled f32 GEMM against the dequantized activations.
+// then the matvec kernels for up to kMaxMatvecTokens tokens, or for more tokens the tensor-core GEMM of
+// gemm_tensor_core.cuh (quant weights, fp16 activations) or, for float weights, weights converted to f32 in row
+// panels and a tiled f32 GEMM.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/internal.h"
+#include "backend/cuda/gemm_tensor_core.cuh"
 #include "backend/cuda/matvec_kernels.cuh"
 #include "backend/cuda/quantize_device.cuh"
 
@@ -102,10 +104,83 @@ __global__ void swiglu_rows_kernel(const SwiGluSource src, int64_t in, int64_t n
     for (int64_t t = blockIdx.y; t < n_rows; t += gridDim.y) (void)src(t, in, e);
 }
 
-// xhat[t * in + i] = d * q: the activations the quantized path multiplies with, as f32 for the GEMM path.
-__global__ void dequantize_activations_kernel(const int8_t* q, const float* d, int64_t n, float* out) {
+// ---- tensor-core GEMM (T > kMaxMatvecTokens, quant weights) -----------------------------------------------------------
+
+constexpr int kHalfThreads = 256;
+
+// One block per token: xh[t * in + i] = d * q * 2^shift in fp16, and token_scale[t] = 2^-shift, the power of two that
+// puts the token's largest possible |d * q| (127 max |d|) in [2^14, 2^15): no fp16 overflow (65504) for large
+// activations, no subnormals for small ones, and the scaling is undone exactly on the f32 sums.
+__global__ void __launch_bounds__(kHalfThreads)
+    activations_to_half_kernel(const int8_t* q, const float* d, int64_t in, __half* xh, float* token_scale) {
+    __shared__ float warp_max[kHalfThreads / 32];
+    const int64_t t = blockIdx.x;
+    const float* dt = d + t * (in / 32);
+    float m = 0.0f;
+    for (int64_t i = threadIdx.x; i < in / 32; i += kHalfThreads) m = fmaxf(m, fabsf(dt[i]));
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+    __syncthreads();
+    m = warp_max[0];
+#pragma unroll
+    for (int w = 1; w < kHalfThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
+    int e = 0;
+    (void)frexpf(127.0f * m, &e);  // 127 m < 2^e
+    const int shift = m > 0.0f ? max(-100, min(100, 15 - e)) : 0;
+    if (threadIdx.x == 0) token_scale[t] = ldexpf(1.0f, -shift);
+    const float up = ldexpf(1.0f, shift);
+    const int8_t* qt = q + t * in;
+    __half* ot = xh + t * in;
+    for (int64_t i = static_cast<int64_t>(threadIdx.x) * 8; i < in; i += kHalfThreads * 8) {
+        const int2 v = *reinterpret_cast<const int2*>(qt + i);
+        const float s = dt[i / 32] * up;
+        const auto to_half2 = [s](int word, int byte) {
+            return __floats2half2_rn(s * static_cast<float>(static_cast<int8_t>(word >> (8 * byte))),
+                                     s * static_cast<float>(static_cast<int8_t>(word >> (8 * byte + 8))));
+        };
+        const __half2 h[4] = {to_half2(v.x, 0), to_half2(v.x, 2), to_half2(v.y, 0), to_half2(v.y, 2)};
+        *reinterpret_cast<uint4*>(ot + i) = *reinterpret_cast<const uint4*>(h);
+    }
+}
+
+// y[t * ldy + r] = the split-K partial sums of (t, r) added in split order (the same bits on every run).
+__global__ void sum_split_k_kernel(const float* partials, int splits, int64_t rows, int64_t tokens, float* y,
+                                   int64_t ldy) {
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = d[i / 32] * static_cast<float>(q[i]);
+    if (i >= rows * tokens) return;
+    float s = partials[i];
+    for (int k = 1; k < splits; ++k) s += partials[k * rows * tokens + i];
+    y[(i / rows) * ldy + i % rows] = s;
+}
+
+// Tiles and split-K of one GEMM. The split depends on the shape only (a fixed block target, not the device's SM
+// count), so scratch sizes and each sum's order are the same on every device and run.
+struct GemmPlan {
+    int tile_tokens = 64;
+    int splits = 1;
+    int64_t k_tiles_per_split = 0;
+};
+
+// ~2 blocks of 256 threads on each of an H200's 132 SMs; split-K doubles while the blocks stay within 1.25x of it.
+constexpr int64_t kGemmTargetBlocks = 264;
+constexpr int kGemmMaxSplits = 8;
+constexpr int64_t kGemmMinTilesPerSplit = 4;  // k tiles of 64: each split keeps its double buffer busy
+
+GemmPlan gemm_plan(int64_t rows, int64_t in, int64_t tokens) {
+    GemmPlan plan;
+    // 128 tokens a block halve the weight decoding per product; below 256 tokens they would leave blocks half empty.
+    plan.tile_tokens = tokens >= 256 ? 128 : 64;
+    const int64_t tiles = (rows + kernels::kGemmRows - 1) / kernels::kGemmRows *
+                          ((tokens + plan.tile_tokens - 1) / plan.tile_tokens);
+    const int64_t k_tiles = (in + kernels::kGemmTileK - 1) / kernels::kGemmTileK;
+    int splits = 1;
+    while (splits < kGemmMaxSplits && tiles * splits * 2 * 4 <= kGemmTargetBlocks * 5 &&
+           k_tiles >= kGemmMinTilesPerSplit * splits * 2)
+        splits *= 2;
+    plan.k_tiles_per_split = (k_tiles + splits - 1) / splits;
+    plan.splits = static_cast<int>((k_tiles + plan.k_tiles_per_split - 1) / plan.k_tiles_per_split);  // none empty
+    return plan;
 }
 
 // ---- GEMM (T > kMaxMatvecTokens) ------------------------------------------------------------------------------------
@@ -165,6 +240,10 @@ size_t align_up(size_t n) {
 
 bool launch_matvec(const MatvecLaunch& l) {
     return launch_matvec_float(l) || launch_matvec_basic(l) || launch_matvec_kquant(l) || launch_matvec_iq(l);
+}
+
+bool launch_gemm(const GemmLaunch& l) {
+    return launch_gemm_basic(l) || launch_gemm_kquant(l) || launch_gemm_iq(l);
 }
 
 bool launch_dequantize(const DequantizeLaunch& l) {
@@ -308,11 +387,13 @@ bool supports_matmul(DType t) {
 
 namespace {
 
-// Scratch of one product: quantized activations [, f32 activations, one f32 weight panel].
+// Scratch of one product: quantized activations, then for the GEMM path of quant weights their fp16 copy, the
+// token scales and the split-K partial sums, or for float weights one f32 weight panel.
 struct ScratchLayout {
-    size_t q = 0, d = 0, s = 0, x = 0, panel = 0;
+    size_t q = 0, d = 0, s = 0, x = 0, token_scale = 0, panel = 0;
     int64_t panel_rows = 0;
-    size_t total() const { return q + d + s + x + panel + 256; }
+    GemmPlan plan;
+    size_t total() const { return q + d + s + x + token_scale + panel + 256; }
 };
 
 ScratchLayout scratch_layout(const Tensor& w, int64_t tokens) {
@@ -320,15 +401,22 @@ ScratchLayout scratch_layout(const Tensor& w, int64_t tokens) {
     const ActivationFormat format = activation_format(w.type);
     const bool matvec = tokens <= kMaxMatvecTokens && in % 16 == 0;  // float rows of other lengths: GEMM path
     ScratchLayout l;
-    l.panel_rows = std::clamp<int64_t>(
-        static_cast<int64_t>(kGemmPanelBytes / (static_cast<size_t>(in) * 4)) / kGemmTile * kGemmTile, kGemmTile,
-        (rows + kGemmTile - 1) / kGemmTile * kGemmTile);
     const size_t n_act = static_cast<size_t>(tokens * in);
     l.q = format == ActivationFormat::F32 ? 0 : align_up(n_act);
     l.d = format == ActivationFormat::F32 ? 0 : align_up(n_act / 32 * 4);
     l.s = format == ActivationFormat::F32 ? 0 : align_up(n_act / 16 * 4);
-    l.x = matvec || format == ActivationFormat::F32 ? 0 : align_up(n_act * 4);
-    l.panel = matvec ? 0 : align_up(static_cast<size_t>(l.panel_rows * in) * 4);
+    if (matvec) return l;
+    if (format != ActivationFormat::F32) {
+        l.plan = gemm_plan(rows, in, tokens);
+        l.x = align_up(n_act * sizeof(__half));
+        l.token_scale = align_up(static_cast<size_t>(tokens) * 4);
+        l.panel = l.plan.splits > 1 ? align_up(static_cast<size_t>(l.plan.splits * rows * tokens) * 4) : 0;
+        return l;
+    }
+    l.panel_rows = std::clamp<int64_t>(
+        static_cast<int64_t>(kGemmPanelBytes / (static_cast<size_t>(in) * 4)) / kGemmTile * kGemmTile, kGemmTile,
+        (rows + kGemmTile - 1) / kGemmTile * kGemmTile);
+    l.panel = align_up(static_cast<size_t>(l.panel_rows * in) * 4);
     return l;
 }
 
@@ -418,8 +506,6 @@ void matmul(Context& ctx, const MatmulArgs& a) {
 
     const ScratchLayout layout = scratch_layout(w, tokens);
     const size_t q_bytes = layout.q, d_bytes = layout.d, s_bytes = layout.s, x_bytes = layout.x;
-    const int64_t panel_rows = layout.panel_rows;
-    const size_t n_act = static_cast<size_t>(tokens * in);
     auto* scratch = static_cast<uint8_t*>(ctx.scratch(layout.total()));
     const QuantizedActivations act{.q = reinterpret_cast<int8_t*>(scratch),
                                    .d = reinterpret_cast<float*>(scratch + q_bytes),
@@ -434,16 +520,33 @@ void matmul(Context& ctx, const MatmulArgs& a) {
         return;
     }
 
-    const float* x = a.x;
     if (format != ActivationFormat::F32) {
-        auto* xhat = reinterpret_cast<float*>(scratch + q_bytes + d_bytes + s_bytes);
-        constexpr int kThreads = 256;
-        dequantize_activations_kernel<<<static_cast<unsigned>((n_act + kThreads - 1) / kThreads), kThreads, 0,
-                                        stream>>>(act.q, act.d, static_cast<int64_t>(n_act), xhat);
-        STRATA_CUDA_CHECK_LAUNCH("dequantize_activations_kernel");
-        x = xhat;
+        // Quant weights: the tensor-core GEMM on fp16 copies of the quantized activations (what the CPU multiplies).
+        auto* xh = reinterpret_cast<__half*>(scratch + q_bytes + d_bytes + s_bytes);
+        auto* token_scale = reinterpret_cast<float*>(scratch + q_bytes + d_bytes + s_bytes + x_bytes);
+        auto* partials = reinterpret_cast<float*>(scratch + q_bytes + d_bytes + s_bytes + x_bytes + layout.token_scale);
+        activations_to_half_kernel<<<static_cast<unsigned>(tokens), kHalfThreads, 0, stream>>>(act.q, act.d, in, xh,
+                                                                                               token_scale);
+        STRATA_CUDA_CHECK_LAUNCH("activations_to_half_kernel");
+        const GemmPlan& plan = layout.plan;
+        const GemmLaunch l{.type = w.type, .w = wdata, .row_bytes = w.nb[1], .rows = rows, .in = in,
+                           .n_tokens = tokens, .x = xh, .token_scale = token_scale, .y = a.y, .ldy = rows,
+                           .tile_tokens = plan.tile_tokens, .splits = plan.splits,
+                           .k_tiles_per_split = plan.k_tiles_per_split, .partials = partials, .stream = stream};
+        STRATA_ASSERT(launch_gemm(l));
+        if (plan.splits > 1) {
+            constexpr int kThreads = 256;
+            const int64_t n = rows * tokens;
+            sum_split_k_kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+                partials, plan.splits, rows, tokens, a.y, rows);
+            STRATA_CUDA_CHECK_LAUNCH("sum_split_k_kernel");
+        }
+        return;
     }
-    auto* panel = reinterpret_cast<float*>(scratch + q_bytes + d_bytes + s_bytes + x_bytes);
+
+    // Float weights: converted to f32 panels (fp16 tiles would round F32 and BF16 weights; these matrices are small).
+    const int64_t panel_rows = layout.panel_rows;
+    auto* panel = reinterpret_cast<float*>(scratch + q_bytes + d_bytes + s_bytes + x_bytes + layout.token_scale);
     for (int64_t r0 = 0; r0 < rows; r0 += panel_rows) {
         const int64_t n_rows = std::min(panel_rows, rows - r0);
         const DequantizeLaunch l{.type = w.type, .w = wdata + r0 * w.nb[1], .row_bytes = w.nb[1], .rows = n_rows,
@@ -451,7 +554,7 @@ void matmul(Context& ctx, const MatmulArgs& a) {
         STRATA_ASSERT(launch_dequantize(l));
         const dim3 grid(static_cast<unsigned>((n_rows + kGemmTile - 1) / kGemmTile),
                         static_cast<unsigned>((tokens + kGemmTile - 1) / kGemmTile));
-        gemm_nt_kernel<<<grid, 256, 0, stream>>>(panel, x, a.y + r0, n_rows, tokens, in, rows);
+        gemm_nt_kernel<<<grid, 256, 0, stream>>>(panel, a.x, a.y + r0, n_rows, tokens, in, rows);
         STRATA_CUDA_CHECK_LAUNCH("gemm_nt_kernel");
     }
 }

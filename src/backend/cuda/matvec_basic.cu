@@ -1,5 +1,6 @@
 // Q8_0, Q4_0, IQ4_NL (blocks of 32, Q8_0 activations) and IQ4_XS (super-blocks of 256, Q8_K activations).
 // Layouts: core/quant_blocks.h.
+#include "backend/cuda/gemm_tensor_core.cuh"
 #include "backend/cuda/matvec_kernels.cuh"
 #include "core/quant_blocks.h"
 #include "core/quant_tables.h"
@@ -122,6 +123,17 @@ bool launch_dequantize_basic(const DequantizeLaunch& l) {
         case DType::Q4_0: launch_dequantize_typed<Format<DType::Q4_0>>(l); return true;
         case DType::IQ4_NL: launch_dequantize_typed<Format<DType::IQ4_NL>>(l); return true;
         case DType::IQ4_XS: launch_dequantize_typed<Format<DType::IQ4_XS>>(l); return true;
+        default: return false;
+    }
+}
+
+bool launch_gemm_basic(const GemmLaunch& l) {
+    using namespace kernels;
+    switch (l.type) {
+        case DType::Q8_0: launch_gemm_typed<Format<DType::Q8_0>>(l); return true;
+        case DType::Q4_0: launch_gemm_typed<Format<DType::Q4_0>>(l); return true;
+        case DType::IQ4_NL: launch_gemm_typed<Format<DType::IQ4_NL>>(l); return true;
+        case DType::IQ4_XS: launch_gemm_typed<Format<DType::IQ4_XS>>(l); return true;
         default: return false;
     }
 }

@@ -2,6 +2,7 @@
 // core/quant_blocks.h; element positions and scales as core/quant_iq.cpp's reference dequantizers read them. The grids
 // live in global memory (read through the L1 cache): lanes look up different entries, which __constant__ memory
 // would serialize.
+#include "backend/cuda/gemm_tensor_core.cuh"
 #include "backend/cuda/matvec_kernels.cuh"
 #include "core/quant_blocks.h"
 #include "core/quant_tables.h"
@@ -149,6 +150,17 @@ bool launch_dequantize_iq(const DequantizeLaunch& l) {
         case DType::IQ3_XXS: launch_dequantize_typed<Format<DType::IQ3_XXS>>(l); return true;
         case DType::IQ3_S: launch_dequantize_typed<Format<DType::IQ3_S>>(l); return true;
         case DType::IQ1_M: launch_dequantize_typed<Format<DType::IQ1_M>>(l); return true;
+        default: return false;
+    }
+}
+
+bool launch_gemm_iq(const GemmLaunch& l) {
+    using namespace kernels;
+    switch (l.type) {
+        case DType::IQ2_XS: launch_gemm_typed<Format<DType::IQ2_XS>>(l); return true;
+        case DType::IQ3_XXS: launch_gemm_typed<Format<DType::IQ3_XXS>>(l); return true;
+        case DType::IQ3_S: launch_gemm_typed<Format<DType::IQ3_S>>(l); return true;
+        case DType::IQ1_M: launch_gemm_typed<Format<DType::IQ1_M>>(l); return true;
         default: return false;
     }
 }

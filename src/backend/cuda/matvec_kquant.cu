@@ -1,5 +1,6 @@
 // Q2_K .. Q6_K: super-blocks of 256 with 16- or 32-element sub-blocks; Q8_K activations. Layouts: core/quant_blocks.h
 // (ggml's), element positions as core/quant_k.cpp's reference dequantizers read them.
+#include "backend/cuda/gemm_tensor_core.cuh"
 #include "backend/cuda/matvec_kernels.cuh"
 #include "core/quant_blocks.h"
 
@@ -157,6 +158,18 @@ bool launch_dequantize_kquant(const DequantizeLaunch& l) {
         case DType::Q4_K: launch_dequantize_typed<Format<DType::Q4_K>>(l); return true;
         case DType::Q5_K: launch_dequantize_typed<Format<DType::Q5_K>>(l); return true;
         case DType::Q6_K: launch_dequantize_typed<Format<DType::Q6_K>>(l); return true;
+        default: return false;
+    }
+}
+
+bool launch_gemm_kquant(const GemmLaunch& l) {
+    using namespace kernels;
+    switch (l.type) {
+        case DType::Q2_K: launch_gemm_typed<Format<DType::Q2_K>>(l); return true;
+        case DType::Q3_K: launch_gemm_typed<Format<DType::Q3_K>>(l); return true;
+        case DType::Q4_K: launch_gemm_typed<Format<DType::Q4_K>>(l); return true;
+        case DType::Q5_K: launch_gemm_typed<Format<DType::Q5_K>>(l); return true;
+        case DType::Q6_K: launch_gemm_typed<Format<DType::Q6_K>>(l); return true;
         default: return false;
     }
 }

@@ -29,10 +29,9 @@ namespace strata::cuda_model {
 constexpr int64_t kWindow = cuda::kMaxMatvecTokens;
 // Prompts longer than a decode window go through in windows of up to kPromptWindow tokens; a window longer than
 // kWindow is launched one by one (no graph), every dense product through the matmul's GEMM path, and the MoE in
-// slices of kWindow (its workspace and gathered kernels are cut for decode windows). Windows of 64 measured 2.6x
-// slower on Flash-Next than windows of 8 (bench/NOTES.md, 2026-12-01): the GEMM path is a plain f32 GEMM at ~1.3
-// TFLOP/s. So prompts stay in decode windows until that path is a tensor-core GEMM; this is the one number to raise.
-constexpr int64_t kPromptWindow = kWindow;
+// slices of kWindow (its workspace and gathered kernels are cut for decode windows).
+// 64: the GEMM path is now a tensor-core GEMM (session 8; on the old f32 GEMM windows of 64 ran 2.6x slower than 8).
+constexpr int64_t kPromptWindow = 64;
 
 // The op kinds of the profile (LoadOptions::cuda_profile).
 enum OpKind {

@@ -296,7 +296,10 @@ void expect_matches_cpu(const std::string& path, const char* what) {
         // such steps (see test_model_parity.cpp's note on Q8_0): measured 2.8e-3 on the qwen4exp Q8_0 fixture and
         // 7.7e-4 on small-k, with every argmax equal. A wrong op costs >= 3e-2 (a broken rope measured 5e-2), so the
         // bound is 1e-2 with argmax agreement on at least 38 of 40 positions (near-ties of random weights may flip).
-        EXPECT_LE(d.relative(), 1e-2) << per_call << " per call";
+        // Prompt windows (more than 8 tokens a call) multiply on tensor cores with fp16 operands (each weight and
+        // activation rounded to 11 bits): measured 1.36e-2 on the qwen4exp Q8_0 fixture (every argmax equal) against
+        // 2.8e-3 for the decode path, so their bound is 2e-2, still below the 3e-2 of a wrong op.
+        EXPECT_LE(d.relative(), per_call > 8 ? 2e-2 : 1e-2) << per_call << " per call";
         EXPECT_GE(agree, 38) << per_call << " per call";
     }
 }

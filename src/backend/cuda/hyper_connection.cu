@@ -1,6 +1,6 @@
 // Hyper-connection read and write (model_ops.h). Decode windows take the fused path: one kernel per read applies the
 // previous block's pending write, forms the grouped RMS norm, quantizes it for the down product and computes the
-// inject product; then the down matvec, the silu quantized on the way into the up matvec, and the mix kernel (5
+// inject product (float or Q8_0 weights); then the down matvec, the silu quantized on the way into the up matvec, and the mix kernel (5
 // launches where the plain path takes 8-9). Prompt windows and shapes the fused kernel does not cover take the plain
 // path: the grouped norm (elementwise.cu), the products (matmul), and this file's silu and mix kernels.
 #include <cuda_bf16.h>
@@ -78,9 +78,17 @@ struct PrologueParams {
     float* inject;            // [T x hc]: in, the previous block's transformed inject; out, the raw inject product
 };
 
+// Q8_0 inject weights (blocks of an f16 scale and 32 int8): their product reads xn as quantized for a Q8_0 down
+// product, as the CPU's integer dot does (the sums differ only in float order).
+struct Q8_0Weights {};
+
 template <typename T>
 __device__ __forceinline__ float load_weight(const uint8_t* row, int64_t e) {
-    if constexpr (std::is_same_v<T, float>)
+    if constexpr (std::is_same_v<T, Q8_0Weights>) {
+        const uint8_t* block = row + (e / 32) * 34;
+        return __half2float(*reinterpret_cast<const __half*>(block)) *
+               static_cast<float>(static_cast<int8_t>(block[2 + e % 32]));
+    } else if constexpr (std::is_same_v<T, float>)
         return reinterpret_cast<const float*>(row)[e];
     else if constexpr (std::is_same_v<T, __half>)
         return __half2float(reinterpret_cast<const __half*>(row)[e]);
@@ -162,15 +170,19 @@ __global__ void __launch_bounds__(kPrologueThreads) hc_prologue_kernel(const Pro
                 if (g == s) group_scale = scale[g];
             x = __fmul_rn(__fmul_rn(v[k], group_scale), p.gamma[e]);
             p.xn[t * HC + e] = x;
-            if constexpr (!std::is_void_v<InjectW>)
-#pragma unroll
-                for (int r = 0; r < kStreams; ++r)
-                    inj[r] = fmaf(load_weight<InjectW>(p.inject_w + r * p.inject_row_bytes, e), x, inj[r]);
         }
+        float quantized = 0.0f;
         if constexpr (kQ8K) {
             kernels::quantize_q8_k_value(x, e, inside, q, d, s16, best);
         } else if (e - lane < HC) {  // whole warps: HC is a multiple of 32
-            kernels::quantize_q8_0_value(x, e, q, d, s16);
+            quantized = kernels::quantize_q8_0_value(x, e, q, d, s16);
+        }
+        if constexpr (!std::is_void_v<InjectW>) {
+            const float operand = std::is_same_v<InjectW, Q8_0Weights> ? quantized : x;
+            if (inside)
+#pragma unroll
+                for (int r = 0; r < kStreams; ++r)
+                    inj[r] = fmaf(load_weight<InjectW>(p.inject_w + r * p.inject_row_bytes, e), operand, inj[r]);
         }
     }
     if constexpr (!std::is_void_v<InjectW>) {
@@ -217,9 +229,12 @@ bool fused_read_applies(const HyperConnectionReadArgs& a) {
     auto whole_blocks = [](DType t, int64_t in) {
         return reads_quantized_activations(t) && in % (reads_q8_k_activations(t) ? 256 : 32) == 0;
     };
+    // Q8_0 inject weights read xn quantized to Q8_0: only when the down product reads it that way too.
+    const bool inject_ok = !a.inject || float_type(w.inject->type) ||
+                           (w.inject->type == DType::Q8_0 && !reads_q8_k_activations(w.down->type));
     return a.n_tokens <= kMaxMatvecTokens && (s.n_streams == 2 || s.n_streams == 4) &&
            HC <= int64_t{kPrologueThreads} * kPrologueValues && whole_blocks(w.down->type, HC) &&
-           whole_blocks(w.up->type, R) && (!a.inject || float_type(w.inject->type));
+           whole_blocks(w.up->type, R) && inject_ok;
 }
 
 template <int kStreams, bool kQ8K>
@@ -229,6 +244,8 @@ void launch_prologue(const PrologueParams& p, DType inject_type, int64_t T, cuda
         hc_prologue_kernel<kStreams, kQ8K, void><<<grid, kPrologueThreads, 0, stream>>>(p);
     else if (inject_type == DType::F32)
         hc_prologue_kernel<kStreams, kQ8K, float><<<grid, kPrologueThreads, 0, stream>>>(p);
+    else if (inject_type == DType::Q8_0)
+        hc_prologue_kernel<kStreams, kQ8K, Q8_0Weights><<<grid, kPrologueThreads, 0, stream>>>(p);
     else if (inject_type == DType::F16)
         hc_prologue_kernel<kStreams, kQ8K, __half><<<grid, kPrologueThreads, 0, stream>>>(p);
     else

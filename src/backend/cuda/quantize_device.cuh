@@ -40,8 +40,8 @@ __device__ __forceinline__ int sum16(int v) {
 }
 
 // Q8_0: value v at index e of a row of `in` (a multiple of 32) into q[e], d[e / 32], s16[e / 16]; the whole warp calls
-// it for 32 consecutive values.
-__device__ __forceinline__ void quantize_q8_0_value(float v, int64_t e, int8_t* q, float* d, float* s16) {
+// it for 32 consecutive values. Returns the value as the products read it (d * q).
+__device__ __forceinline__ float quantize_q8_0_value(float v, int64_t e, int8_t* q, float* d, float* s16) {
     const int lane = static_cast<int>(threadIdx.x) % 32;
     float amax = fabsf(v);
 #pragma unroll
@@ -54,6 +54,7 @@ __device__ __forceinline__ void quantize_q8_0_value(float v, int64_t e, int8_t* 
     const int s = sum16(qv);
     if (lane == 0) d[e / 32] = stored;
     if (lane % 16 == 0) s16[e / 16] = stored * static_cast<float>(s);
+    return stored * static_cast<float>(qv);
 }
 
 // Q8_K: every thread of the block calls it (it synchronizes the block); each aligned group of 256 threads holds the

@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
@@ -31,12 +32,19 @@ __global__ void low_rank_silu_kernel(float* low, int64_t n, float hc) {
 
 // mixed[t][j] = (sum over streams s in order of sigmoid(g[t][s H + j]) * xn[t][s H + j]) / hc; the first T * hc threads
 // also turn inject into 2 * sigmoid(inject / hc). Products and sums rounded step by step (no contraction), as the CPU.
+// With inject_partials (the fused read), the raw inject product is first added up from the streams' shares, in
+// stream order.
 __global__ void mix_kernel(const float* gate, const float* xn, float* mixed, float* inject, int64_t n_tokens,
-                           int64_t hc, int64_t H) {
+                           int64_t hc, int64_t H, const float* inject_partials = nullptr) {
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     const float fhc = static_cast<float>(hc);
     if (inject && i < n_tokens * hc) {
-        const float v = inject[i] / fhc;
+        float raw = inject_partials ? 0.0f : inject[i];
+        if (inject_partials) {
+            const int64_t t = i / hc, r = i % hc;
+            for (int64_t g = 0; g < hc; ++g) raw += inject_partials[(t * hc + g) * hc + r];
+        }
+        const float v = raw / fhc;
         inject[i] = 2.0f * (1.0f / (1.0f + expf(-v)));
     }
     if (i >= n_tokens * H) return;
@@ -62,12 +70,13 @@ __global__ void write_kernel(float* residual, const float* block_out, const floa
 
 // ---- the fused read's first kernel --------------------------------------------------------------------------------
 
-constexpr int kPrologueThreads = 1024;
-constexpr int kPrologueValues = 12;  // values per thread: HC up to 12,288 (Flash-Next: 10,240)
+constexpr int kPrologueThreads = 512;
+constexpr int kPrologueValues = 8;  // values per thread: streams of up to 4,096 (Flash-Next: 2,560)
 
 struct PrologueParams {
     float* residual;          // [T x HC], updated in place by the pending write
     const float* block_out;   // [T x H] of the previous block, or null (no pending write)
+    const float* inject;      // [T x hc]: the previous block's transformed inject (read only with block_out)
     const float* gamma;       // [HC]
     float eps;
     int64_t H;
@@ -75,7 +84,7 @@ struct PrologueParams {
     QuantizedActivations act; // xn quantized for the down product (T rows of HC)
     const uint8_t* inject_w;  // {HC, hc} rows inject_row_bytes apart, or null
     size_t inject_row_bytes;
-    float* inject;            // [T x hc]: in, the previous block's transformed inject; out, the raw inject product
+    float* inject_partials;   // [T x hc (stream) x hc (inject row)]: each stream's share of the inject product
 };
 
 // Q8_0 inject weights (blocks of an f16 scale and 32 int8): their product reads xn as quantized for a Q8_0 down
@@ -96,60 +105,47 @@ __device__ __forceinline__ float load_weight(const uint8_t* row, int64_t e) {
         return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(row)[e]);
 }
 
-// One block per token. Every thread holds the values e = k * 1024 + threadIdx.x: loads are issued together, the
-// pending write and the norm's sums in double follow (hyper_connection_write and group_norm_block_kernel's rounding),
-// then each 1,024-value slice is scaled, stored, quantized (kQ8K: 256-value blocks, else 32) and added into the inject
-// sums. InjectW: the inject weights' element type (void: no inject).
+// One block per (token, stream): a stream is one norm group and a whole number of activation blocks. Every thread
+// holds the values i = k * 512 + threadIdx.x of its stream, loaded together; the pending write and the sum of squares
+// in double follow (hyper_connection_write's and group_norm_block_kernel's rounding), then each 512-value slice is
+// scaled, stored, quantized (kQ8K: 256-value blocks, else 32) and added into this stream's share of each inject row,
+// which the mix kernel adds up in stream order. InjectW: the inject weights' element type (void: no inject).
 template <int kStreams, bool kQ8K, typename InjectW>
 __global__ void __launch_bounds__(kPrologueThreads) hc_prologue_kernel(const PrologueParams p) {
-    __shared__ double group_sums[kPrologueThreads / 32][kStreams];
+    __shared__ double warp_sums[kPrologueThreads / 32];
     __shared__ float inject_sums[kPrologueThreads / 32][kStreams];
-    __shared__ float pending_inject[kStreams];
     __shared__ kernels::AbsMax best[kPrologueThreads / 32];
     kernels::wait_for_previous_grid();
     kernels::allow_next_grid_to_launch();  // the down matvec may start loading its weights
     const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
-    const int64_t t = blockIdx.x, H = p.H, HC = kStreams * H;
-    float* residual = p.residual + t * HC;
-    if (p.block_out && tid < kStreams) pending_inject[tid] = p.inject[t * kStreams + tid];
-    __syncthreads();  // the inject row is rewritten below
+    const int64_t t = blockIdx.x, g = blockIdx.y, H = p.H, HC = kStreams * H, first = g * H;
+    float* residual = p.residual + t * HC + first;
+    const float pending_inject = p.block_out ? p.inject[t * kStreams + g] : 0.0f;
 
     float v[kPrologueValues];
-    double sums[kStreams] = {};
 #pragma unroll
     for (int k = 0; k < kPrologueValues; ++k) {
-        const int64_t e = static_cast<int64_t>(k) * kPrologueThreads + tid;
-        v[k] = e < HC ? residual[e] : 0.0f;
+        const int64_t i = static_cast<int64_t>(k) * kPrologueThreads + tid;
+        v[k] = i < H ? residual[i] : 0.0f;
     }
+    double sum = 0.0;
 #pragma unroll
     for (int k = 0; k < kPrologueValues; ++k) {
-        const int64_t e = static_cast<int64_t>(k) * kPrologueThreads + tid;
-        if (e >= HC) continue;
-        const int s = static_cast<int>(e / H);
+        const int64_t i = static_cast<int64_t>(k) * kPrologueThreads + tid;
+        if (i >= H) continue;
         if (p.block_out) {
-            v[k] = __fadd_rn(v[k], __fmul_rn(pending_inject[s], p.block_out[t * H + e % H]));
-            residual[e] = v[k];
+            v[k] = __fadd_rn(v[k], __fmul_rn(pending_inject, p.block_out[t * H + i]));
+            residual[i] = v[k];
         }
-        const double square = static_cast<double>(v[k]) * v[k];
-#pragma unroll
-        for (int g = 0; g < kStreams; ++g)  // a register per stream, not an indexed (local memory) array
-            if (g == s) sums[g] += square;
+        sum += static_cast<double>(v[k]) * v[k];
     }
 #pragma unroll
-    for (int s = 0; s < kStreams; ++s) {
-        double x = sums[s];
-#pragma unroll
-        for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
-        if (lane == 0) group_sums[warp][s] = x;
-    }
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (lane == 0) warp_sums[warp] = sum;
     __syncthreads();
-    float scale[kStreams];
-#pragma unroll
-    for (int s = 0; s < kStreams; ++s) {
-        double total = 0.0;
-        for (int w = 0; w < kPrologueThreads / 32; ++w) total += group_sums[w][s];
-        scale[s] = static_cast<float>(1.0 / sqrt(total / static_cast<double>(H) + p.eps));
-    }
+    double total = 0.0;
+    for (int w = 0; w < kPrologueThreads / 32; ++w) total += warp_sums[w];
+    const float scale = static_cast<float>(1.0 / sqrt(total / static_cast<double>(H) + p.eps));
 
     float inj[kStreams] = {};
     auto* q = const_cast<int8_t*>(p.act.q) + t * HC;
@@ -158,23 +154,18 @@ __global__ void __launch_bounds__(kPrologueThreads) hc_prologue_kernel(const Pro
 #pragma unroll
     for (int k = 0; k < kPrologueValues; ++k) {
         const int64_t slice = static_cast<int64_t>(k) * kPrologueThreads;
-        if (slice >= HC) break;  // block-uniform
-        const int64_t e = slice + tid;
-        const bool inside = e < HC;
+        if (slice >= H) break;  // block-uniform
+        const int64_t i = slice + tid, e = first + i;
+        const bool inside = i < H;
         float x = 0.0f;
         if (inside) {
-            const int s = static_cast<int>(e / H);
-            float group_scale = scale[0];
-#pragma unroll
-            for (int g = 1; g < kStreams; ++g)
-                if (g == s) group_scale = scale[g];
-            x = __fmul_rn(__fmul_rn(v[k], group_scale), p.gamma[e]);
+            x = __fmul_rn(__fmul_rn(v[k], scale), p.gamma[e]);
             p.xn[t * HC + e] = x;
         }
         float quantized = 0.0f;
         if constexpr (kQ8K) {
             kernels::quantize_q8_k_value(x, e, inside, q, d, s16, best);
-        } else if (e - lane < HC) {  // whole warps: HC is a multiple of 32
+        } else if (i - lane < H) {  // whole warps: H is a multiple of 32
             quantized = kernels::quantize_q8_0_value(x, e, q, d, s16);
         }
         if constexpr (!std::is_void_v<InjectW>) {
@@ -193,9 +184,9 @@ __global__ void __launch_bounds__(kPrologueThreads) hc_prologue_kernel(const Pro
         }
         __syncthreads();
         if (tid < kStreams) {
-            float total = 0.0f;
-            for (int w = 0; w < kPrologueThreads / 32; ++w) total += inject_sums[w][tid];
-            p.inject[t * kStreams + tid] = total;
+            float share = 0.0f;
+            for (int w = 0; w < kPrologueThreads / 32; ++w) share += inject_sums[w][tid];
+            p.inject_partials[(t * kStreams + g) * kStreams + tid] = share;
         }
     }
 }
@@ -211,7 +202,8 @@ int64_t hyper_connection_workspace_floats(const HyperConnectionDims& s, int64_t 
     const int64_t HC = s.n_streams * s.n_embd;
     const int64_t quantized = static_cast<int64_t>(quantized_activation_bytes(DType::Q8_0, n_tokens * HC).total() +
                                                    quantized_activation_bytes(DType::Q8_0, n_tokens * s.low_rank).total());
-    return n_tokens * HC + (n_tokens * s.low_rank + 63) / 64 * 64 + n_tokens * HC + (quantized + 3) / 4 + 64;
+    return n_tokens * HC + (n_tokens * s.low_rank + 63) / 64 * 64 + n_tokens * HC + (quantized + 3) / 4 + 64 +
+           n_tokens * s.n_streams * s.n_streams;  // the inject product's shares per stream
 }
 
 namespace {
@@ -223,6 +215,12 @@ bool float_type(DType t) {
 // Whether the fused read covers this window: a decode window, 2 or 4 streams, HC within the kernel's reach, quantized
 // down and up products with rows of whole activation blocks, and float inject weights (or none).
 bool fused_read_applies(const HyperConnectionReadArgs& a) {
+    // STRATA_CUDA_FUSED_HC=0 keeps the plain path (for measuring one against the other in the same build).
+    static const bool enabled = [] {
+        const char* v = std::getenv("STRATA_CUDA_FUSED_HC");
+        return !v || std::string(v) != "0";
+    }();
+    if (!enabled) return false;
     const HyperConnectionDims& s = a.shape;
     const HyperConnectionDeviceWeights& w = a.weights;
     const int64_t HC = s.n_streams * s.n_embd, R = s.low_rank;
@@ -233,13 +231,13 @@ bool fused_read_applies(const HyperConnectionReadArgs& a) {
     const bool inject_ok = !a.inject || float_type(w.inject->type) ||
                            (w.inject->type == DType::Q8_0 && !reads_q8_k_activations(w.down->type));
     return a.n_tokens <= kMaxMatvecTokens && (s.n_streams == 2 || s.n_streams == 4) &&
-           HC <= int64_t{kPrologueThreads} * kPrologueValues && whole_blocks(w.down->type, HC) &&
-           whole_blocks(w.up->type, R) && inject_ok;
+           s.n_embd <= int64_t{kPrologueThreads} * kPrologueValues && whole_blocks(w.down->type, s.n_embd) &&
+           whole_blocks(w.up->type, R) && inject_ok && HC > 0;
 }
 
 template <int kStreams, bool kQ8K>
 void launch_prologue(const PrologueParams& p, DType inject_type, int64_t T, cudaStream_t stream) {
-    const dim3 grid(static_cast<unsigned>(T));
+    const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(kStreams));
     if (!p.inject_w)
         hc_prologue_kernel<kStreams, kQ8K, void><<<grid, kPrologueThreads, 0, stream>>>(p);
     else if (inject_type == DType::F32)
@@ -267,8 +265,11 @@ void fused_read(Context& ctx, const HyperConnectionReadArgs& a) {
     const QuantizedActivations low_act = quantized_activations_at(
         quantized + quantized_activation_bytes(DType::Q8_0, T * HC).total(), w.up->type, T * R);
 
+    auto* partials = reinterpret_cast<float*>(quantized + quantized_activation_bytes(DType::Q8_0, T * HC).total() +
+                                              quantized_activation_bytes(DType::Q8_0, T * R).total());
     const PrologueParams p{.residual = a.residual,
                            .block_out = a.pending_block_out,
+                           .inject = a.inject,
                            .gamma = w.norm,
                            .eps = s.eps,
                            .H = H,
@@ -276,7 +277,7 @@ void fused_read(Context& ctx, const HyperConnectionReadArgs& a) {
                            .act = xn_act,
                            .inject_w = a.inject ? static_cast<const uint8_t*>(w.inject->data) : nullptr,
                            .inject_row_bytes = a.inject ? w.inject->nb[1] : 0,
-                           .inject = a.inject};
+                           .inject_partials = partials};
     const bool q8k = reads_q8_k_activations(w.down->type);
     const DType inject_type = a.inject ? w.inject->type : DType::F32;
     if (hc == 2)
@@ -293,7 +294,8 @@ void fused_read(Context& ctx, const HyperConnectionReadArgs& a) {
     matvec(*w.down, xn_act, xn, low);
     quantize_silu_scaled(w.up->type, low, static_cast<float>(hc), R, T, low_act, stream);
     matvec(*w.up, low_act, nullptr, gate);
-    mix_kernel<<<blocks_for(T * std::max(H, hc)), kThreads, 0, stream>>>(gate, xn, a.mixed, a.inject, T, hc, H);
+    mix_kernel<<<blocks_for(T * std::max(H, hc)), kThreads, 0, stream>>>(gate, xn, a.mixed, a.inject, T, hc, H,
+                                                                         partials);
     STRATA_CUDA_CHECK_LAUNCH("mix_kernel");
 }
 

@@ -370,6 +370,16 @@ struct PerfShape {
     int64_t in, rows;
 };
 
+// 32 distinct quantized rows tiled over a rows x in matrix: realistic bytes without quantizing 40M weights.
+std::vector<uint8_t> tiled_weights(DType t, int64_t rows, int64_t in, std::mt19937& rng) {
+    const std::vector<uint8_t> pattern = random_weights(t, 32, in, rng);
+    const size_t rb = strata::row_bytes(t, in);
+    std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(w.data() + rb * static_cast<size_t>(r), pattern.data() + rb * static_cast<size_t>(r % 32), rb);
+    return w;
+}
+
 TEST(CudaPerf, MatvecBandwidth) {
     if (!std::getenv("STRATA_CUDA_PERF")) GTEST_SKIP() << "set STRATA_CUDA_PERF=1 for the CUDA timing run";
     SKIP_WITHOUT_DEVICE();
@@ -391,12 +401,8 @@ TEST(CudaPerf, MatvecBandwidth) {
         for (const PerfShape& shape : shapes) {
             const int64_t in = shape.in, rows = shape.rows;
             if (in % block_of(t) != 0) continue;
-            // 32 distinct quantized rows tiled over the matrix: realistic bytes without quantizing 40M weights.
-            const std::vector<uint8_t> pattern = random_weights(t, 32, in, rng);
-            const size_t rb = strata::row_bytes(t, in), bytes = rb * static_cast<size_t>(rows);
-            std::vector<uint8_t> w(bytes);
-            for (int64_t r = 0; r < rows; ++r)
-                std::memcpy(w.data() + rb * static_cast<size_t>(r), pattern.data() + rb * static_cast<size_t>(r % 32), rb);
+            const std::vector<uint8_t> w = tiled_weights(t, rows, in, rng);
+            const size_t bytes = w.size();
             const size_t copies = std::max<size_t>(2, (4 * ctx.info().l2_bytes + bytes - 1) / bytes);
             std::vector<cuda::DeviceBuffer> dw;
             for (size_t c = 0; c < copies; ++c) dw.push_back(ctx.upload(w.data(), bytes, "perf weights"));
@@ -471,11 +477,8 @@ TEST(CudaPerf, GemmTflops) {
         for (const PerfShape& shape : shapes) {
             const int64_t in = shape.in, rows = shape.rows;
             if (in % block_of(t) != 0) continue;
-            const std::vector<uint8_t> pattern = random_weights(t, 32, in, rng);
-            const size_t rb = strata::row_bytes(t, in), bytes = rb * static_cast<size_t>(rows);
-            std::vector<uint8_t> w(bytes);
-            for (int64_t r = 0; r < rows; ++r)
-                std::memcpy(w.data() + rb * static_cast<size_t>(r), pattern.data() + rb * static_cast<size_t>(r % 32), rb);
+            const std::vector<uint8_t> w = tiled_weights(t, rows, in, rng);
+            const size_t bytes = w.size();
             const cuda::DeviceBuffer dw = ctx.upload(w.data(), bytes, "perf weights");
             const std::vector<float> x = gaussian(static_cast<size_t>(512 * in), rng);
             const cuda::DeviceBuffer dx = ctx.upload(x.data(), x.size() * 4, "perf");

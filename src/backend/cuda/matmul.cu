@@ -286,10 +286,12 @@ QuantizedActivations quantized_activations_at(void* base, DType w_type, int64_t 
             .s16 = reinterpret_cast<float*>(p + b.q + b.d)};
 }
 
-void quantize_activations(DType w_type, const float* x, int64_t in, int64_t n_rows, const QuantizedActivations& out,
-                          cudaStream_t stream) {
-    const ActivationFormat format = activation_format(w_type);
-    if (format == ActivationFormat::F32 || n_rows <= 0) return;
+namespace {
+
+// The quantizer's launch for any value source, in a quantized format.
+template <typename Source>
+void launch_quantize(ActivationFormat format, const Source& src, int64_t in, int64_t n_rows,
+                     const QuantizedActivations& out, cudaStream_t stream, const char* what) {
     const dim3 grid(static_cast<unsigned>((in + kQuantizeThreads - 1) / kQuantizeThreads),
                     static_cast<unsigned>(std::min<int64_t>(n_rows, 65535)));
     auto* q = const_cast<int8_t*>(out.q);
@@ -298,42 +300,38 @@ void quantize_activations(DType w_type, const float* x, int64_t in, int64_t n_ro
     if (format == ActivationFormat::Q8_0) {
         STRATA_ASSERT(in % 32 == 0);
         quantize_activations_kernel<ActivationFormat::Q8_0>
-            <<<grid, kQuantizeThreads, 0, stream>>>(RowSource{x}, in, n_rows, q, d, s16);
+            <<<grid, kQuantizeThreads, 0, stream>>>(src, in, n_rows, q, d, s16);
     } else {
-        STRATA_ASSERT(in % 256 == 0);
+        STRATA_ASSERT(format == ActivationFormat::Q8_K && in % 256 == 0);
         quantize_activations_kernel<ActivationFormat::Q8_K>
-            <<<grid, kQuantizeThreads, 0, stream>>>(RowSource{x}, in, n_rows, q, d, s16);
+            <<<grid, kQuantizeThreads, 0, stream>>>(src, in, n_rows, q, d, s16);
     }
-    STRATA_CUDA_CHECK_LAUNCH("quantize_activations_kernel");
+    STRATA_CUDA_CHECK_LAUNCH(what);
+}
+
+}  // namespace
+
+void quantize_activations(DType w_type, const float* x, int64_t in, int64_t n_rows, const QuantizedActivations& out,
+                          cudaStream_t stream) {
+    const ActivationFormat format = activation_format(w_type);
+    if (format == ActivationFormat::F32 || n_rows <= 0) return;
+    launch_quantize(format, RowSource{x}, in, n_rows, out, stream, "quantize_activations_kernel");
 }
 
 void quantize_swiglu(const SwiGluQuantize& a) {
     const ActivationFormat format = activation_format(a.w_type);
     if (a.n_rows <= 0) return;
-    const dim3 grid(static_cast<unsigned>((a.in + kQuantizeThreads - 1) / kQuantizeThreads),
-                    static_cast<unsigned>(std::min<int64_t>(a.n_rows, 65535)));
+    const SwiGluSource src{a.gate, a.up, a.stride, a.hidden};
     if (format == ActivationFormat::F32) {
         STRATA_ASSERT(a.hidden != nullptr);
         // Float weights read f32: the Q8_0 kernel's arithmetic would be wasted, so only the values are written.
-        swiglu_rows_kernel<<<grid, kQuantizeThreads, 0, a.stream>>>(
-            SwiGluSource{a.gate, a.up, a.stride, a.hidden}, a.in, a.n_rows);
+        const dim3 grid(static_cast<unsigned>((a.in + kQuantizeThreads - 1) / kQuantizeThreads),
+                        static_cast<unsigned>(std::min<int64_t>(a.n_rows, 65535)));
+        swiglu_rows_kernel<<<grid, kQuantizeThreads, 0, a.stream>>>(src, a.in, a.n_rows);
         STRATA_CUDA_CHECK_LAUNCH("swiglu_rows_kernel");
         return;
     }
-    const SwiGluSource src{a.gate, a.up, a.stride, a.hidden};
-    auto* q = const_cast<int8_t*>(a.out.q);
-    auto* d = const_cast<float*>(a.out.d);
-    auto* s16 = const_cast<float*>(a.out.s16);
-    if (format == ActivationFormat::Q8_0) {
-        STRATA_ASSERT(a.in % 32 == 0);
-        quantize_activations_kernel<ActivationFormat::Q8_0>
-            <<<grid, kQuantizeThreads, 0, a.stream>>>(src, a.in, a.n_rows, q, d, s16);
-    } else {
-        STRATA_ASSERT(a.in % 256 == 0);
-        quantize_activations_kernel<ActivationFormat::Q8_K>
-            <<<grid, kQuantizeThreads, 0, a.stream>>>(src, a.in, a.n_rows, q, d, s16);
-    }
-    STRATA_CUDA_CHECK_LAUNCH("quantize_activations_kernel (swiglu)");
+    launch_quantize(format, src, a.in, a.n_rows, a.out, a.stream, "quantize_activations_kernel (swiglu)");
 }
 
 void quantize_silu_scaled(DType w_type, const float* x, float divisor, int64_t in, int64_t n_rows,
@@ -341,22 +339,8 @@ void quantize_silu_scaled(DType w_type, const float* x, float divisor, int64_t i
     const ActivationFormat format = activation_format(w_type);
     STRATA_ASSERT(format != ActivationFormat::F32);
     if (n_rows <= 0) return;
-    const dim3 grid(static_cast<unsigned>((in + kQuantizeThreads - 1) / kQuantizeThreads),
-                    static_cast<unsigned>(std::min<int64_t>(n_rows, 65535)));
-    const SiluScaledSource src{x, divisor};
-    auto* q = const_cast<int8_t*>(out.q);
-    auto* d = const_cast<float*>(out.d);
-    auto* s16 = const_cast<float*>(out.s16);
-    if (format == ActivationFormat::Q8_0) {
-        STRATA_ASSERT(in % 32 == 0);
-        quantize_activations_kernel<ActivationFormat::Q8_0>
-            <<<grid, kQuantizeThreads, 0, stream>>>(src, in, n_rows, q, d, s16);
-    } else {
-        STRATA_ASSERT(in % 256 == 0);
-        quantize_activations_kernel<ActivationFormat::Q8_K>
-            <<<grid, kQuantizeThreads, 0, stream>>>(src, in, n_rows, q, d, s16);
-    }
-    STRATA_CUDA_CHECK_LAUNCH("quantize_activations_kernel (silu)");
+    launch_quantize(format, SiluScaledSource{x, divisor}, in, n_rows, out, stream,
+                    "quantize_activations_kernel (silu)");
 }
 
 bool reads_q8_k_activations(DType w_type) {

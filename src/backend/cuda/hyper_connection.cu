@@ -1,8 +1,9 @@
-// Hyper-connection read and write (model_ops.h). Decode windows take the fused path: one kernel per read applies the
-// previous block's pending write, forms the grouped RMS norm, quantizes it for the down product and computes the
-// inject product (float or Q8_0 weights); then the down matvec, the silu quantized on the way into the up matvec, and the mix kernel (5
-// launches where the plain path takes 8-9). Prompt windows and shapes the fused kernel does not cover take the plain
-// path: the grouped norm (elementwise.cu), the products (matmul), and this file's silu and mix kernels.
+// Hyper-connection read and write (model_ops.h). Decode windows take the fused path: one kernel per (token, stream)
+// applies the previous block's pending write, forms the grouped RMS norm, quantizes it for the down product and
+// computes the stream's share of the inject product (float or Q8_0 weights); then the down matvec, the silu quantized
+// on the way into the up matvec, and the mix kernel (5 launches where the plain path takes 8-9). Prompt windows and
+// shapes the fused kernel does not cover take the plain path: the grouped norm (elementwise.cu), the products
+// (matmul), and this file's silu and mix kernels.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -200,8 +201,9 @@ unsigned blocks_for(int64_t n) {
 int64_t hyper_connection_workspace_floats(const HyperConnectionDims& s, int64_t n_tokens) {
     // xn [T x HC], low [T x r] (rounded up to 64 floats), gate [T x HC], then for the fused path xn and low quantized
     const int64_t HC = s.n_streams * s.n_embd;
-    const int64_t quantized = static_cast<int64_t>(quantized_activation_bytes(DType::Q8_0, n_tokens * HC).total() +
-                                                   quantized_activation_bytes(DType::Q8_0, n_tokens * s.low_rank).total());
+    const size_t xn_bytes = quantized_activation_bytes(DType::Q8_0, n_tokens * HC).total();
+    const size_t low_bytes = quantized_activation_bytes(DType::Q8_0, n_tokens * s.low_rank).total();
+    const int64_t quantized = static_cast<int64_t>(xn_bytes + low_bytes);
     return n_tokens * HC + (n_tokens * s.low_rank + 63) / 64 * 64 + n_tokens * HC + (quantized + 3) / 4 + 64 +
            n_tokens * s.n_streams * s.n_streams;  // the inject product's shares per stream
 }
@@ -280,10 +282,14 @@ void fused_read(Context& ctx, const HyperConnectionReadArgs& a) {
                            .inject_partials = partials};
     const bool q8k = reads_q8_k_activations(w.down->type);
     const DType inject_type = a.inject ? w.inject->type : DType::F32;
-    if (hc == 2)
-        q8k ? launch_prologue<2, true>(p, inject_type, T, stream) : launch_prologue<2, false>(p, inject_type, T, stream);
+    if (hc == 2 && q8k)
+        launch_prologue<2, true>(p, inject_type, T, stream);
+    else if (hc == 2)
+        launch_prologue<2, false>(p, inject_type, T, stream);
+    else if (q8k)
+        launch_prologue<4, true>(p, inject_type, T, stream);
     else
-        q8k ? launch_prologue<4, true>(p, inject_type, T, stream) : launch_prologue<4, false>(p, inject_type, T, stream);
+        launch_prologue<4, false>(p, inject_type, T, stream);
 
     auto matvec = [&](const Tensor& m, const QuantizedActivations& act, const float* x, float* y) {
         const MatvecLaunch l{.type = m.type, .w = static_cast<const uint8_t*>(m.data), .row_bytes = m.nb[1],

@@ -26,15 +26,6 @@ bool kernels::programmatic_launch() {
     return on;
 }
 
-int kernels::matvec_prefetch_depth() {
-    static const int depth = [] {
-        const char* v = std::getenv("STRATA_CUDA_MATVEC_DEPTH");
-        const int d = v ? std::atoi(v) : 1;
-        return d == 2 || d == 3 ? d : 1;
-    }();
-    return depth;
-}
-
 namespace {
 
 enum class ActivationFormat { F32, Q8_0, Q8_K };
@@ -113,7 +104,7 @@ __global__ void swiglu_rows_kernel(const SwiGluSource src, int64_t in, int64_t n
     for (int64_t t = blockIdx.y; t < n_rows; t += gridDim.y) (void)src(t, in, e);
 }
 
-// ---- tensor-core GEMM (T > kMaxMatvecTokens, quant weights) ------------------------------------------------------
+// ---- tensor-core GEMM (T > kMaxMatvecTokens, quant weights) -----------------------------------------------------------
 
 constexpr int kHalfThreads = 256;
 

@@ -37,8 +37,6 @@ constexpr int kQuantPiecesPerLane = 2;
 // (programmatic_launch(), STRATA_CUDA_PDL=1), so that one build measures both: the wait and the early trigger are
 // no-ops for a kernel launched without it.
 bool programmatic_launch();
-// Chunks in flight per warp for single-token products: 1 (default), 2 or 3 (STRATA_CUDA_MATVEC_DEPTH).
-int matvec_prefetch_depth();
 
 // Waits until the grid this one depends on has finished and its writes are visible (a no-op without PDL).
 __device__ __forceinline__ void wait_for_previous_grid() {
@@ -121,9 +119,7 @@ struct ChunkShape {
 
 // The explicit minimum of 1 block per SM lets ptxas use more registers (~120 instead of ~80 at 8 tokens): 8 tokens
 // then ran up to 2x faster on the H200 (bench/NOTES.md).
-// kDepth: chunks whose loads are in flight while one is decoded (1: the next one). A row of a few chunks (Flash-Next's
-// 2,560-wide rows: 3) is then read by one round trip instead of one per chunk, at the cost of registers.
-template <typename F, int kTokens, int kRows, int kDepth = 1>
+template <typename F, int kTokens, int kRows>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(const MatvecParams p) {
     using Shape = ChunkShape<F>;
     constexpr int kG = Shape::kGranulesPerLane;
@@ -170,27 +166,26 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
     const int64_t blocks_per_row = in / F::kBlockElems;
     const int64_t n_chunks = (blocks_per_row + Shape::kBlocks - 1) / Shape::kBlocks;
 
-    uint4 next[kDepth][kRows][kG];
-    int next_shift[kDepth][kRows];
-    // Issues the 16-byte loads of chunk c of every row this warp owns into slot d (granules past the chunk stay
-    // unloaded); d is a constant wherever it is called, so the slots stay in registers.
-    auto load_chunk = [&](int d, int64_t c) {
+    uint4 next[kRows][kG];
+    int next_shift[kRows];
+    // Issues the 16-byte loads of chunk c of every row this warp owns (granules past the chunk stay unloaded).
+    auto load_chunk = [&](int64_t c) {
         const int64_t b0 = c * Shape::kBlocks;
         const int64_t nb = min(blocks_per_row - b0, static_cast<int64_t>(Shape::kBlocks));
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
-            next_shift[d][r] = 0;
+            next_shift[r] = 0;
             if (row0 + r >= seg.rows) continue;
             const uintptr_t start =
                 reinterpret_cast<uintptr_t>(w_base + (row0 + r) * seg.row_bytes + b0 * F::kBlockBytes);
             const uintptr_t base = start & ~uintptr_t{15};
             const int n_granules = static_cast<int>((start + nb * F::kBlockBytes - base + 15) / 16);
-            next_shift[d][r] = static_cast<int>(start - base);
+            next_shift[r] = static_cast<int>(start - base);
             const uint4* src = reinterpret_cast<const uint4*>(base);
 #pragma unroll
             for (int g = 0; g < kG; ++g) {
                 const int idx = lane + g * kWarpSize;
-                if (idx < n_granules) next[d][r][g] = __ldg(src + idx);
+                if (idx < n_granules) next[r][g] = __ldg(src + idx);
             }
         }
     };
@@ -201,88 +196,80 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
 #pragma unroll
         for (int t = 0; t < kTokens; ++t) acc[r][t] = 0.0f;
 
-#pragma unroll
-    for (int d = 0; d < kDepth; ++d)
-        if (active && part + d * split < n_chunks) load_chunk(d, part + d * split);
+    if (active && part < n_chunks) load_chunk(part);
     wait_for_previous_grid();  // activations and outputs only from here on
-    for (int64_t c0 = part; active && c0 < n_chunks; c0 += kDepth * split) {
+    for (int64_t c = part; active && c < n_chunks; c += split) {
+        int shift[kRows];
 #pragma unroll
-        for (int d = 0; d < kDepth; ++d) {
-            const int64_t c = c0 + d * split;
-            if (c >= n_chunks) break;
-            int shift[kRows];
+        for (int r = 0; r < kRows; ++r) {
+            shift[r] = next_shift[r];
 #pragma unroll
-            for (int r = 0; r < kRows; ++r) {
-                shift[r] = next_shift[d][r];
-#pragma unroll
-                for (int g = 0; g < kG; ++g) stage[warp][r][lane + g * kWarpSize] = next[d][r][g];
-            }
-            __syncwarp();
-            // in flight while this chunk and the kDepth - 1 after it are decoded
-            if (c + kDepth * split < n_chunks) load_chunk(d, c + kDepth * split);
+            for (int g = 0; g < kG; ++g) stage[warp][r][lane + g * kWarpSize] = next[r][g];
+        }
+        __syncwarp();
+        if (c + split < n_chunks) load_chunk(c + split);  // in flight while this chunk is decoded
 
 #pragma unroll
-            for (int k = 0; k < F::kPiecesPerLane; ++k) {
-                const int piece = lane + k * kWarpSize;
-                const int64_t e0 = c * Shape::kElems + piece * kPieceElems;
-                if (e0 >= in) continue;
-                const int block = piece * kPieceElems / F::kBlockElems;
-                const int piece_in_block = (piece * kPieceElems % F::kBlockElems) / kPieceElems;
-                if constexpr (F::kIsFloat) {
-                    // Rows first, then one token's 16 activations at a time: keeps registers at 16 * (kRows + 1).
-                    float wv[kRows][kPieceElems];
+        for (int k = 0; k < F::kPiecesPerLane; ++k) {
+            const int piece = lane + k * kWarpSize;
+            const int64_t e0 = c * Shape::kElems + piece * kPieceElems;
+            if (e0 >= in) continue;
+            const int block = piece * kPieceElems / F::kBlockElems;
+            const int piece_in_block = (piece * kPieceElems % F::kBlockElems) / kPieceElems;
+            if constexpr (F::kIsFloat) {
+                // Rows first, then one token's 16 activations at a time: keeps registers at 16 * (kRows + 1).
+                float wv[kRows][kPieceElems];
 #pragma unroll
-                    for (int r = 0; r < kRows; ++r)
-                        F::decode(reinterpret_cast<const uint8_t*>(stage[warp][r]) + shift[r] + block * F::kBlockBytes,
-                                  piece_in_block, wv[r]);
+                for (int r = 0; r < kRows; ++r)
+                    F::decode(reinterpret_cast<const uint8_t*>(stage[warp][r]) + shift[r] + block * F::kBlockBytes,
+                              piece_in_block, wv[r]);
 #pragma unroll
-                    for (int t = 0; t < kTokens; ++t) {
-                        const float4* xp = reinterpret_cast<const float4*>(x_base + t * in + e0);
-                        float xs[kPieceElems];
+                for (int t = 0; t < kTokens; ++t) {
+                    const float4* xp = reinterpret_cast<const float4*>(x_base + t * in + e0);
+                    float xs[kPieceElems];
 #pragma unroll
-                        for (int j = 0; j < 4; ++j) {
-                            const float4 v = __ldg(xp + j);
-                            xs[4 * j] = v.x;
-                            xs[4 * j + 1] = v.y;
-                            xs[4 * j + 2] = v.z;
-                            xs[4 * j + 3] = v.w;
-                        }
-#pragma unroll
-                        for (int r = 0; r < kRows; ++r) {
-                            float s = 0.0f;
-#pragma unroll
-                            for (int i = 0; i < kPieceElems; ++i) s = fmaf(wv[r][i], xs[i], s);
-                            acc[r][t] += s;
-                        }
-                    }
-                } else {
-                    int4 aq[kTokens];
-                    float ad[kTokens], as[kTokens];
-#pragma unroll
-                    for (int t = 0; t < kTokens; ++t) {
-                        aq[t] = __ldg(reinterpret_cast<const int4*>(act.q + t * in + e0));
-                        ad[t] = __ldg(act.d + t * (in / 32) + e0 / 32);
-                        if constexpr (F::kHasOffset) as[t] = __ldg(act.s16 + t * (in / 16) + e0 / 16);
+                    for (int j = 0; j < 4; ++j) {
+                        const float4 v = __ldg(xp + j);
+                        xs[4 * j] = v.x;
+                        xs[4 * j + 1] = v.y;
+                        xs[4 * j + 2] = v.z;
+                        xs[4 * j + 3] = v.w;
                     }
 #pragma unroll
                     for (int r = 0; r < kRows; ++r) {
-                        const uint8_t* blk = reinterpret_cast<const uint8_t*>(stage[warp][r]) + shift[r] +
-                                             block * F::kBlockBytes;
-                        const QuantPiece wp = F::decode(blk, piece_in_block);
+                        float s = 0.0f;
 #pragma unroll
-                        for (int t = 0; t < kTokens; ++t) {
-                            int sumi = __dp4a(wp.q[0], aq[t].x, 0);
-                            sumi = __dp4a(wp.q[1], aq[t].y, sumi);
-                            sumi = __dp4a(wp.q[2], aq[t].z, sumi);
-                            sumi = __dp4a(wp.q[3], aq[t].w, sumi);
-                            acc[r][t] += ad[t] * (wp.scale * static_cast<float>(sumi));
-                            if constexpr (F::kHasOffset) acc[r][t] += wp.offset * as[t];
-                        }
+                        for (int i = 0; i < kPieceElems; ++i) s = fmaf(wv[r][i], xs[i], s);
+                        acc[r][t] += s;
+                    }
+                }
+            } else {
+                int4 aq[kTokens];
+                float ad[kTokens], as[kTokens];
+#pragma unroll
+                for (int t = 0; t < kTokens; ++t) {
+                    aq[t] = __ldg(reinterpret_cast<const int4*>(act.q + t * in + e0));
+                    ad[t] = __ldg(act.d + t * (in / 32) + e0 / 32);
+                    if constexpr (F::kHasOffset) as[t] = __ldg(act.s16 + t * (in / 16) + e0 / 16);
+                }
+#pragma unroll
+                for (int r = 0; r < kRows; ++r) {
+                    const uint8_t* blk = reinterpret_cast<const uint8_t*>(stage[warp][r]) + shift[r] +
+                                         block * F::kBlockBytes;
+                    const QuantPiece wp = F::decode(blk, piece_in_block);
+#pragma unroll
+                    for (int t = 0; t < kTokens; ++t) {
+                        int sumi = __dp4a(wp.q[0], aq[t].x, 0);
+                        sumi = __dp4a(wp.q[1], aq[t].y, sumi);
+                        sumi = __dp4a(wp.q[2], aq[t].z, sumi);
+                        sumi = __dp4a(wp.q[3], aq[t].w, sumi);
+                        acc[r][t] += ad[t] * (wp.scale * static_cast<float>(sumi));
+                        if constexpr (F::kHasOffset) acc[r][t] += wp.offset * as[t];
                     }
                 }
             }
-            __syncwarp();  // the stage is overwritten by the next chunk
         }
+        __syncwarp();  // the stage is overwritten by the next chunk
     }
 
 #pragma unroll
@@ -357,18 +344,6 @@ void launch_matvec_tokens(const MatvecLaunch& l) {
     attribute.val.programmaticStreamSerializationAllowed = programmatic_launch() ? 1 : 0;
     config.attrs = &attribute;
     config.numAttrs = 1;
-    if constexpr (kTokens == 1) {
-        // STRATA_CUDA_MATVEC_DEPTH=2|3: single-token launches keep that many chunks in flight (measuring switch).
-        const int depth = matvec_prefetch_depth();
-        if (depth == 3) {
-            STRATA_CUDA_CHECK(cudaLaunchKernelEx(&config, matvec_kernel<F, 1, kRows, 3>, p));
-            return;
-        }
-        if (depth == 2) {
-            STRATA_CUDA_CHECK(cudaLaunchKernelEx(&config, matvec_kernel<F, 1, kRows, 2>, p));
-            return;
-        }
-    }
     STRATA_CUDA_CHECK(cudaLaunchKernelEx(&config, matvec_kernel<F, kTokens, kRows>, p));
 }
 

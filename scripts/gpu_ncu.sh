@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One decode window of `strata bench --backend cuda` under Nsight Compute (issue 7's "where the rest goes"): every
-# kernel of the N-th graph replay (STRATA_CUDA_NCU_REPLAY, backend/cuda/context.cpp) is profiled as its own node,
+# kernel of the N-th graph replay (`bench --ncu-replay N`, N = NCU_REPLAY or 12) is profiled as its own node,
 # with its GPU time and DRAM bytes, and tools/ncu_summary.py sums them by kernel.
 #   scripts/gpu_ncu.sh STRATA_BINARY MODEL.gguf LOG_DIR [extra bench arguments]
 # Clocks are left alone (--clock-control none), as the device notes ask.
@@ -11,10 +11,11 @@ logs=$3
 shift 3
 ncu_bin=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n1)}
 mkdir -p "$logs"
-STRATA_CUDA_NCU_REPLAY=${STRATA_CUDA_NCU_REPLAY:-12} "$ncu_bin" --clock-control none --profile-from-start off \
+"$ncu_bin" --clock-control none --profile-from-start off \
     --graph-profiling node --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
     --csv --print-units base --print-kernel-base function \
-    "$strata" bench --model "$model" --backend cuda -p 0 -n 24 -r 1 "$@" > "$logs/ncu.csv" 2> "$logs/ncu.err" || {
+    "$strata" bench --model "$model" --backend cuda -p 0 -n 24 -r 1 --ncu-replay "${NCU_REPLAY:-12}" "$@" \
+    > "$logs/ncu.csv" 2> "$logs/ncu.err" || {
     echo "gpu_ncu.sh: ncu failed; its last lines:" >&2
     tail -n 20 "$logs/ncu.err" >&2
     exit 1

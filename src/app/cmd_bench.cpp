@@ -100,6 +100,9 @@ BenchPlan read_plan(const Args& args) {
     plan.load.cuda_profile = args.has("--profile");
     if (plan.load.cuda_profile && plan.load.backend != Backend::Cuda)
         throw Error("bench: --profile applies to --backend cuda only");
+    plan.load.cuda_ncu_replay = args.get_int("--ncu-replay", 1, int64_t{1} << 40).value_or(0);
+    if (plan.load.cuda_ncu_replay > 0 && plan.load.backend != Backend::Cuda)
+        throw Error("bench: --ncu-replay applies to --backend cuda only");
     plan.json = args.has("--json");
     return plan;
 }
@@ -396,6 +399,9 @@ Command bench_command() {
          "worker threads; a list runs every test for each (default: all cores)"},
         {"--profile", "",
          "cuda: time each kind of op (kernels launched one by one) and print the split per token"},
+        {"--ncu-replay", "N",
+         "cuda: bracket the N-th decode graph replay with the profiler's start/stop (ncu --profile-from-start off; "
+         "scripts/gpu_ncu.sh)"},
         {"--rounds", "N", "bench doorbell: ping-pong rounds per variant (default 10000)"},
         {"--tokens", "N[,N...]", "bench gdn-recurrence: window lengths (default 8192,32768)"},
         {"--heads", "H", "bench gdn-recurrence: value heads (default 48, flash-next)"},

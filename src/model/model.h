@@ -86,6 +86,9 @@ struct LoadOptions {
     // CUDA: prompt windows of QSA layers attend over the union of 8 positions' selections on tensor cores
     // (--qsa-union; issue 8, seed 003) instead of once per position. Logits differ by rounding: fp16 products.
     bool qsa_union = false;
+    // CUDA: the N-th captured-graph replay (from 1) is bracketed with the profiler's start and stop, so that Nsight
+    // Compute run with --profile-from-start off measures one decode window (bench --ncu-replay; 0: off).
+    int64_t cuda_ncu_replay = 0;
 };
 
 class Model {

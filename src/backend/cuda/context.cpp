@@ -2,9 +2,7 @@
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <utility>
 
 #include "backend/cuda/cuda_backend.h"
@@ -261,28 +259,19 @@ void Graph::capture(Context& ctx, const std::function<void()>& enqueue) {
     STRATA_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
 }
 
-namespace {
-
-// STRATA_CUDA_NCU_REPLAY=N brackets the process's N-th graph replay (from 1) with cudaProfilerStart/Stop, so that
-// `ncu --profile-from-start off --graph-profiling node` measures the kernels of one decode window and nothing else.
-long ncu_replay_from_env() {
-    const char* v = std::getenv("STRATA_CUDA_NCU_REPLAY");
-    return v ? std::strtol(v, nullptr, 10) : 0;
-}
-
-}  // namespace
-
 void Graph::replay(Context& ctx) const {
     STRATA_ASSERT(exec_ != nullptr);
-    static const long ncu_replay = ncu_replay_from_env();
-    static std::atomic<long> replays{0};
-    const bool profiled = ncu_replay > 0 && ++replays == ncu_replay;
-    if (profiled) STRATA_CUDA_CHECK(cudaProfilerStart());
     STRATA_CUDA_CHECK(cudaGraphLaunch(exec_, ctx.stream().handle()));
-    if (profiled) {
-        STRATA_CUDA_CHECK(cudaStreamSynchronize(ctx.stream().handle()));
-        STRATA_CUDA_CHECK(cudaProfilerStop());
-    }
+}
+
+void Context::profiler_start() {
+    STRATA_CUDA_CHECK(cudaSetDevice(info().index));
+    STRATA_CUDA_CHECK(cudaProfilerStart());
+}
+
+void Context::profiler_stop() {
+    synchronize();
+    STRATA_CUDA_CHECK(cudaProfilerStop());
 }
 
 }  // namespace strata::cuda

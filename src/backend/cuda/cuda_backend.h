@@ -144,6 +144,9 @@ public:
     // Device bytes set to zero, queued on the stream.
     void zero(void* device, size_t bytes);
     void synchronize() const { stream_->synchronize(); }
+    // Bracket work for a profiler started with --profile-from-start off (Nsight Compute); stop waits for the stream.
+    void profiler_start();
+    void profiler_stop();
 
     // Device scratch of at least `bytes`, valid until the next call; contents undefined. Counted as "scratch". It
     // only grows, and never while the stream is being captured into a graph (that throws Error: reserve enough

@@ -8,7 +8,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
@@ -217,12 +216,6 @@ bool float_type(DType t) {
 // Whether the fused read covers this window: a decode window, 2 or 4 streams, HC within the kernel's reach, quantized
 // down and up products with rows of whole activation blocks, and float inject weights (or none).
 bool fused_read_applies(const HyperConnectionReadArgs& a) {
-    // STRATA_CUDA_FUSED_HC=0 keeps the plain path (for measuring one against the other in the same build).
-    static const bool enabled = [] {
-        const char* v = std::getenv("STRATA_CUDA_FUSED_HC");
-        return !v || std::string(v) != "0";
-    }();
-    if (!enabled) return false;
     const HyperConnectionDims& s = a.shape;
     const HyperConnectionDeviceWeights& w = a.weights;
     const int64_t HC = s.n_streams * s.n_embd, R = s.low_rank;

@@ -5,7 +5,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <optional>
 #include <string>
 
@@ -17,14 +16,6 @@
 #include "backend/cuda/quantize_device.cuh"
 
 namespace strata::cuda {
-
-bool kernels::programmatic_launch() {
-    static const bool on = [] {
-        const char* v = std::getenv("STRATA_CUDA_PDL");
-        return v && std::string(v) == "1";
-    }();
-    return on;
-}
 
 namespace {
 

@@ -31,12 +31,16 @@ constexpr int kPieceElems = 16;
 // H200 at decode shapes (bench/NOTES.md, 2026-11-30).
 constexpr int kQuantPiecesPerLane = 2;
 
-// Programmatic dependent launch (sm_90+): a kernel launched with it may start while the kernel before it still runs;
-// the matvec kernel issues its first weight loads, which depend on nothing computed on the device, and waits for the
-// previous kernel's results only before it reads activations or writes outputs. Chosen at run time
-// (programmatic_launch(), STRATA_CUDA_PDL=1), so that one build measures both: the wait and the early trigger are
-// no-ops for a kernel launched without it.
-bool programmatic_launch();
+// Programmatic dependent launch (sm_90+), built with -DSTRATA_CUDA_PDL: the matvec kernel may start while the kernel
+// before it (the activation quantizer) still runs; it issues its first weight loads, which depend on nothing computed
+// on the device, and waits for the previous kernel's results only before it reads activations or writes outputs.
+// Off by default: inside the decode graph it measured +1.3% (session 6) and +0.4% (session 8, with the quantizers
+// triggering early) on Flash-Next (bench/NOTES.md). The wait and the trigger are no-ops for a kernel launched without.
+#if defined(STRATA_CUDA_PDL)
+constexpr bool kUseProgrammaticLaunch = true;
+#else
+constexpr bool kUseProgrammaticLaunch = false;
+#endif
 
 // Waits until the grid this one depends on has finished and its writes are visible (a no-op without PDL).
 __device__ __forceinline__ void wait_for_previous_grid() {
@@ -341,7 +345,7 @@ void launch_matvec_tokens(const MatvecLaunch& l) {
     config.stream = l.stream;
     cudaLaunchAttribute attribute = {};
     attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = programmatic_launch() ? 1 : 0;
+    attribute.val.programmaticStreamSerializationAllowed = kUseProgrammaticLaunch ? 1 : 0;
     config.attrs = &attribute;
     config.numAttrs = 1;
     STRATA_CUDA_CHECK(cudaLaunchKernelEx(&config, matvec_kernel<F, kTokens, kRows>, p));

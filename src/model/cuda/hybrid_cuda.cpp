@@ -36,7 +36,8 @@ CudaHybridModel::CudaHybridModel(std::unique_ptr<gguf::File> file, const LoadOpt
       graphs_(options.cuda_graphs && !options.cuda_profile),
       gdn_recurrence_(gdn_recurrence_kernel(options.gdn_recurrence)),
       kv_storage_(options.kv_cache == KvCacheType::Int8 ? cuda::KvStorage::Int8 : cuda::KvStorage::F16),
-      qsa_union_(options.qsa_union) {
+      qsa_union_(options.qsa_union),
+      ncu_replay_(options.cuda_ncu_replay) {
     info_ = read_hybrid_info(*file_, &n_block_all_);
     ctx_ = std::make_unique<cuda::Context>(
         cuda::ContextOptions{.device = options.cuda_device, .vram_budget = options.vram_budget});
@@ -395,7 +396,10 @@ void CudaHybridModel::run_window(CudaSequence& s, std::span<const int32_t> token
         }
         cuda::Graph& graph = s.graphs[static_cast<size_t>(T)];
         if (!graph.ready()) graph.capture(*ctx_, [&] { enqueue_window(s, T); });
+        const bool profiled = ncu_replay_ > 0 && ++replays_ == ncu_replay_;
+        if (profiled) ctx_->profiler_start();
         graph.replay(*ctx_);
+        if (profiled) ctx_->profiler_stop();
     } else {
         enqueue_window(s, T);
         if (profiler_) {

@@ -185,6 +185,8 @@ class CudaHybridModel : public Model {
     bool qsa_union_ = false;
     std::string qsa_union_off_;
     mutable bool qsa_union_scratch_reported_ = false;
+    int64_t ncu_replay_ = 0;  // LoadOptions::cuda_ncu_replay
+    mutable int64_t replays_ = 0;
     GdnShape gdn_;
     AttentionShape attention_;
     std::vector<BlockLayout> layout_;

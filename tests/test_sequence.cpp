@@ -147,6 +147,25 @@ TEST_P(Sequence, PlanMemoryCoversWeightsAndState) {
     EXPECT_EQ(state, seq->memory_bytes());
 }
 
+// The roofline's bytes per token with int8 KV cells (--kv-cache int8: a byte per value and an fp16 scale per 64)
+// against fp16 cells: the same weights, a cache that grows by 66/128 of the fp16 cells' growth per token of depth
+// (checked on the fixtures without QSA layers, whose caches grow with every token).
+TEST_P(Sequence, DecodeTrafficCountsTheKvCellFormat) {
+    auto file = gguf::File::open(path_);
+    const DecodeTraffic f16 = decode_traffic(*file, 100), i8 = decode_traffic(*file, 100, KvCacheType::Int8);
+    EXPECT_EQ(i8.weights, f16.weights);
+    EXPECT_LT(i8.cache, f16.cache);
+    EXPECT_GT(i8.cache, f16.cache / 2);
+    const DecodeTraffic f16_deeper = decode_traffic(*file, 101);
+    const DecodeTraffic i8_deeper = decode_traffic(*file, 101, KvCacheType::Int8);
+    const uint64_t f16_growth = f16_deeper.cache - f16.cache, i8_growth = i8_deeper.cache - i8.cache;
+    if (GetParam() == std::string("qwen4exp")) return;  // its QSA layers stop growing at the selection budget
+    EXPECT_GT(f16_growth, 0u);
+    if (f16_growth % 128 == 0) {
+        EXPECT_EQ(i8_growth * 128, f16_growth * 66);
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, Sequence, ::testing::Values("qwen4exp", "qwen35moe", "qwen3next"),
                          [](const auto& p) { return p.param; });
 

@@ -246,7 +246,7 @@ double device_copy_bandwidth(const BenchPlan& plan, std::string* device_name) {
 void print_roofline(const BenchPlan& plan, const gguf::File& file, const TestResult& r, double bandwidth_gbs,
                     const std::string& device) {
     // The middle of the timed tokens: depth plus the prompt token plus half the generated ones.
-    const DecodeTraffic traffic = decode_traffic(file, plan.depth + 1 + r.n_gen / 2);
+    const DecodeTraffic traffic = decode_traffic(file, plan.depth + 1 + r.n_gen / 2, plan.load.kv_cache);
     const double roofline = bandwidth_gbs * 1e9 / static_cast<double>(traffic.total());
     std::printf("roofline (%s, copy %.0f GB/s): a token of %s reads %.1f MB (weights %.1f, KV and indexer keys %.1f) "
                 "-> at most %.0f t/s; measured %.1f t/s = %.1f%% of it\n",

@@ -94,7 +94,7 @@ std::vector<MemoryPlanItem> plan_memory(const gguf::File& file, int64_t n_ctx) {
     return items;
 }
 
-DecodeTraffic decode_traffic(const gguf::File& file, int64_t depth) {
+DecodeTraffic decode_traffic(const gguf::File& file, int64_t depth, KvCacheType kv) {
     DecodeTraffic d;
     const std::string arch = file.get_str("general.architecture");
     HparamReader hp(file, arch);
@@ -123,7 +123,9 @@ DecodeTraffic decode_traffic(const gguf::File& file, int64_t depth) {
     const std::vector<int64_t> ratios =
         arch == "qwen4exp" ? hp.per_block("attention.compress_ratios", n_all, 0) : std::vector<int64_t>(n_all, 0);
     const int64_t di = hp.u32_or("attention.indexer.key_length", 0), budget = hp.u32_or("attention.indexer.top_k", 0);
-    const uint64_t cell_bytes = static_cast<uint64_t>(2 * attn.n_head_kv * attn.head_dim) * 2;  // fp16 K and V
+    // K and V: fp16 values, or int8 values and an fp16 scale per 64 (the CUDA cache's int8 layout, attention.h)
+    const uint64_t cell_values = static_cast<uint64_t>(2 * attn.n_head_kv * attn.head_dim);
+    const uint64_t cell_bytes = kv == KvCacheType::Int8 ? cell_values + cell_values / 64 * 2 : cell_values * 2;
     for (int64_t il = 0; il < n_layer; ++il) {
         if (recurrent[static_cast<size_t>(il)]) continue;
         const int64_t ratio = ratios[static_cast<size_t>(il)];

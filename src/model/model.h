@@ -133,13 +133,13 @@ std::vector<MemoryPlanItem> plan_memory(const gguf::File& file, int64_t n_ctx);
 
 // The bytes one decoded token reads at a given depth (the numerator of a roofline figure): every weight once, except
 // the routed experts (the used share), the token table (one row, unless it is also the head) and the PLE table (one
-// row per head); plus the fp16 KV cells attention reads (QSA layers: at most the budget plus a block) and the pooled
-// indexer keys QSA scores. For the hybrid architectures.
+// row per head); plus the KV cells attention reads (QSA layers: at most the budget plus a block), fp16 or int8 with an
+// fp16 scale per 64 values (--kv-cache), and the pooled indexer keys QSA scores. For the hybrid architectures.
 struct DecodeTraffic {
     uint64_t weights = 0;
     uint64_t cache = 0;
     uint64_t total() const { return weights + cache; }
 };
-DecodeTraffic decode_traffic(const gguf::File& file, int64_t depth);
+DecodeTraffic decode_traffic(const gguf::File& file, int64_t depth, KvCacheType kv = KvCacheType::F16);
 
 }  // namespace strata

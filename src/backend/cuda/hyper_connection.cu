@@ -213,12 +213,13 @@ bool float_type(DType t) {
     return t == DType::F32 || t == DType::F16 || t == DType::BF16;
 }
 
-// Whether the fused read covers this window: a decode window, 2 or 4 streams, HC within the kernel's reach, quantized
-// down and up products with rows of whole activation blocks, and float inject weights (or none).
+// Whether the fused read covers this window: a decode window, 2 or 4 streams each within the kernel's reach and of
+// whole activation blocks of the down product, an up product of whole blocks too, and float or Q8_0 inject weights
+// (or none).
 bool fused_read_applies(const HyperConnectionReadArgs& a) {
     const HyperConnectionDims& s = a.shape;
     const HyperConnectionDeviceWeights& w = a.weights;
-    const int64_t HC = s.n_streams * s.n_embd, R = s.low_rank;
+    const int64_t R = s.low_rank;
     auto whole_blocks = [](DType t, int64_t in) {
         return reads_quantized_activations(t) && in % (reads_q8_k_activations(t) ? 256 : 32) == 0;
     };
@@ -227,7 +228,7 @@ bool fused_read_applies(const HyperConnectionReadArgs& a) {
                            (w.inject->type == DType::Q8_0 && !reads_q8_k_activations(w.down->type));
     return a.n_tokens <= kMaxMatvecTokens && (s.n_streams == 2 || s.n_streams == 4) &&
            s.n_embd <= int64_t{kPrologueThreads} * kPrologueValues && whole_blocks(w.down->type, s.n_embd) &&
-           whole_blocks(w.up->type, R) && inject_ok && HC > 0;
+           whole_blocks(w.up->type, R) && inject_ok;
 }
 
 template <int kStreams, bool kQ8K>

@@ -195,16 +195,44 @@ unsigned blocks_for(int64_t n) {
     return static_cast<unsigned>((n + kThreads - 1) / kThreads);
 }
 
+// The read's workspace, in order: xn [T x HC], low [T x r] (rounded up to 64 floats), gate [T x HC]; then, for the
+// fused path, xn and low quantized (from the next 256-byte boundary) and the inject product's shares per stream
+// [T x hc x hc]. `floats` counts from the base, with room for the alignment whatever the base's.
+struct ReadWorkspace {
+    float *xn, *low, *gate;
+    uint8_t *xn_quantized, *low_quantized;
+    float* inject_partials;
+    int64_t floats;
+};
+
+ReadWorkspace read_workspace(float* base, const HyperConnectionDims& s, int64_t T) {
+    const int64_t HC = s.n_streams * s.n_embd, R = s.low_rank;
+    // Addresses as integers: hyper_connection_workspace_floats asks with no base (0) for the size alone.
+    const uintptr_t start = reinterpret_cast<uintptr_t>(base);
+    const uintptr_t low = start + static_cast<uintptr_t>(T * HC) * sizeof(float);
+    const uintptr_t gate = low + static_cast<uintptr_t>((T * R + 63) / 64 * 64) * sizeof(float);
+    const uintptr_t gate_end = gate + static_cast<uintptr_t>(T * HC) * sizeof(float);
+    const uintptr_t xn_quantized = (gate_end + 255) / 256 * 256;
+    const uintptr_t low_quantized = xn_quantized + quantized_activation_bytes(DType::Q8_0, T * HC).total();
+    // quantized_activation_bytes rounds each array up to 256 bytes: the shares start float-aligned.
+    const uintptr_t partials = low_quantized + quantized_activation_bytes(DType::Q8_0, T * R).total();
+    ReadWorkspace w{};
+    w.xn = base;
+    w.low = reinterpret_cast<float*>(low);
+    w.gate = reinterpret_cast<float*>(gate);
+    w.xn_quantized = reinterpret_cast<uint8_t*>(xn_quantized);
+    w.low_quantized = reinterpret_cast<uint8_t*>(low_quantized);
+    w.inject_partials = reinterpret_cast<float*>(partials);
+    // The alignment takes at most 255 bytes whatever the base: counted as 256.
+    w.floats = static_cast<int64_t>((gate_end - start) + 256 + (partials - xn_quantized)) / 4 +
+               T * s.n_streams * s.n_streams;
+    return w;
+}
+
 }  // namespace
 
 int64_t hyper_connection_workspace_floats(const HyperConnectionDims& s, int64_t n_tokens) {
-    // xn [T x HC], low [T x r] (rounded up to 64 floats), gate [T x HC], then for the fused path xn and low quantized
-    const int64_t HC = s.n_streams * s.n_embd;
-    const size_t xn_bytes = quantized_activation_bytes(DType::Q8_0, n_tokens * HC).total();
-    const size_t low_bytes = quantized_activation_bytes(DType::Q8_0, n_tokens * s.low_rank).total();
-    const int64_t quantized = static_cast<int64_t>(xn_bytes + low_bytes);
-    return n_tokens * HC + (n_tokens * s.low_rank + 63) / 64 * 64 + n_tokens * HC + (quantized + 3) / 4 + 64 +
-           n_tokens * s.n_streams * s.n_streams;  // the inject product's shares per stream
+    return read_workspace(nullptr, s, n_tokens).floats;
 }
 
 namespace {
@@ -252,17 +280,10 @@ void fused_read(Context& ctx, const HyperConnectionReadArgs& a) {
     const HyperConnectionDeviceWeights& w = a.weights;
     const int64_t T = a.n_tokens, hc = s.n_streams, H = s.n_embd, HC = hc * H, R = s.low_rank;
     cudaStream_t stream = ctx.stream().handle();
-    float* xn = a.workspace;
-    float* low = xn + T * HC;
-    float* gate = low + (T * R + 63) / 64 * 64;
-    auto* quantized = reinterpret_cast<uint8_t*>(gate + T * HC);
-    quantized += (256 - reinterpret_cast<uintptr_t>(quantized) % 256) % 256;
-    const QuantizedActivations xn_act = quantized_activations_at(quantized, w.down->type, T * HC);
-    const QuantizedActivations low_act = quantized_activations_at(
-        quantized + quantized_activation_bytes(DType::Q8_0, T * HC).total(), w.up->type, T * R);
-
-    auto* partials = reinterpret_cast<float*>(quantized + quantized_activation_bytes(DType::Q8_0, T * HC).total() +
-                                              quantized_activation_bytes(DType::Q8_0, T * R).total());
+    const ReadWorkspace ws = read_workspace(a.workspace, s, T);
+    float *xn = ws.xn, *low = ws.low, *gate = ws.gate, *partials = ws.inject_partials;
+    const QuantizedActivations xn_act = quantized_activations_at(ws.xn_quantized, w.down->type, T * HC);
+    const QuantizedActivations low_act = quantized_activations_at(ws.low_quantized, w.up->type, T * R);
     const PrologueParams p{.residual = a.residual,
                            .block_out = a.pending_block_out,
                            .inject = a.inject,
@@ -320,9 +341,8 @@ void hyper_connection_read(Context& ctx, const HyperConnectionReadArgs& a) {
 
     if (a.pending_block_out) hyper_connection_write(ctx, s, a.residual, a.pending_block_out, a.inject, T);
     cudaStream_t stream = ctx.stream().handle();
-    float* xn = a.workspace;
-    float* low = xn + T * HC;
-    float* gate = low + (T * R + 63) / 64 * 64;
+    const ReadWorkspace ws = read_workspace(a.workspace, s, T);
+    float *xn = ws.xn, *low = ws.low, *gate = ws.gate;
 
     rms_norm_grouped(ctx, {.x = a.residual, .out = xn, .n_tokens = T, .n_groups = hc, .group = H, .gamma = w.norm,
                            .eps = s.eps});

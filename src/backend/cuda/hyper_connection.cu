@@ -122,11 +122,24 @@ __global__ void __launch_bounds__(kPrologueThreads) hc_prologue_kernel(const Pro
     float* residual = p.residual + t * HC + first;
     const float pending_inject = p.block_out ? p.inject[t * kStreams + g] : 0.0f;
 
-    float v[kPrologueValues];
+    // Every load first, in one batch: the stores below could alias them as far as the compiler knows, so loads left
+    // in the loops would each wait for the stores before them (one round trip per slice).
+    constexpr int kInjectRows = std::is_void_v<InjectW> ? 1 : kStreams;
+    float v[kPrologueValues], out[kPrologueValues], gamma[kPrologueValues], wi[kPrologueValues][kInjectRows];
 #pragma unroll
     for (int k = 0; k < kPrologueValues; ++k) {
         const int64_t i = static_cast<int64_t>(k) * kPrologueThreads + tid;
-        v[k] = i < H ? residual[i] : 0.0f;
+        const bool inside = i < H;
+        v[k] = inside ? residual[i] : 0.0f;
+        out[k] = inside && p.block_out ? p.block_out[t * H + i] : 0.0f;
+        gamma[k] = inside ? p.gamma[first + i] : 0.0f;
+#pragma unroll
+        for (int r = 0; r < kInjectRows; ++r) {
+            if constexpr (std::is_void_v<InjectW>)
+                wi[k][r] = 0.0f;
+            else
+                wi[k][r] = inside ? load_weight<InjectW>(p.inject_w + r * p.inject_row_bytes, first + i) : 0.0f;
+        }
     }
     double sum = 0.0;
 #pragma unroll
@@ -134,7 +147,7 @@ __global__ void __launch_bounds__(kPrologueThreads) hc_prologue_kernel(const Pro
         const int64_t i = static_cast<int64_t>(k) * kPrologueThreads + tid;
         if (i >= H) continue;
         if (p.block_out) {
-            v[k] = __fadd_rn(v[k], __fmul_rn(pending_inject, p.block_out[t * H + i]));
+            v[k] = __fadd_rn(v[k], __fmul_rn(pending_inject, out[k]));
             residual[i] = v[k];
         }
         sum += static_cast<double>(v[k]) * v[k];
@@ -159,7 +172,7 @@ __global__ void __launch_bounds__(kPrologueThreads) hc_prologue_kernel(const Pro
         const bool inside = i < H;
         float x = 0.0f;
         if (inside) {
-            x = __fmul_rn(__fmul_rn(v[k], scale), p.gamma[e]);
+            x = __fmul_rn(__fmul_rn(v[k], scale), gamma[k]);
             p.xn[t * HC + e] = x;
         }
         float quantized = 0.0f;
@@ -173,7 +186,7 @@ __global__ void __launch_bounds__(kPrologueThreads) hc_prologue_kernel(const Pro
             if (inside)
 #pragma unroll
                 for (int r = 0; r < kStreams; ++r)
-                    inj[r] = fmaf(load_weight<InjectW>(p.inject_w + r * p.inject_row_bytes, e), operand, inj[r]);
+                    inj[r] = fmaf(wi[k][r], operand, inj[r]);
         }
     }
     if constexpr (!std::is_void_v<InjectW>) {

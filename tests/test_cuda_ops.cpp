@@ -277,16 +277,9 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, CudaMatmul, ::testing::ValuesIn(kWeightTypes)
                              return std::string(strata::dtype_name(param_info.param));
                          });
 
-// A token's outputs must not depend on how many tokens share the call (1..8: the matvec kernels), bit for bit: each
-// (row, token) sum is formed in the same order whatever the batch (the row split depends on the shape only), which
-// is what lets prefill, token-by-token decode and chunked prompts agree later.
-TEST_P(CudaMatmul, TokenResultsDoNotDependOnTheBatch) {
-    SKIP_WITHOUT_DEVICE();
-    const DType t = GetParam();
-    std::mt19937 rng(99 + static_cast<unsigned>(t));
-    const int64_t in = row_lengths(t)[2], rows = kRowCounts[0];
-    if (in % 16 != 0) GTEST_SKIP() << "rows of " << in << " elements take the GEMM path";
-    const std::vector<uint8_t> w = random_weights(t, rows, in, rng);
+// Runs 8 tokens, then 3, then each token alone: every token's outputs must be the same bits each time.
+void expect_tokens_independent_of_the_batch(DType t, const std::vector<uint8_t>& w, int64_t rows, int64_t in,
+                                            std::mt19937& rng) {
     std::vector<float> x(static_cast<size_t>(cuda::kMaxMatvecTokens * in));
     std::normal_distribution<float> gauss;
     for (float& v : x) v = gauss(rng);
@@ -309,6 +302,38 @@ TEST_P(CudaMatmul, TokenResultsDoNotDependOnTheBatch) {
             EXPECT_EQ(std::memcmp(alone.data(), batch3.data() + k * rows, alone.size() * 4), 0) << "token " << k << " of 3";
         }
     }
+}
+
+// A token's outputs must not depend on how many tokens share the call (1..8: the matvec kernels), bit for bit: each
+// (row, token) sum is formed in the same order whatever the batch (the rows per warp and the row split depend on the
+// shape only), which is what lets prefill, token-by-token decode and chunked prompts agree later.
+TEST_P(CudaMatmul, TokenResultsDoNotDependOnTheBatch) {
+    SKIP_WITHOUT_DEVICE();
+    const DType t = GetParam();
+    std::mt19937 rng(99 + static_cast<unsigned>(t));
+    const int64_t in = row_lengths(t)[2], rows = kRowCounts[0];
+    if (in % 16 != 0) GTEST_SKIP() << "rows of " << in << " elements take the GEMM path";
+    expect_tokens_independent_of_the_batch(t, random_weights(t, rows, in, rng), rows, in, rng);
+}
+
+// Many short rows (no longer than a kernel chunk) go 8 to a warp, walked as one span whose chunks cross row
+// boundaries (the expert down products' 640 weights a row, the hyper-connection up's 320): 8,197 rows leave the last
+// warp a partial span. Against cpu::matmul at 1, 3 and 8 tokens, and bit for bit across the batch.
+TEST_P(CudaMatmul, ShortRowsEightToAWarpMatchTheCpuAndTheBatch) {
+    SKIP_WITHOUT_DEVICE();
+    const DType t = GetParam();
+    std::mt19937 rng(77 + static_cast<unsigned>(t));
+    const int64_t in = is_float(t) ? 48 : block_of(t) == 32 ? 320 : 256, rows = 8197;
+    const std::vector<uint8_t> w = random_weights(t, rows, in, rng);
+    for (const int64_t tokens : {1, 3, 8}) {
+        const Outcome o = run_case(t, w, rows, in, tokens, rng);
+        SCOPED_TRACE(std::string(strata::dtype_name(t)) + " tokens " + std::to_string(tokens));
+        EXPECT_EQ(o.unwritten, 0);
+        EXPECT_EQ(o.non_finite, 0);
+        EXPECT_EQ(o.clobbered, 0);
+        EXPECT_LE(o.nmse, kReassociationNmse);
+    }
+    expect_tokens_independent_of_the_batch(t, w, rows, in, rng);
 }
 
 // ---- errors and memory ----------------------------------------------------------------------------------------------

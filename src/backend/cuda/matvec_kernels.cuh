@@ -5,12 +5,13 @@
 //                four dp4a per piece and token;
 //   float types: 16 floats.
 //
-// The matvec kernel (MMVQ style): each warp owns kRows weight rows (2 up to 4 tokens, else 1) and walks them in
-// chunks of 32 * kPiecesPerLane pieces. A chunk's bytes are copied into the warp's shared memory with 16-byte loads
-// from the 16-byte granules that cover it (all coalesced, whatever the block size, which is rarely a multiple of 16),
-// the next chunk's loads are issued before the current chunk is decoded, and each lane then decodes its pieces from
-// shared memory against the activations of every token. Partial sums per (row, token) are reduced across the warp
-// with shuffles; matrices with few rows split each row over 2 or 4 warps of a block, whose sums meet in shared memory.
+// The matvec kernel (MMVQ style): each warp owns kRows consecutive weight rows (8 for many short rows, else 2) and
+// walks them as one span in chunks of 32 * kPiecesPerLane pieces. A chunk's bytes are copied into the warp's shared
+// memory by cp.async from the 16-byte granules that cover it (all coalesced, whatever the block size, which is rarely
+// a multiple of 16), the next chunks' copies are in flight while one is decoded, and each lane then decodes its
+// pieces from shared memory against the activations of every token, adding into the row each piece belongs to.
+// Partial sums per (row, token) are reduced across the warp with shuffles; matrices with few rows split each span over
+// 2 or 4 warps of a block, whose sums meet in shared memory.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -121,13 +122,32 @@ struct ChunkShape {
     static constexpr int kGranulesPerLane = (kGranules + kWarpSize - 1) / kWarpSize;
 };
 
+// Chunk copies run through cp.async (global to shared without registers), so the chunks a warp keeps in flight cost
+// shared memory, not registers: kMatvecStages - 1 chunks are in flight while one is decoded. Two stages measured as
+// fast as three or four on the H200 (Flash-Next decode within 1%, bench/NOTES.md session 9): the warps of an SM, not
+// the depth of each, keep the copies in flight.
+constexpr int kMatvecStages = 2;
+
+__device__ __forceinline__ void copy_16_async(void* shared_dst, const void* global_src) {
+    const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(shared_dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(global_src) : "memory");
+}
+__device__ __forceinline__ void commit_async_copies() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wait_async_copies() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
 // The explicit minimum of 1 block per SM lets ptxas use more registers (~120 instead of ~80 at 8 tokens): 8 tokens
 // then ran up to 2x faster on the H200 (bench/NOTES.md).
+// A warp's kRows rows are consecutive in memory (the launcher checks), so the warp walks them as one span of
+// kRows * in weights: chunk after chunk with every lane busy, each piece adding into the row it belongs to. Rows
+// shorter than a chunk (the expert down products' 640, the hyper-connection up's 320) then leave no lane idle.
 template <typename F, int kTokens, int kRows>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(const MatvecParams p) {
     using Shape = ChunkShape<F>;
     constexpr int kG = Shape::kGranulesPerLane;
-    __shared__ uint4 stage[kWarpsPerBlock][kRows][kG * kWarpSize];
+    __shared__ uint4 stage[kWarpsPerBlock][kMatvecStages][kG * kWarpSize];
 
     const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
     const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
@@ -168,29 +188,27 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
 
     const int64_t in = p.in;
     const int64_t blocks_per_row = in / F::kBlockElems;
-    const int64_t n_chunks = (blocks_per_row + Shape::kBlocks - 1) / Shape::kBlocks;
-
-    uint4 next[kRows][kG];
-    int next_shift[kRows];
-    // Issues the 16-byte loads of chunk c of every row this warp owns (granules past the chunk stay unloaded).
-    auto load_chunk = [&](int64_t c) {
-        const int64_t b0 = c * Shape::kBlocks;
-        const int64_t nb = min(blocks_per_row - b0, static_cast<int64_t>(Shape::kBlocks));
+    const int pieces_per_row = static_cast<int>(in / kPieceElems);
+    const int rows_here = active ? static_cast<int>(min(static_cast<int64_t>(kRows), seg.rows - row0)) : 0;
+    const int span_pieces = rows_here * pieces_per_row;
+    const int64_t span_blocks = rows_here * blocks_per_row;
+    const int64_t n_chunks = (span_blocks + Shape::kBlocks - 1) / Shape::kBlocks;
+    const uint8_t* span = w_base + row0 * seg.row_bytes;
+    auto chunk_start = [&](int64_t c) {
+        return reinterpret_cast<uintptr_t>(span + c * Shape::kBlocks * F::kBlockBytes);
+    };
+    // Starts the copies of chunk c into stage slot `slot`: the 16-byte granules that cover it (the first may begin
+    // before it; granules past the chunk stay uncopied and are never read).
+    auto copy_chunk = [&](int slot, int64_t c) {
+        const int64_t nb = min(span_blocks - c * Shape::kBlocks, static_cast<int64_t>(Shape::kBlocks));
+        const uintptr_t start = chunk_start(c);
+        const uintptr_t base = start & ~uintptr_t{15};
+        const int n_granules = static_cast<int>((start + nb * F::kBlockBytes - base + 15) / 16);
+        const uint4* src = reinterpret_cast<const uint4*>(base);
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-            next_shift[r] = 0;
-            if (row0 + r >= seg.rows) continue;
-            const uintptr_t start =
-                reinterpret_cast<uintptr_t>(w_base + (row0 + r) * seg.row_bytes + b0 * F::kBlockBytes);
-            const uintptr_t base = start & ~uintptr_t{15};
-            const int n_granules = static_cast<int>((start + nb * F::kBlockBytes - base + 15) / 16);
-            next_shift[r] = static_cast<int>(start - base);
-            const uint4* src = reinterpret_cast<const uint4*>(base);
-#pragma unroll
-            for (int g = 0; g < kG; ++g) {
-                const int idx = lane + g * kWarpSize;
-                if (idx < n_granules) next[r][g] = __ldg(src + idx);
-            }
+        for (int g = 0; g < kG; ++g) {
+            const int idx = lane + g * kWarpSize;
+            if (idx < n_granules) copy_16_async(&stage[warp][slot][idx], src + idx);
         }
     };
 
@@ -199,81 +217,82 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
     for (int r = 0; r < kRows; ++r)
 #pragma unroll
         for (int t = 0; t < kTokens; ++t) acc[r][t] = 0.0f;
+    // Adds v[t] into row r of the span (r is uniform only per piece, so every row is tested: registers stay put).
+    // Products and sums are rounded one by one (no fused multiply-add the compiler may choose differently per token
+    // count), so a token's sums are the same bits whatever the batch.
+    auto add_to_row = [&](int r, const float (&v)[kTokens]) {
+#pragma unroll
+        for (int rr = 0; rr < kRows; ++rr)
+            if (rr == r)
+#pragma unroll
+                for (int t = 0; t < kTokens; ++t) acc[rr][t] = __fadd_rn(acc[rr][t], v[t]);
+    };
 
-    if (active && part < n_chunks) load_chunk(part);
+    // This part's chunks are part + i * split for i < my_chunks; chunk i sits in slot i % kMatvecStages.
+    const int64_t my_chunks = part < n_chunks ? (n_chunks - part + split - 1) / split : 0;
+#pragma unroll
+    for (int i = 0; i < kMatvecStages - 1; ++i) {
+        if (i < my_chunks) copy_chunk(i, part + i * split);
+        commit_async_copies();  // empty groups too, so the group count stays uniform
+    }
     wait_for_previous_grid();  // activations and outputs only from here on
-    for (int64_t c = part; active && c < n_chunks; c += split) {
-        int shift[kRows];
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-            shift[r] = next_shift[r];
-#pragma unroll
-            for (int g = 0; g < kG; ++g) stage[warp][r][lane + g * kWarpSize] = next[r][g];
-        }
-        __syncwarp();
-        if (c + split < n_chunks) load_chunk(c + split);  // in flight while this chunk is decoded
-
+    // Row of a span piece: (g + 0.5) / pieces_per_row rounded down, exact in float (its error, under 8 * 2^-22, stays
+    // below the 0.5 / pieces_per_row margin for rows under 2^18 pieces: the launcher checks).
+    const float inv_pieces_per_row = 1.0f / static_cast<float>(pieces_per_row);
+    for (int64_t i = 0; i < my_chunks; ++i) {
+        const int64_t ahead = i + kMatvecStages - 1;  // refills the slot decoded in the previous iteration
+        if (ahead < my_chunks) copy_chunk(static_cast<int>(ahead % kMatvecStages), part + ahead * split);
+        commit_async_copies();
+        wait_async_copies<kMatvecStages - 1>();  // chunk i has landed (for this lane)
+        __syncwarp();                      // ... and for every lane
+        const int64_t c = part + i * split;
+        const uint8_t* chunk = reinterpret_cast<const uint8_t*>(stage[warp][i % kMatvecStages]) + (chunk_start(c) & 15);
 #pragma unroll
         for (int k = 0; k < F::kPiecesPerLane; ++k) {
             const int piece = lane + k * kWarpSize;
-            const int64_t e0 = c * Shape::kElems + piece * kPieceElems;
-            if (e0 >= in) continue;
+            const int g = static_cast<int>(c * Shape::kPieces) + piece;  // piece of the span
+            if (g >= span_pieces) continue;
+            const int r = __float2int_rd((static_cast<float>(g) + 0.5f) * inv_pieces_per_row);
+            const int64_t e0 = static_cast<int64_t>(g - r * pieces_per_row) * kPieceElems;
             const int block = piece * kPieceElems / F::kBlockElems;
             const int piece_in_block = (piece * kPieceElems % F::kBlockElems) / kPieceElems;
+            const uint8_t* blk = chunk + block * F::kBlockBytes;
+            float v[kTokens];
             if constexpr (F::kIsFloat) {
-                // Rows first, then one token's 16 activations at a time: keeps registers at 16 * (kRows + 1).
-                float wv[kRows][kPieceElems];
-#pragma unroll
-                for (int r = 0; r < kRows; ++r)
-                    F::decode(reinterpret_cast<const uint8_t*>(stage[warp][r]) + shift[r] + block * F::kBlockBytes,
-                              piece_in_block, wv[r]);
+                float wv[kPieceElems];
+                F::decode(blk, piece_in_block, wv);
 #pragma unroll
                 for (int t = 0; t < kTokens; ++t) {
                     const float4* xp = reinterpret_cast<const float4*>(x_base + t * in + e0);
-                    float xs[kPieceElems];
+                    float sum = 0.0f;
 #pragma unroll
                     for (int j = 0; j < 4; ++j) {
-                        const float4 v = __ldg(xp + j);
-                        xs[4 * j] = v.x;
-                        xs[4 * j + 1] = v.y;
-                        xs[4 * j + 2] = v.z;
-                        xs[4 * j + 3] = v.w;
+                        const float4 x4 = __ldg(xp + j);
+                        sum = fmaf(wv[4 * j], x4.x, sum);
+                        sum = fmaf(wv[4 * j + 1], x4.y, sum);
+                        sum = fmaf(wv[4 * j + 2], x4.z, sum);
+                        sum = fmaf(wv[4 * j + 3], x4.w, sum);
                     }
-#pragma unroll
-                    for (int r = 0; r < kRows; ++r) {
-                        float s = 0.0f;
-#pragma unroll
-                        for (int i = 0; i < kPieceElems; ++i) s = fmaf(wv[r][i], xs[i], s);
-                        acc[r][t] += s;
-                    }
+                    v[t] = sum;
                 }
             } else {
-                int4 aq[kTokens];
-                float ad[kTokens], as[kTokens];
+                const QuantPiece wp = F::decode(blk, piece_in_block);
 #pragma unroll
                 for (int t = 0; t < kTokens; ++t) {
-                    aq[t] = __ldg(reinterpret_cast<const int4*>(act.q + t * in + e0));
-                    ad[t] = __ldg(act.d + t * (in / 32) + e0 / 32);
-                    if constexpr (F::kHasOffset) as[t] = __ldg(act.s16 + t * (in / 16) + e0 / 16);
-                }
-#pragma unroll
-                for (int r = 0; r < kRows; ++r) {
-                    const uint8_t* blk = reinterpret_cast<const uint8_t*>(stage[warp][r]) + shift[r] +
-                                         block * F::kBlockBytes;
-                    const QuantPiece wp = F::decode(blk, piece_in_block);
-#pragma unroll
-                    for (int t = 0; t < kTokens; ++t) {
-                        int sumi = __dp4a(wp.q[0], aq[t].x, 0);
-                        sumi = __dp4a(wp.q[1], aq[t].y, sumi);
-                        sumi = __dp4a(wp.q[2], aq[t].z, sumi);
-                        sumi = __dp4a(wp.q[3], aq[t].w, sumi);
-                        acc[r][t] += ad[t] * (wp.scale * static_cast<float>(sumi));
-                        if constexpr (F::kHasOffset) acc[r][t] += wp.offset * as[t];
-                    }
+                    const int4 aq = __ldg(reinterpret_cast<const int4*>(act.q + t * in + e0));
+                    const float ad = __ldg(act.d + t * (in / 32) + e0 / 32);
+                    int sumi = __dp4a(wp.q[0], aq.x, 0);
+                    sumi = __dp4a(wp.q[1], aq.y, sumi);
+                    sumi = __dp4a(wp.q[2], aq.z, sumi);
+                    sumi = __dp4a(wp.q[3], aq.w, sumi);
+                    v[t] = __fmul_rn(ad, __fmul_rn(wp.scale, static_cast<float>(sumi)));
+                    if constexpr (F::kHasOffset)
+                        v[t] = __fadd_rn(v[t], __fmul_rn(wp.offset, __ldg(act.s16 + t * (in / 16) + e0 / 16)));
                 }
             }
+            add_to_row(r, v);
         }
-        __syncwarp();  // the stage is overwritten by the next chunk
+        __syncwarp();  // the slot is refilled in the next iteration
     }
 
 #pragma unroll
@@ -308,11 +327,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
     }
 }
 
-template <typename F, int kTokens>
-void launch_matvec_tokens(const MatvecLaunch& l) {
-    // Two rows per warp keep more loads in flight for small batches; at 5..8 tokens one row keeps the accumulators
-    // and activation registers from spilling.
-    constexpr int kRows = kTokens <= 4 ? 2 : 1;
+template <typename F, int kTokens, int kRows>
+void launch_matvec_rows(const MatvecLaunch& l) {
     // A decode matrix of a few thousand rows gives too few warps to keep enough loads in flight on a large GPU
     // (H200: ~30 KB per SM): rows are then split over 2 or 4 warps. The choice depends on the shape only, never on
     // the token count, so a token's sum is formed in the same order whatever the batch.
@@ -349,6 +365,26 @@ void launch_matvec_tokens(const MatvecLaunch& l) {
     config.attrs = &attribute;
     config.numAttrs = 1;
     STRATA_CUDA_CHECK(cudaLaunchKernelEx(&config, matvec_kernel<F, kTokens, kRows>, p));
+}
+
+template <typename F, int kTokens>
+void launch_matvec_tokens(const MatvecLaunch& l) {
+    // A warp's rows are walked as one span, which needs them consecutive in memory (every weight matrix here; a
+    // strided view goes one row a warp). The rows per warp depend on the shape only, never on the token count: a
+    // row's pieces then meet the same lanes in the same order whatever the batch, so a token's sums do not depend on
+    // it (test_cuda_ops: TokenResultsDoNotDependOnTheBatch).
+    const size_t packed_row_bytes = static_cast<size_t>(l.in / F::kBlockElems) * F::kBlockBytes;
+    bool consecutive = l.row_bytes == packed_row_bytes;
+    for (int i = 0; i < l.n_more; ++i) consecutive = consecutive && l.more[i].row_bytes == packed_row_bytes;
+    STRATA_ASSERT(l.in / kPieceElems < (int64_t{1} << 18));
+    if (!consecutive) return launch_matvec_rows<F, kTokens, 1>(l);
+    // Rows no longer than a chunk come 8 to a warp when there are enough of them (the expert down products, the
+    // hyper-connection up): a warp's span then fills whole chunks. Otherwise 2 rows a warp keep enough warps.
+    int64_t rows = l.gather.ids ? l.rows * l.gather.n_pairs : l.rows;
+    for (int i = 0; i < l.n_more; ++i) rows += l.more[i].rows;
+    const bool short_rows = l.in <= ChunkShape<F>::kElems && rows >= 8192;
+    if (short_rows) return launch_matvec_rows<F, kTokens, 8>(l);
+    launch_matvec_rows<F, kTokens, 2>(l);
 }
 
 template <typename F>

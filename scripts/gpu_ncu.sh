@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One decode window of `strata bench --backend cuda` under Nsight Compute (issue 7's "where the rest goes"): every
 # kernel of the N-th graph replay (`bench --ncu-replay N`, N = NCU_REPLAY or 12) is profiled as its own node,
-# with its GPU time and DRAM bytes; tools/ncu_summary.py sums them by kernel, tools/ncu_matvec_shapes.py splits the
-# matrix-vector launches by shape.
+# with its GPU time and DRAM bytes; tools/ncu_summary.py sums them by kernel and splits the matrix-vector launches
+# by shape.
 #   scripts/gpu_ncu.sh STRATA_BINARY MODEL.gguf LOG_DIR [extra bench arguments]
 # Clocks are left alone (--clock-control none), as the device notes ask. NCU_CACHE=none keeps the caches warm
 # between kernels, as in the graph (ncu flushes them by default, which inflates small kernels).
@@ -23,5 +23,3 @@ mkdir -p "$logs"
     exit 1
 }
 python3 "$(dirname "$0")/../tools/ncu_summary.py" "$logs/ncu.csv"
-echo
-python3 "$(dirname "$0")/../tools/ncu_matvec_shapes.py" "$logs/ncu.csv"

@@ -378,11 +378,13 @@ void launch_matvec_tokens(const MatvecLaunch& l) {
     for (int i = 0; i < l.n_more; ++i) consecutive = consecutive && l.more[i].row_bytes == packed_row_bytes;
     STRATA_ASSERT(l.in / kPieceElems < (int64_t{1} << 18));
     if (!consecutive) return launch_matvec_rows<F, kTokens, 1>(l);
-    // Rows no longer than a chunk come 8 to a warp when there are enough of them (the expert down products, the
-    // hyper-connection up): a warp's span then fills whole chunks. Otherwise 2 rows a warp keep enough warps.
-    int64_t rows = l.gather.ids ? l.rows * l.gather.n_pairs : l.rows;
+    // Rows no longer than a chunk come 8 to a warp when there are enough of them: a warp's span then fills whole
+    // chunks. An expert gather always has enough (its pairs multiply the warps: the expert down products); a plain
+    // launch needs 8,192 rows (the hyper-connection up). Otherwise 2 rows a warp keep enough warps. Counting a
+    // gather's pairs instead would let the token count (pairs = tokens x top-k) change the rows per warp.
+    int64_t rows = l.rows;
     for (int i = 0; i < l.n_more; ++i) rows += l.more[i].rows;
-    const bool short_rows = l.in <= ChunkShape<F>::kElems && rows >= 8192;
+    const bool short_rows = l.in <= ChunkShape<F>::kElems && (l.gather.ids || rows >= 8192);
     if (short_rows) return launch_matvec_rows<F, kTokens, 8>(l);
     launch_matvec_rows<F, kTokens, 2>(l);
 }

@@ -1,9 +1,10 @@
 // Hyper-connection read and write (model_ops.h). Decode windows take the fused path: one kernel per (token, stream)
 // applies the previous block's pending write, forms the grouped RMS norm, quantizes it for the down product and
 // computes the stream's share of the inject product (float or Q8_0 weights); then the down matvec, the silu quantized
-// on the way into the up matvec, and the mix kernel (5 launches where the plain path takes 8-9). Prompt windows and
-// shapes the fused kernel does not cover take the plain path: the grouped norm (elementwise.cu), the products
-// (matmul), and this file's silu and mix kernels.
+// on the way into the up matvec, and the mix kernel (5 launches where the plain path takes 8-9). At one token with
+// Q8_0-reading up weights the up matvec's blocks quantize the silu themselves and, with four streams, form the mix in
+// their epilogue (matvec_kernels.cuh): 3 launches. Prompt windows and shapes the fused kernel does not cover take the
+// plain path: the grouped norm (elementwise.cu), the products (matmul), and this file's silu and mix kernels.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/hyper_connection_device.cuh"
 #include "backend/cuda/internal.h"
 #include "backend/cuda/matvec_kernels.cuh"
 #include "backend/cuda/model_ops.h"
@@ -37,26 +39,19 @@ __global__ void low_rank_silu_kernel(float* low, int64_t n, float hc) {
 __global__ void mix_kernel(const float* gate, const float* xn, float* mixed, float* inject, int64_t n_tokens,
                            int64_t hc, int64_t H, const float* inject_partials = nullptr) {
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    const float fhc = static_cast<float>(hc);
     if (inject && i < n_tokens * hc) {
         float raw = inject_partials ? 0.0f : inject[i];
         if (inject_partials) {
             const int64_t t = i / hc, r = i % hc;
             for (int64_t g = 0; g < hc; ++g) raw += inject_partials[(t * hc + g) * hc + r];
         }
-        const float v = raw / fhc;
-        inject[i] = 2.0f * (1.0f / (1.0f + expf(-v)));
+        inject[i] = kernels::hc_inject_value(raw, hc);
     }
     if (i >= n_tokens * H) return;
     const int64_t t = i / H, j = i % H;
     const float* g = gate + t * hc * H + j;
     const float* x = xn + t * hc * H + j;
-    float sum = 0.0f;
-    for (int64_t s = 0; s < hc; ++s) {
-        const float sg = 1.0f / (1.0f + expf(-g[s * H]));
-        sum = __fadd_rn(sum, __fmul_rn(sg, x[s * H]));
-    }
-    mixed[i] = sum / fhc;
+    mixed[i] = kernels::hc_mix_value(hc, [&](int64_t s) { return g[s * H]; }, [&](int64_t s) { return x[s * H]; });
 }
 
 // residual[t][s][j] += inject[t][s] * block_out[t][j].
@@ -70,8 +65,10 @@ __global__ void write_kernel(float* residual, const float* block_out, const floa
 
 // ---- the fused read's first kernel --------------------------------------------------------------------------------
 
-constexpr int kPrologueThreads = 512;
-constexpr int kPrologueValues = 8;  // values per thread: streams of up to 4,096 (Flash-Next: 2,560)
+// 1,024 threads of 4 values: the kernel runs one block per stream on as many SMs, so its time is one thread's chain of
+// instructions; 512 threads of 8 values measured 9.1 us a launch under ncu (1,700 instructions a warp).
+constexpr int kPrologueThreads = 1024;
+constexpr int kPrologueValues = 4;  // values per thread: streams of up to 4,096 (Flash-Next: 2,560)
 
 struct PrologueParams {
     float* residual;          // [T x HC], updated in place by the pending write
@@ -92,7 +89,7 @@ struct PrologueParams {
 struct Q8_0Weights {};
 
 template <typename T>
-__device__ __forceinline__ float load_weight(const uint8_t* row, int64_t e) {
+__device__ __forceinline__ float load_weight(const uint8_t* row, int e) {
     if constexpr (std::is_same_v<T, Q8_0Weights>) {
         const uint8_t* block = row + (e / 32) * 34;
         return __half2float(*reinterpret_cast<const __half*>(block)) *
@@ -106,10 +103,11 @@ __device__ __forceinline__ float load_weight(const uint8_t* row, int64_t e) {
 }
 
 // One block per (token, stream): a stream is one norm group and a whole number of activation blocks. Every thread
-// holds the values i = k * 512 + threadIdx.x of its stream, loaded together; the pending write and the sum of squares
-// in double follow (hyper_connection_write's and group_norm_block_kernel's rounding), then each 512-value slice is
-// scaled, stored, quantized (kQ8K: 256-value blocks, else 32) and added into this stream's share of each inject row,
-// which the mix kernel adds up in stream order. InjectW: the inject weights' element type (void: no inject).
+// holds the values i = k * kPrologueThreads + threadIdx.x of its stream, loaded together; the pending write and the
+// sum of squares in double follow (hyper_connection_write's and group_norm_block_kernel's rounding), then each slice
+// of kPrologueThreads values is scaled, stored, quantized (kQ8K: 256-value blocks, else 32) and added into this
+// stream's share of each inject row, which the mix kernel adds up in stream order. InjectW: the inject weights'
+// element type (void: no inject).
 template <int kStreams, bool kQ8K, typename InjectW>
 __global__ void __launch_bounds__(kPrologueThreads) hc_prologue_kernel(const PrologueParams p) {
     __shared__ double warp_sums[kPrologueThreads / 32];
@@ -128,7 +126,7 @@ __global__ void __launch_bounds__(kPrologueThreads) hc_prologue_kernel(const Pro
     float v[kPrologueValues], out[kPrologueValues], gamma[kPrologueValues], wi[kPrologueValues][kInjectRows];
 #pragma unroll
     for (int k = 0; k < kPrologueValues; ++k) {
-        const int64_t i = static_cast<int64_t>(k) * kPrologueThreads + tid;
+        const int i = k * kPrologueThreads + tid;
         const bool inside = i < H;
         v[k] = inside ? residual[i] : 0.0f;
         out[k] = inside && p.block_out ? p.block_out[t * H + i] : 0.0f;
@@ -138,13 +136,15 @@ __global__ void __launch_bounds__(kPrologueThreads) hc_prologue_kernel(const Pro
             if constexpr (std::is_void_v<InjectW>)
                 wi[k][r] = 0.0f;
             else
-                wi[k][r] = inside ? load_weight<InjectW>(p.inject_w + r * p.inject_row_bytes, first + i) : 0.0f;
+                wi[k][r] = inside ? load_weight<InjectW>(p.inject_w + r * p.inject_row_bytes,
+                                                         static_cast<int>(first) + i)
+                                  : 0.0f;
         }
     }
     double sum = 0.0;
 #pragma unroll
     for (int k = 0; k < kPrologueValues; ++k) {
-        const int64_t i = static_cast<int64_t>(k) * kPrologueThreads + tid;
+        const int i = k * kPrologueThreads + tid;
         if (i >= H) continue;
         if (p.block_out) {
             v[k] = __fadd_rn(v[k], __fmul_rn(pending_inject, out[k]));
@@ -166,9 +166,10 @@ __global__ void __launch_bounds__(kPrologueThreads) hc_prologue_kernel(const Pro
     auto* s16 = const_cast<float*>(p.act.s16) + t * (HC / 16);
 #pragma unroll
     for (int k = 0; k < kPrologueValues; ++k) {
-        const int64_t slice = static_cast<int64_t>(k) * kPrologueThreads;
+        const int slice = k * kPrologueThreads;
         if (slice >= H) break;  // block-uniform
-        const int64_t i = slice + tid, e = first + i;
+        const int i = slice + tid;
+        const int64_t e = first + i;
         const bool inside = i < H;
         float x = 0.0f;
         if (inside) {
@@ -319,15 +320,28 @@ void fused_read(Context& ctx, const HyperConnectionReadArgs& a) {
     else
         launch_prologue<4, false>(p, inject_type, T, stream);
 
-    auto matvec = [&](const Tensor& m, const QuantizedActivations& act, const float* x, float* y) {
-        const MatvecLaunch l{.type = m.type, .w = static_cast<const uint8_t*>(m.data), .row_bytes = m.nb[1],
-                             .rows = m.ne[1], .in = m.ne[0], .n_tokens = static_cast<int>(T), .act = act, .x = x,
-                             .y = y, .stream = stream};
+    auto matvec = [&](const Tensor& m, const QuantizedActivations& act, const float* x, float* y,
+                      const OwnActivations& own = {}, const HcMix& mix = {}) {
+        MatvecLaunch l{.type = m.type, .w = static_cast<const uint8_t*>(m.data), .row_bytes = m.nb[1],
+                       .rows = m.ne[1], .in = m.ne[0], .n_tokens = static_cast<int>(T), .act = act, .x = x, .y = y,
+                       .stream = stream};
+        l.own = own;
+        l.mix = mix;
         STRATA_ASSERT(launch_matvec_any(l));
     };
     matvec(*w.down, xn_act, xn, low);
-    quantize_silu_scaled(w.up->type, low, static_cast<float>(hc), R, T, low_act, stream);
-    matvec(*w.up, low_act, nullptr, gate);
+    // One token: the up product's blocks quantize silu(low / hc) themselves, and with four streams they also form the
+    // mix in their epilogue: two launches fewer on the critical path.
+    if (can_form_own_activations(w.up->type, R, T)) {
+        const OwnActivations own{.silu_of = low, .divisor = static_cast<float>(hc)};
+        if (hc == kHcMixStreams && H % kHcMixColumns == 0)
+            return matvec(*w.up, {}, nullptr, gate, own,
+                          {.xn = xn, .mixed = a.mixed, .inject = a.inject, .inject_partials = partials, .H = H});
+        matvec(*w.up, {}, nullptr, gate, own);
+    } else {
+        quantize_silu_scaled(w.up->type, low, static_cast<float>(hc), R, T, low_act, stream);
+        matvec(*w.up, low_act, nullptr, gate);
+    }
     mix_kernel<<<blocks_for(T * std::max(H, hc)), kThreads, 0, stream>>>(gate, xn, a.mixed, a.inject, T, hc, H,
                                                                          partials);
     STRATA_CUDA_CHECK_LAUNCH("mix_kernel");

@@ -49,6 +49,32 @@ struct MatvecSegment {
 };
 constexpr int kMaxMatvecSegments = 4;
 
+// Activations that a matvec launch of one token forms and quantizes itself, for weights that read Q8_0 activations
+// and rows of at most kMaxOwnActivations values: every block computes silu(x / divisor) (the hyper-connection read's
+// low-rank step) into its shared memory before its products, so no quantizer launch goes first. The values and bits
+// are quantize_silu_scaled's (the same per-value code).
+struct OwnActivations {
+    const float* silu_of = nullptr;  // the f32 row x (null: the launch reads act as usual)
+    float divisor = 1.0f;
+};
+constexpr int64_t kMaxOwnActivations = 1024;
+
+// The hyper-connection read's mix in the epilogue of its up product (one token, kHcMixStreams streams, own silu
+// activations): block b's warp s takes the 8 rows s * H + 8 b .. 8 b + 7 (the same columns j of every stream), and
+// the block then writes mixed[j] = hyper-connection mix of its 8 columns instead of the gate rows; block 0 also turns
+// the inject product's per-stream shares into the transformed inject. The mix kernel's values and bits.
+struct HcMix {
+    const float* xn = nullptr;  // [hc x H] the normalized streams (null: no mix; y is written as usual)
+    float* mixed = nullptr;     // [H]
+    float* inject = nullptr;    // [hc], or null: no inject
+    const float* inject_partials = nullptr;  // [hc (stream) x hc (inject row)]
+    int64_t H = 0;
+};
+constexpr int kHcMixStreams = 4;
+constexpr int kHcMixColumns = 8;  // columns j per block (H must be a multiple)
+// Whether a launch of w_type weights with rows of `in` values and n_tokens tokens can take OwnActivations.
+bool can_form_own_activations(DType w_type, int64_t in, int64_t n_tokens);
+
 // One matrix-vector launch: rows [0, rows) of W (row_bytes apart) against n_tokens (1..8) activation rows.
 struct MatvecLaunch {
     DType type;
@@ -65,6 +91,9 @@ struct MatvecLaunch {
     // Segments after the first (w, row_bytes, rows, y above); none with a gather.
     MatvecSegment more[kMaxMatvecSegments - 1] = {};
     int n_more = 0;
+    // Activations formed in the kernel instead of act (which is then unused); with a gather, row p / pairs_per_act_row.
+    OwnActivations own = {};
+    HcMix mix = {};  // with own activations only
 };
 // Each family's launcher returns false for a type it does not own.
 bool launch_matvec_float(const MatvecLaunch& l);  // F32, F16, BF16
@@ -111,6 +140,10 @@ struct GemmLaunch {
 bool launch_gemm_basic(const GemmLaunch& l);
 bool launch_gemm_kquant(const GemmLaunch& l);
 bool launch_gemm_iq(const GemmLaunch& l);
+
+// Whether the current device takes programmatic dependent launches (compute capability 9.0+; context.cpp): the
+// matvec launches then ask for them (matvec_kernels.cuh).
+bool programmatic_launch_supported();
 
 // Any family (false: a type no family owns).
 bool launch_matvec_any(const MatvecLaunch& l);

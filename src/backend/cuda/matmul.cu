@@ -37,40 +37,15 @@ ActivationFormat activation_format(DType w) {
 // ---- activation quantization ----------------------------------------------------------------------------------------
 
 constexpr int kQuantizeThreads = 256;
+using kernels::RowSource;
+using kernels::SiluScaledSource;
+using kernels::SwiGluSource;
 
 // One thread per value, 256 values per thread block, grid.y over tokens. Q8_0: every warp is one block of 32, the
 // rule of dtype.cpp's quantize_row(Q8_0): d = max|x| / 127 rounded to f16, q = roundf(x * (1 / d_unrounded)).
 // Q8_K (in a multiple of 256): the whole thread block is one block, quant_k.cpp's quantize_q8_k: iscale = -127 / (the
 // signed value of largest magnitude), q = min(127, nearest_int(iscale * x)), d = 1 / iscale.
-// Where the values come from: the rows of x, or (MoE, model_ops.h) silu(gate) * up computed on the way, each value
-// also stored to `hidden` when asked (one thread per value).
-struct RowSource {
-    const float* x;
-    __device__ __forceinline__ float operator()(int64_t t, int64_t in, int64_t e) const { return x[t * in + e]; }
-};
-struct SwiGluSource {
-    const float* gate;
-    const float* up;
-    int64_t stride;  // between rows of gate and of up
-    float* hidden;   // [t * in + e], or null
-    __device__ __forceinline__ float operator()(int64_t t, int64_t in, int64_t e) const {
-        const float g = gate[t * stride + e];
-        const float v = __fmul_rn(g / (1.0f + expf(-g)), up[t * stride + e]);  // cpu::silu_mul, no contraction
-        if (hidden) hidden[t * in + e] = v;
-        return v;
-    }
-};
-
-// silu(x / divisor), as the hyper-connection read's low-rank step (cpu::silu of the quotient).
-struct SiluScaledSource {
-    const float* x;
-    float divisor;
-    __device__ __forceinline__ float operator()(int64_t t, int64_t in, int64_t e) const {
-        const float v = x[t * in + e] / divisor;
-        return v / (1.0f + expf(-v));
-    }
-};
-
+// Where the values come from: quantize_device.cuh's sources (one thread per value).
 template <ActivationFormat kFormat, typename Source = RowSource>
 __global__ void __launch_bounds__(kQuantizeThreads)
     quantize_activations_kernel(const Source x, int64_t in, int64_t n_tokens, int8_t* q, float* d, float* s16) {
@@ -332,6 +307,11 @@ void quantize_silu_scaled(DType w_type, const float* x, float divisor, int64_t i
     if (n_rows <= 0) return;
     launch_quantize(format, SiluScaledSource{x, divisor}, in, n_rows, out, stream,
                     "quantize_activations_kernel (silu)");
+}
+
+bool can_form_own_activations(DType w_type, int64_t in, int64_t n_tokens) {
+    return n_tokens == 1 && activation_format(w_type) == ActivationFormat::Q8_0 && in % 32 == 0 &&
+           in <= kMaxOwnActivations;
 }
 
 bool reads_q8_k_activations(DType w_type) {

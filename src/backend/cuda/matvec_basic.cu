@@ -18,7 +18,7 @@ __device__ __forceinline__ int iq4nl_lookup(uint32_t nibbles) {
     const uint32_t selector = (packed & 0xffu) | ((packed >> 8) & 0xff00u);
     const uint32_t from_low = __byte_perm(c_iq4nl_levels[0], c_iq4nl_levels[1], selector);
     const uint32_t from_high = __byte_perm(c_iq4nl_levels[2], c_iq4nl_levels[3], selector);
-    const uint32_t use_high = __vcmpne4(nibbles & 0x08080808u, 0u);
+    const uint32_t use_high = bit3_mask(nibbles);
     return static_cast<int>((from_low & ~use_high) | (from_high & use_high));
 }
 
@@ -48,7 +48,7 @@ struct Format<DType::Q4_0> {
         uint32_t v[4];
         load_16_bytes(b + 2, v);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) w.q[k] = static_cast<int>(__vsub4((v[k] >> (4 * piece)) & 0x0f0f0f0fu, 0x08080808u));
+        for (int k = 0; k < 4; ++k) w.q[k] = sub_bytes((v[k] >> (4 * piece)) & 0x0f0f0f0fu, 8);
         w.scale = load_f16(b);
         w.offset = 0.0f;
         return w;

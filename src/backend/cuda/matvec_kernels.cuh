@@ -18,9 +18,12 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/hyper_connection_device.cuh"
 #include "backend/cuda/internal.h"
+#include "backend/cuda/quantize_device.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 
 namespace strata::cuda::kernels {
@@ -32,16 +35,12 @@ constexpr int kPieceElems = 16;
 // H200 at decode shapes (bench/NOTES.md, 2026-11-30).
 constexpr int kQuantPiecesPerLane = 2;
 
-// Programmatic dependent launch (sm_90+), built with -DSTRATA_CUDA_PDL: the matvec kernel may start while the kernel
-// before it (the activation quantizer) still runs; it issues its first weight loads, which depend on nothing computed
-// on the device, and waits for the previous kernel's results only before it reads activations or writes outputs.
-// Off by default: inside the decode graph it measured +1.3% (session 6) and +0.4% (session 8, with the quantizers
-// triggering early) on Flash-Next (bench/NOTES.md). The wait and the trigger are no-ops for a kernel launched without.
-#if defined(STRATA_CUDA_PDL)
-constexpr bool kUseProgrammaticLaunch = true;
-#else
-constexpr bool kUseProgrammaticLaunch = false;
-#endif
+// Programmatic dependent launch (sm_90+, programmatic_launch_supported): the matvec kernel may start while the kernel
+// before it still runs; it issues its first weight loads, which depend on nothing computed on the device, and waits
+// for the previous kernel's results only before it reads activations or writes outputs. Flash-Next decode in the
+// graph: +3.7% on the H200 (149.6 against 144.3 t/s, one device call, session 10), where sessions 6 and 8 had
+// measured +1.3% and +0.4% with more and longer launches (bench/NOTES.md). The wait and the trigger are no-ops for a
+// kernel launched without.
 
 // Waits until the grid this one depends on has finished and its writes are visible (a no-op without PDL).
 __device__ __forceinline__ void wait_for_previous_grid() {
@@ -68,7 +67,7 @@ struct QuantPiece {
 
 // ---- unaligned little-endian reads ----------------------------------------------------------------------------------
 // Every block size and every field that is read 16 bits at a time sits at an even offset, and rows start at even
-// addresses, so 16-bit reads are always aligned; wider values are put together from them.
+// addresses, so 16-bit reads are always aligned; wider values are put together from aligned 32-bit words.
 
 __device__ __forceinline__ uint32_t load_u16(const uint8_t* p) {
     return *reinterpret_cast<const uint16_t*>(p);
@@ -76,24 +75,48 @@ __device__ __forceinline__ uint32_t load_u16(const uint8_t* p) {
 __device__ __forceinline__ uint32_t load_u32(const uint8_t* p) {
     return load_u16(p) | (load_u16(p + 2) << 16);
 }
+// 16 bytes at an even address: the aligned words that cover them, funnel-shifted by 16 bits when the address is not
+// a multiple of 4 (5 word reads and 4 shifts instead of 8 halfword reads and 4 merges). The fifth word is read only
+// when it holds wanted bytes; a misaligned read so touches the 2 bytes on each side inside the same aligned words
+// (the neighbouring block's bytes, or the staging buffer's), never another page.
 __device__ __forceinline__ void load_16_bytes(const uint8_t* p, uint32_t v[4]) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(a & ~uintptr_t{3});
+    const uint32_t shift = static_cast<uint32_t>(a & 3) * 8;  // 0 or 16
+    uint32_t u[5];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] = load_u32(p + 4 * k);
+    for (int k = 0; k < 4; ++k) u[k] = w[k];
+    u[4] = shift ? w[4] : 0u;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = __funnelshift_r(u[k], u[k + 1], shift);
 }
 __device__ __forceinline__ float load_f16(const uint8_t* p) {
     return __half2float(__ushort_as_half(static_cast<unsigned short>(load_u16(p))));
 }
 
 // ---- byte tricks ----------------------------------------------------------------------------------------------------
+// sm_90 has no SIMD byte instructions: __vsub4 and __vcmpne4 each expand to several. These use plain word arithmetic
+// under the stated ranges, where no byte carries into the next.
 
 // The 7 stored sign bits of a group of 8 with the parity bit that makes the count of minus signs even.
 __device__ __forceinline__ uint32_t even_signs(uint32_t seven_bits) {
     return seven_bits | ((__popc(seven_bits) & 1u) << 7);
 }
-// Negates byte k of v where bit k of four_bits is set (values < 128, so the result is a valid int8).
+// Negates byte k of v where bit k of four_bits is set. Every byte of v must be in 1..127 (the grid values): then
+// (b ^ 0xff) + 1 = -b never carries out of its byte. The multiply spreads bit k to bit 8k (the four shifted copies
+// do not overlap).
 __device__ __forceinline__ int apply_signs(uint32_t v, uint32_t four_bits) {
-    const uint32_t minus = __vcmpne4((four_bits * 0x01010101u) & 0x08040201u, 0u);  // 0xff per negative byte
-    return static_cast<int>(__vsub4(v ^ minus, minus));
+    const uint32_t ones = (four_bits * 0x00204081u) & 0x01010101u;  // 1 in each byte to negate
+    return static_cast<int>((v ^ (ones * 0xffu)) + ones);
+}
+// Byte k of v minus c, as int8, for bytes of v in 0..127 and 0 <= c <= 128: each byte is lifted by 128 so the
+// subtraction cannot borrow from the next, then put back.
+__device__ __forceinline__ int sub_bytes(uint32_t v, uint32_t c) {
+    return static_cast<int>(((v | 0x80808080u) - c * 0x01010101u) ^ 0x80808080u);
+}
+// 0xff in each byte whose bit 3 is set (bytes of v in 0..15).
+__device__ __forceinline__ uint32_t bit3_mask(uint32_t v) {
+    return ((v >> 3) & 0x01010101u) * 0xffu;
 }
 
 // ---- the matvec kernel ----------------------------------------------------------------------------------------------
@@ -108,6 +131,8 @@ struct MatvecParams {
     float* y;
     int warps_per_row;  // 1, 2 or 4: the warps of a block that share a row, each taking every n-th chunk
     ExpertGather gather;  // MoE: blockIdx.y is the pair (see internal.h)
+    OwnActivations own;   // with kOwn: the f32 row the block forms its activations from
+    HcMix mix;            // with kMix
 };
 
 
@@ -116,9 +141,10 @@ struct ChunkShape {
     static constexpr int kPieces = kWarpSize * F::kPiecesPerLane;
     static constexpr int kElems = kPieces * kPieceElems;
     static constexpr int kBlocks = kElems / F::kBlockElems;
+    static constexpr int kBytes = kBlocks * F::kBlockBytes;
     static_assert(kElems % F::kBlockElems == 0, "a chunk holds whole blocks");
     // A chunk's bytes start anywhere in a granule: one granule more than its size needs.
-    static constexpr int kGranules = (kBlocks * F::kBlockBytes + 15) / 16 + 1;
+    static constexpr int kGranules = (kBytes + 15) / 16 + 1;
     static constexpr int kGranulesPerLane = (kGranules + kWarpSize - 1) / kWarpSize;
 };
 
@@ -138,16 +164,38 @@ __device__ __forceinline__ void wait_async_copies() {
     asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
+// A block's own Q8_0 activations (one token), in shared memory.
+struct alignas(16) OwnActivationStore {
+    int8_t q[kMaxOwnActivations];
+    float d[kMaxOwnActivations / 32];
+    float s16[kMaxOwnActivations / 16];
+};
+
+// Activation reads: through the read-only cache from global memory, or plain loads from the block's own store.
+template <bool kShared, typename T>
+__device__ __forceinline__ T load_activation(const T* p) {
+    if constexpr (kShared)
+        return *p;
+    else
+        return __ldg(p);
+}
+
 // The explicit minimum of 1 block per SM lets ptxas use more registers (~120 instead of ~80 at 8 tokens): 8 tokens
 // then ran up to 2x faster on the H200 (bench/NOTES.md).
 // A warp's kRows rows are consecutive in memory (the launcher checks), so the warp walks them as one span of
 // kRows * in weights: chunk after chunk with every lane busy, each piece adding into the row it belongs to. Rows
 // shorter than a chunk (the expert down products' 640, the hyper-connection up's 320) then leave no lane idle.
-template <typename F, int kTokens, int kRows>
+// Offsets inside a span are 32-bit (a span is under 2^31 bytes and pieces: the launcher checks), so the per-piece
+// index arithmetic stays in single instructions. kOwn: the block forms its activations itself (p.own, one token).
+// kMix: the hyper-connection mix epilogue (p.mix; see HcMix).
+template <typename F, int kTokens, int kRows, bool kOwn, bool kMix>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(const MatvecParams p) {
     using Shape = ChunkShape<F>;
     constexpr int kG = Shape::kGranulesPerLane;
+    static_assert(!kOwn || (kTokens == 1 && !F::kIsFloat && F::kBlockElems == 32), "own activations: Q8_0 readers");
+    static_assert(!kMix || (kOwn && kRows == kHcMixColumns && kWarpsPerBlock == kHcMixStreams), "mix: the HC up");
     __shared__ uint4 stage[kWarpsPerBlock][kMatvecStages][kG * kWarpSize];
+    __shared__ std::conditional_t<kOwn, OwnActivationStore, char> own_store;
 
     const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
     const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
@@ -159,7 +207,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
     while (s + 1 < p.n_segments && static_cast<int64_t>(blockIdx.x) >= p.first_block[s + 1]) ++s;
     const MatvecSegment seg = p.segment[s];
     const int64_t block = static_cast<int64_t>(blockIdx.x) - p.first_block[s];
-    const int64_t row0 = (block * (kWarpsPerBlock / split) + warp / split) * kRows;
+    // With kMix warp s takes stream s's rows of the block's columns (split is 1).
+    const int64_t row0 =
+        kMix ? warp * p.mix.H + block * kRows : (block * (kWarpsPerBlock / split) + warp / split) * kRows;
     const bool active = row0 < seg.rows;  // no early return: the block synchronizes below when split > 1
 
     // The weights, activations and outputs of this launch, or with an expert gather those of pair blockIdx.y.
@@ -167,6 +217,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
     QuantizedActivations act = p.act;
     const float* x_base = p.x;
     float* y_base = seg.y;
+    int64_t act_row = 0;
     if (p.gather.ids) {
         wait_for_previous_grid();  // the expert ids come from the kernel before
         const int64_t pair = blockIdx.y;
@@ -175,7 +226,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
             slot = pair - p.gather.second_from;
             w_base += p.gather.second_offset;
         }
-        const int64_t act_row = slot / p.gather.pairs_per_act_row;
+        act_row = slot / p.gather.pairs_per_act_row;
         w_base += static_cast<size_t>(p.gather.ids[slot]) * p.gather.expert_bytes;
         if (act.q) {
             act.q += act_row * p.in;
@@ -186,25 +237,21 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
         y_base += pair * seg.rows;
     }
 
-    const int64_t in = p.in;
-    const int64_t blocks_per_row = in / F::kBlockElems;
-    const int pieces_per_row = static_cast<int>(in / kPieceElems);
+    const int in = static_cast<int>(p.in);
+    const int pieces_per_row = in / kPieceElems;
     const int rows_here = active ? static_cast<int>(min(static_cast<int64_t>(kRows), seg.rows - row0)) : 0;
     const int span_pieces = rows_here * pieces_per_row;
-    const int64_t span_blocks = rows_here * blocks_per_row;
-    const int64_t n_chunks = (span_blocks + Shape::kBlocks - 1) / Shape::kBlocks;
+    const int span_blocks = rows_here * (in / F::kBlockElems);
+    const int n_chunks = (span_blocks + Shape::kBlocks - 1) / Shape::kBlocks;
     const uint8_t* span = w_base + row0 * seg.row_bytes;
-    auto chunk_start = [&](int64_t c) {
-        return reinterpret_cast<uintptr_t>(span + c * Shape::kBlocks * F::kBlockBytes);
-    };
     // Starts the copies of chunk c into stage slot `slot`: the 16-byte granules that cover it (the first may begin
     // before it; granules past the chunk stay uncopied and are never read).
-    auto copy_chunk = [&](int slot, int64_t c) {
-        const int64_t nb = min(span_blocks - c * Shape::kBlocks, static_cast<int64_t>(Shape::kBlocks));
-        const uintptr_t start = chunk_start(c);
-        const uintptr_t base = start & ~uintptr_t{15};
-        const int n_granules = static_cast<int>((start + nb * F::kBlockBytes - base + 15) / 16);
-        const uint4* src = reinterpret_cast<const uint4*>(base);
+    auto copy_chunk = [&](int slot, int c) {
+        const int nb = min(span_blocks - c * Shape::kBlocks, Shape::kBlocks);
+        const uint8_t* start = span + c * Shape::kBytes;
+        const int lead = static_cast<int>(reinterpret_cast<uintptr_t>(start) & 15);
+        const int n_granules = (lead + nb * F::kBlockBytes + 15) / 16;
+        const uint4* src = reinterpret_cast<const uint4*>(start - lead);
 #pragma unroll
         for (int g = 0; g < kG; ++g) {
             const int idx = lane + g * kWarpSize;
@@ -229,31 +276,53 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
     };
 
     // This part's chunks are part + i * split for i < my_chunks; chunk i sits in slot i % kMatvecStages.
-    const int64_t my_chunks = part < n_chunks ? (n_chunks - part + split - 1) / split : 0;
+    const int my_chunks = part < n_chunks ? (n_chunks - part + split - 1) / split : 0;
 #pragma unroll
     for (int i = 0; i < kMatvecStages - 1; ++i) {
         if (i < my_chunks) copy_chunk(i, part + i * split);
         commit_async_copies();  // empty groups too, so the group count stays uniform
     }
     wait_for_previous_grid();  // activations and outputs only from here on
+    if constexpr (kOwn) {
+        // Every warp quantizes whole blocks of 32 (quantize_q8_0_value's warp-wide steps). Each lane's values are all
+        // formed first, so their loads are in flight together (one round trip, not one per block of 32).
+        constexpr int kPerLane = kMaxOwnActivations / 32 / kWarpsPerBlock;
+        float v[kPerLane];
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) {
+            const int e = (warp + j * kWarpsPerBlock) * 32 + lane;
+            if (e >= in) break;
+            v[j] = SiluScaledSource{p.own.silu_of, p.own.divisor}(act_row, in, e);
+        }
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) {
+            const int e = (warp + j * kWarpsPerBlock) * 32 + lane;
+            if (e - lane >= in) break;  // warp-uniform: in is a multiple of 32
+            (void)quantize_q8_0_value(v[j], e, own_store.q, own_store.d, own_store.s16);
+        }
+        __syncthreads();
+        act = {own_store.q, own_store.d, own_store.s16};
+    }
     // Row of a span piece: (g + 0.5) / pieces_per_row rounded down, exact in float (its error, under 8 * 2^-22, stays
     // below the 0.5 / pieces_per_row margin for rows under 2^18 pieces: the launcher checks).
     const float inv_pieces_per_row = 1.0f / static_cast<float>(pieces_per_row);
-    for (int64_t i = 0; i < my_chunks; ++i) {
-        const int64_t ahead = i + kMatvecStages - 1;  // refills the slot decoded in the previous iteration
-        if (ahead < my_chunks) copy_chunk(static_cast<int>(ahead % kMatvecStages), part + ahead * split);
+    for (int i = 0; i < my_chunks; ++i) {
+        const int ahead = i + kMatvecStages - 1;  // refills the slot decoded in the previous iteration
+        if (ahead < my_chunks) copy_chunk(ahead % kMatvecStages, part + ahead * split);
         commit_async_copies();
         wait_async_copies<kMatvecStages - 1>();  // chunk i has landed (for this lane)
         __syncwarp();                      // ... and for every lane
-        const int64_t c = part + i * split;
-        const uint8_t* chunk = reinterpret_cast<const uint8_t*>(stage[warp][i % kMatvecStages]) + (chunk_start(c) & 15);
+        const int c = part + i * split;
+        const uint8_t* chunk = reinterpret_cast<const uint8_t*>(stage[warp][i % kMatvecStages]) +
+                               (reinterpret_cast<uintptr_t>(span + c * Shape::kBytes) & 15);
+        const int g0 = c * Shape::kPieces;
 #pragma unroll
         for (int k = 0; k < F::kPiecesPerLane; ++k) {
             const int piece = lane + k * kWarpSize;
-            const int g = static_cast<int>(c * Shape::kPieces) + piece;  // piece of the span
+            const int g = g0 + piece;  // piece of the span
             if (g >= span_pieces) continue;
             const int r = __float2int_rd((static_cast<float>(g) + 0.5f) * inv_pieces_per_row);
-            const int64_t e0 = static_cast<int64_t>(g - r * pieces_per_row) * kPieceElems;
+            const int e0 = (g - r * pieces_per_row) * kPieceElems;
             const int block = piece * kPieceElems / F::kBlockElems;
             const int piece_in_block = (piece * kPieceElems % F::kBlockElems) / kPieceElems;
             const uint8_t* blk = chunk + block * F::kBlockBytes;
@@ -279,15 +348,16 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
                 const QuantPiece wp = F::decode(blk, piece_in_block);
 #pragma unroll
                 for (int t = 0; t < kTokens; ++t) {
-                    const int4 aq = __ldg(reinterpret_cast<const int4*>(act.q + t * in + e0));
-                    const float ad = __ldg(act.d + t * (in / 32) + e0 / 32);
+                    const int4 aq = load_activation<kOwn>(reinterpret_cast<const int4*>(act.q + t * in + e0));
+                    const float ad = load_activation<kOwn>(act.d + t * (in / 32) + e0 / 32);
                     int sumi = __dp4a(wp.q[0], aq.x, 0);
                     sumi = __dp4a(wp.q[1], aq.y, sumi);
                     sumi = __dp4a(wp.q[2], aq.z, sumi);
                     sumi = __dp4a(wp.q[3], aq.w, sumi);
                     v[t] = __fmul_rn(ad, __fmul_rn(wp.scale, static_cast<float>(sumi)));
                     if constexpr (F::kHasOffset)
-                        v[t] = __fadd_rn(v[t], __fmul_rn(wp.offset, __ldg(act.s16 + t * (in / 16) + e0 / 16)));
+                        v[t] = __fadd_rn(v[t], __fmul_rn(wp.offset, load_activation<kOwn>(act.s16 + t * (in / 16) +
+                                                                                          e0 / 16)));
                 }
             }
             add_to_row(r, v);
@@ -299,6 +369,29 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
     for (int r = 0; r < kRows; ++r)
 #pragma unroll
         for (int t = 0; t < kTokens; ++t) acc[r][t] = warp_sum(acc[r][t]);
+    if constexpr (kMix) {
+        // Every warp is active (the launcher sizes the grid to the columns): the streams' gate values of the block's
+        // columns meet in shared memory, and one thread per column forms its mix.
+        __shared__ float gate[kHcMixStreams][kRows];
+        if (lane == 0)
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) gate[warp][r] = acc[r][0];
+        __syncthreads();
+        const int64_t H = p.mix.H;
+        const int tid = static_cast<int>(threadIdx.x);
+        if (tid < kRows) {
+            const int64_t j = block * kRows + tid;
+            p.mix.mixed[j] = hc_mix_value(kHcMixStreams, [&](int64_t s) { return gate[s][tid]; },
+                                          [&](int64_t s) { return p.mix.xn[s * H + j]; });
+        }
+        if (block == 0 && p.mix.inject && tid >= kWarpSize && tid < kWarpSize + kHcMixStreams) {
+            const int r = tid - kWarpSize;
+            float raw = 0.0f;
+            for (int g = 0; g < kHcMixStreams; ++g) raw += p.mix.inject_partials[g * kHcMixStreams + r];
+            p.mix.inject[r] = hc_inject_value(raw, kHcMixStreams);
+        }
+        return;
+    }
     if (split > 1) {
         __shared__ float partial[kWarpsPerBlock][kRows][kTokens];
         if (lane == 0) {
@@ -327,7 +420,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
     }
 }
 
-template <typename F, int kTokens, int kRows>
+template <typename F, int kTokens, int kRows, bool kOwn, bool kMix = false>
 void launch_matvec_rows(const MatvecLaunch& l) {
     // A decode matrix of a few thousand rows gives too few warps to keep enough loads in flight on a large GPU
     // (H200: ~30 KB per SM): rows are then split over 2 or 4 warps. The choice depends on the shape only, never on
@@ -344,10 +437,11 @@ void launch_matvec_rows(const MatvecLaunch& l) {
         l.gather.ids ? l.rows * l.gather.pairs_per_act_row * (l.gather.second_from > 0 ? 2 : 1) : l.rows;
     for (int i = 0; i < l.n_more; ++i) rows_per_token += l.more[i].rows;
     int split = 1;
-    while (split < kWarpsPerBlock && rows_per_token * split < kTargetRowParts && split * 2 <= n_chunks) split *= 2;
+    while (!kMix && split < kWarpsPerBlock && rows_per_token * split < kTargetRowParts && split * 2 <= n_chunks)
+        split *= 2;
     const int64_t rows_per_block = kWarpsPerBlock / split * kRows;
     MatvecParams p{.segment = {}, .first_block = {}, .n_segments = 1 + l.n_more, .in = l.in, .act = l.act, .x = l.x,
-                   .warps_per_row = split, .gather = l.gather};
+                   .warps_per_row = split, .gather = l.gather, .own = l.own, .mix = l.mix};
     p.segment[0] = {.w = l.w, .row_bytes = l.row_bytes, .rows = l.rows, .y = l.y};
     for (int i = 0; i < l.n_more; ++i) p.segment[i + 1] = l.more[i];
     int64_t blocks = 0;
@@ -361,11 +455,33 @@ void launch_matvec_rows(const MatvecLaunch& l) {
     config.stream = l.stream;
     cudaLaunchAttribute attribute = {};
     attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = kUseProgrammaticLaunch ? 1 : 0;
+    attribute.val.programmaticStreamSerializationAllowed = programmatic_launch_supported() ? 1 : 0;
     config.attrs = &attribute;
     config.numAttrs = 1;
-    STRATA_CUDA_CHECK(cudaLaunchKernelEx(&config, matvec_kernel<F, kTokens, kRows>, p));
+    STRATA_CUDA_CHECK(cudaLaunchKernelEx(&config, matvec_kernel<F, kTokens, kRows, kOwn, kMix>, p));
 }
+
+// Whether a format reads Q8_0 activations (blocks of 32 quant weights), the only kind a block forms itself.
+template <typename F>
+constexpr bool kFormsOwnActivations = !F::kIsFloat && F::kBlockElems == 32;
+
+template <typename F, int kTokens, int kRows>
+void launch_matvec_rows_any(const MatvecLaunch& l) {
+    if (!l.own.silu_of) return launch_matvec_rows<F, kTokens, kRows, false>(l);
+    if constexpr (kTokens == 1 && kFormsOwnActivations<F>) {
+        STRATA_ASSERT(l.in <= kMaxOwnActivations && l.in % 32 == 0);
+        if (!l.mix.xn) return launch_matvec_rows<F, 1, kRows, true>(l);
+        STRATA_ASSERT(l.rows == kHcMixStreams * l.mix.H && l.mix.H % kHcMixColumns == 0 && l.n_more == 0 &&
+                      !l.gather.ids);
+        if constexpr (kRows == kHcMixColumns) launch_matvec_rows<F, 1, kRows, true, true>(l);
+    } else {
+        STRATA_ASSERT(!"own activations: one token of a Q8_0-reading type");
+    }
+}
+
+// Plain launches of fewer rows than this go one row a warp: the hyper-connection down product (320 rows of 10,240)
+// then has 1,280 warps instead of 640.
+constexpr int64_t kFewRows = 1024;
 
 template <typename F, int kTokens>
 void launch_matvec_tokens(const MatvecLaunch& l) {
@@ -376,17 +492,19 @@ void launch_matvec_tokens(const MatvecLaunch& l) {
     const size_t packed_row_bytes = static_cast<size_t>(l.in / F::kBlockElems) * F::kBlockBytes;
     bool consecutive = l.row_bytes == packed_row_bytes;
     for (int i = 0; i < l.n_more; ++i) consecutive = consecutive && l.more[i].row_bytes == packed_row_bytes;
-    STRATA_ASSERT(l.in / kPieceElems < (int64_t{1} << 18));
-    if (!consecutive) return launch_matvec_rows<F, kTokens, 1>(l);
+    // 32-bit offsets inside a span of up to 8 rows.
+    STRATA_ASSERT(l.in / kPieceElems < (int64_t{1} << 18) && l.row_bytes * 8 < (size_t{1} << 31));
+    int64_t rows = l.rows;
+    for (int i = 0; i < l.n_more; ++i) rows += l.more[i].rows;
+    if (l.mix.xn) return launch_matvec_rows_any<F, kTokens, kHcMixColumns>(l);  // its own row mapping
+    if (!consecutive || (!l.gather.ids && rows < kFewRows)) return launch_matvec_rows_any<F, kTokens, 1>(l);
     // Rows no longer than a chunk come 8 to a warp when there are enough of them: a warp's span then fills whole
     // chunks. An expert gather always has enough (its pairs multiply the warps: the expert down products); a plain
     // launch needs 8,192 rows (the hyper-connection up). Otherwise 2 rows a warp keep enough warps. Counting a
     // gather's pairs instead would let the token count (pairs = tokens x top-k) change the rows per warp.
-    int64_t rows = l.rows;
-    for (int i = 0; i < l.n_more; ++i) rows += l.more[i].rows;
     const bool short_rows = l.in <= ChunkShape<F>::kElems && (l.gather.ids || rows >= 8192);
-    if (short_rows) return launch_matvec_rows<F, kTokens, 8>(l);
-    launch_matvec_rows<F, kTokens, 2>(l);
+    if (short_rows) return launch_matvec_rows_any<F, kTokens, 8>(l);
+    launch_matvec_rows_any<F, kTokens, 2>(l);
 }
 
 template <typename F>

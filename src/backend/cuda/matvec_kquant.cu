@@ -53,7 +53,7 @@ struct Format<DType::Q3_K> {
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             const uint32_t q = ((low[k] >> shift) & 0x03030303u) | (((high[k] >> (piece / 2)) & 0x01010101u) << 2);
-            w.q[k] = static_cast<int>(__vsub4(q, 0x04040404u));
+            w.q[k] = sub_bytes(q, 4);  // q in 0..7
         }
         const uint8_t* scales = b + 96;
         const int sc_low = piece < 8 ? scales[piece] & 0xf : scales[piece - 8] >> 4;
@@ -122,7 +122,7 @@ struct Format<DType::Q6_K> {
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             const uint32_t q = ((lo[k] >> (4 * (quarter / 2))) & 0x0f0f0f0fu) | (((hi[k] >> (2 * quarter)) & 0x03030303u) << 4);
-            w.q[k] = static_cast<int>(__vsub4(q, 0x20202020u));
+            w.q[k] = sub_bytes(q, 32);  // q in 0..63
         }
         w.scale = load_f16(b + 208) * static_cast<float>(static_cast<int8_t>(b[192 + piece]));
         w.offset = 0.0f;

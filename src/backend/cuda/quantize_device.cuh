@@ -85,4 +85,34 @@ __device__ __forceinline__ void quantize_q8_k_value(float v, int64_t e, bool wri
     if (lane % 16 == 0) s16[e / 16] = scale * static_cast<float>(s);
 }
 
+// ---- where the values come from ------------------------------------------------------------------------------------
+// Value e of row t of `in` values, for the quantize kernel (matmul.cu) and for the matvec kernels that quantize their
+// own activations (matvec_kernels.cuh): one code, so both give the same bits.
+struct RowSource {
+    const float* x;
+    __device__ __forceinline__ float operator()(int64_t t, int64_t in, int64_t e) const { return x[t * in + e]; }
+};
+struct SwiGluSource {
+    const float* gate;
+    const float* up;
+    int64_t stride;  // between rows of gate and of up
+    float* hidden;   // [t * in + e], or null
+    __device__ __forceinline__ float operator()(int64_t t, int64_t in, int64_t e) const {
+        const float g = gate[t * stride + e];
+        const float v = __fmul_rn(g / (1.0f + expf(-g)), up[t * stride + e]);  // cpu::silu_mul, no contraction
+        if (hidden) hidden[t * in + e] = v;
+        return v;
+    }
+};
+
+// silu(x / divisor), as the hyper-connection read's low-rank step (cpu::silu of the quotient).
+struct SiluScaledSource {
+    const float* x;
+    float divisor;
+    __device__ __forceinline__ float operator()(int64_t t, int64_t in, int64_t e) const {
+        const float v = x[t * in + e] / divisor;
+        return v / (1.0f + expf(-v));
+    }
+};
+
 }  // namespace strata::cuda::kernels

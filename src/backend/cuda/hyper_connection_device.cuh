@@ -1,0 +1,27 @@
+// Private to the CUDA backend: the hyper-connection read's last per-value steps, shared by hyper_connection.cu's mix
+// kernel and the up product that forms them in its epilogue (matvec_kernels.cuh), so both give the same bits.
+// Products and sums are rounded step by step (no contraction), as the CPU (model/hyper_connection.cpp).
+#pragma once
+
+#include <cstdint>
+
+namespace strata::cuda::kernels {
+
+// (sum over streams s < hc, in order, of sigmoid(gate(s)) * x(s)) / hc.
+template <typename Gate, typename X>
+__device__ __forceinline__ float hc_mix_value(int64_t hc, Gate gate, X x) {
+    float sum = 0.0f;
+    for (int64_t s = 0; s < hc; ++s) {
+        const float sg = 1.0f / (1.0f + expf(-gate(s)));
+        sum = __fadd_rn(sum, __fmul_rn(sg, x(s)));
+    }
+    return sum / static_cast<float>(hc);
+}
+
+// The transformed inject of one row: 2 * sigmoid(raw / hc).
+__device__ __forceinline__ float hc_inject_value(float raw, int64_t hc) {
+    const float v = raw / static_cast<float>(hc);
+    return 2.0f * (1.0f / (1.0f + expf(-v)));
+}
+
+}  // namespace strata::cuda::kernels

@@ -18,6 +18,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/cpu/ops.h"
@@ -361,6 +362,70 @@ TEST(CudaGdn, GatesMatchTheHeadsLoop) {
             expect_agrees(what + " alpha", da.read(what + " alpha"), ref_alpha, Agree::Relative,
                           kActivationRelative);
         }
+}
+
+struct ConvActivateCase {
+    int64_t tokens, key_heads, head_dim, value_dim, kernel;
+};
+
+// The decode path's one launch against the three ops it replaces (each checked against the CPU above and in
+// test_cuda_recurrent): the conv rows, the new history and the gates, bit for bit.
+TEST(CudaGdn, ConvActivateGivesTheSeparateOpsBits) {
+    SKIP_WITHOUT_DEVICE();
+    cuda::Context& ctx = context();
+    std::mt19937 rng(76);
+    const ConvActivateCase cases[] = {
+        {1, 16, 128, 6144, 4}, {3, 16, 128, 6144, 4}, {8, 2, 37, 41, 4}, {2, 1, 64, 0, 3}, {5, 3, 32, 100, 1}};
+    for (const ConvActivateCase& c : cases) {
+        const int64_t key_dim = c.key_heads * c.head_dim, conv_dim = 2 * key_dim + c.value_dim;
+        const int64_t heads = c.key_heads * 2, hist_rows = c.kernel - 1;
+        const std::string what = "gdn_conv_activate tokens " + str(c.tokens) + " key heads " + str(c.key_heads) +
+                                 " x " + str(c.head_dim) + " value dim " + str(c.value_dim) + " kernel " +
+                                 str(c.kernel);
+        SCOPED_TRACE(what);
+        const std::vector<float> x = gaussian(static_cast<size_t>(c.tokens * conv_dim), rng, 2.0f);
+        const std::vector<float> w = gaussian(static_cast<size_t>(conv_dim * c.kernel), rng, 0.5f);
+        const std::vector<float> hist = gaussian(static_cast<size_t>(std::max<int64_t>(hist_rows, 1) * conv_dim), rng);
+        const std::vector<float> beta = gaussian(static_cast<size_t>(c.tokens * heads), rng, 6.0f);
+        const std::vector<float> alpha = gaussian(static_cast<size_t>(c.tokens * heads), rng, 10.0f);
+        const std::vector<float> a = gaussian(static_cast<size_t>(heads), rng, 1.0f);
+        const std::vector<float> dt_bias = gaussian(static_cast<size_t>(heads), rng, 3.0f);
+        const cuda::DeviceBuffer dx = upload(x), dw = upload(w), dA = upload(a), ddt = upload(dt_bias);
+        const float q_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+        struct Run {
+            Guarded out, history, beta, alpha;
+        };
+        auto make = [&] {
+            return Run{Guarded::poisoned(static_cast<size_t>(c.tokens * conv_dim)), Guarded(hist), Guarded(beta),
+                       Guarded(alpha)};
+        };
+        Run sep = make(), fused = make();
+        auto args = [&](Run& r) {
+            const cuda::ConvWindowArgs conv{.x = dx.as<float>(), .x_stride = conv_dim, .w = dw.as<float>(),
+                                            .history = r.history.ptr(), .out = r.out.ptr(), .out_stride = conv_dim,
+                                            .n_tokens = c.tokens, .channels = conv_dim, .kernel = c.kernel,
+                                            .dilation = 1};
+            const cuda::GdnActivateArgs act{.conv = r.out.ptr(), .n_tokens = c.tokens, .conv_dim = conv_dim,
+                                            .key_dim = key_dim, .head_dim = c.head_dim, .q_scale = q_scale};
+            const cuda::GdnGatesArgs gates{.beta = r.beta.ptr(), .alpha = r.alpha.ptr(), .a = dA.as<float>(),
+                                           .dt_bias = ddt.as<float>(), .n_tokens = c.tokens, .n_heads = heads};
+            return std::make_tuple(conv, act, gates);
+        };
+        const auto [conv_s, act_s, gates_s] = args(sep);
+        cuda::causal_conv(ctx, conv_s);
+        cuda::gdn_activate(ctx, act_s);
+        cuda::gdn_gates(ctx, gates_s);
+        const auto [conv_f, act_f, gates_f] = args(fused);
+        cuda::gdn_conv_activate(ctx, conv_f, act_f, gates_f);
+        for (const auto& [name, a_buf, b_buf] :
+             {std::tuple{"rows", &sep.out, &fused.out}, std::tuple{"history", &sep.history, &fused.history},
+              std::tuple{"beta", &sep.beta, &fused.beta}, std::tuple{"alpha", &sep.alpha, &fused.alpha}}) {
+            const std::vector<float> want = a_buf->read(what + " separate " + name);
+            const std::vector<float> got = b_buf->read(what + " fused " + name);
+            ASSERT_EQ(got.size(), want.size());
+            EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << name << " differ";
+        }
+    }
 }
 
 struct GatedNormCase {

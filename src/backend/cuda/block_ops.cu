@@ -11,6 +11,7 @@
 
 #include "backend/cuda/block_ops.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gdn_device.cuh"
 #include "backend/cuda/internal.h"
 #include "backend/cuda/warp_reduce.cuh"
 
@@ -47,17 +48,8 @@ void select_device(Context& ctx) {
     STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
 }
 
-// cpu::silu and cpu::sigmoid with the device's expf and IEEE division (no fast math in this backend).
-__device__ __forceinline__ float silu(float x) {
-    return x / (1.0f + expf(-x));
-}
-__device__ __forceinline__ float sigmoid(float x) {
-    return 1.0f / (1.0f + expf(-x));
-}
-// cpu::softplus: linear above 20.
-__device__ __forceinline__ float softplus(float x) {
-    return x > 20.0f ? x : log1pf(expf(x));
-}
+using kernels::sigmoid;
+using kernels::silu;
 
 
 // One NEOX pair (x[i], x[i + n_rot / 2]) of cpu::rope_neox at position pos.
@@ -118,10 +110,9 @@ __global__ void rope_kernel(RopeArgs a) {
 
 // ---- GDN ------------------------------------------------------------------------------------------------------------
 
-// Block (t, y): for y < head_blocks, warp w the q or k head y * kWarps + w: silu, then cpu::l2_norm (sum of squares in
-// double), then q times q_scale (a second rounding, as the CPU's separate loop); for y >= head_blocks, silu over a
-// stretch of the v part. Spread over blocks: one block per token left one SM doing all 10,240 channels of a
-// Flash-Next row (24 us under ncu). Each lane rewrites only the values it read itself, so no barrier is needed.
+// Block (t, y): for y < head_blocks, warp w the q or k head y * kWarps + w (gdn_activate_head); for y >= head_blocks,
+// silu over a stretch of the v part. Spread over blocks: one block per token left one SM doing all 10,240 channels of
+// a Flash-Next row (24 us under ncu).
 __global__ void __launch_bounds__(kThreads) gdn_activate_kernel(GdnActivateArgs a, int64_t head_blocks) {
     float* row = a.conv + static_cast<int64_t>(blockIdx.x) * a.conv_dim;
     const int64_t qk = 2 * a.key_dim, q_heads = a.key_dim / a.head_dim;
@@ -131,32 +122,46 @@ __global__ void __launch_bounds__(kThreads) gdn_activate_kernel(GdnActivateArgs 
         for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) row[i] = silu(row[i]);
         return;
     }
-    const int lane = static_cast<int>(threadIdx.x) % 32;
     const int64_t h = static_cast<int64_t>(blockIdx.y) * kWarps + threadIdx.x / 32;
     if (h >= 2 * q_heads) return;
-    float* x = row + h * a.head_dim;
-    double sum = 0.0;
-    for (int64_t i = lane; i < a.head_dim; i += 32) {
-        const float v = silu(x[i]);
-        x[i] = v;
-        sum += static_cast<double>(v) * v;
-    }
-    sum = warp_sum(sum);
-    const float scale = static_cast<float>(1.0 / sqrt(sum + static_cast<double>(1e-6f)));
-    for (int64_t i = lane; i < a.head_dim; i += 32) {
-        const float v = __fmul_rn(x[i], scale);
-        x[i] = h < q_heads ? __fmul_rn(v, a.q_scale) : v;
-    }
+    kernels::gdn_activate_head(row + h * a.head_dim, a.head_dim, h < q_heads, a.q_scale);
 }
 
 __global__ void gdn_gates_kernel(GdnGatesArgs a) {
     const int64_t n = a.n_tokens * a.n_heads;
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-        const int64_t h = i % a.n_heads;
-        a.beta[i] = sigmoid(a.beta[i]);
-        a.alpha[i] = __fmul_rn(a.a[h], softplus(__fadd_rn(a.alpha[i], a.dt_bias[h])));
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+        kernels::gdn_gate_item(a, i);
+}
+
+// gdn_conv_activate: blocks [0, 2 * q_heads): the q or k head b, whose threads first run the conv of one channel
+// each over the window, then (after a barrier: a head's norm reads every channel) warp w takes the tokens w, w + 8,
+// ... (gdn_activate_head); the next v_blocks: one v channel a thread, its conv then its silu per token; the last
+// block: the gates.
+__global__ void __launch_bounds__(kThreads) gdn_conv_activate_kernel(ConvWindowArgs conv, GdnActivateArgs act,
+                                                                     GdnGatesArgs gates, int64_t qk_heads,
+                                                                     int64_t v_blocks) {
+    const int64_t b = blockIdx.x, q_heads = act.key_dim / act.head_dim;
+    if (b < qk_heads) {
+        for (int64_t i = threadIdx.x; i < act.head_dim; i += kThreads)
+            kernels::causal_conv_channel(conv, b * act.head_dim + i);
+        __syncthreads();
+        for (int64_t t = threadIdx.x / 32; t < act.n_tokens; t += kWarps)
+            kernels::gdn_activate_head(act.conv + t * act.conv_dim + b * act.head_dim, act.head_dim, b < q_heads,
+                                       act.q_scale);
+        return;
     }
+    if (b < qk_heads + v_blocks) {
+        const int64_t c = 2 * act.key_dim + (b - qk_heads) * kThreads + threadIdx.x;
+        if (c >= act.conv_dim) return;
+        kernels::causal_conv_channel(conv, c);
+        for (int64_t t = 0; t < act.n_tokens; ++t) {
+            float* v = act.conv + t * act.conv_dim + c;
+            *v = silu(*v);
+        }
+        return;
+    }
+    for (int64_t i = threadIdx.x; i < gates.n_tokens * gates.n_heads; i += kThreads) kernels::gdn_gate_item(gates, i);
 }
 
 __global__ void split_beta_alpha_kernel(SplitBetaAlphaArgs a) {
@@ -342,14 +347,31 @@ void rope_neox(Context& ctx, const RopeArgs& a) {
 
 // ---- GDN ------------------------------------------------------------------------------------------------------------
 
-void gdn_activate(Context& ctx, const GdnActivateArgs& a) {
+namespace {
+
+// gdn_activate's checks: throws Error on a bad shape; false when there is nothing to do.
+bool check_activate(const GdnActivateArgs& a) {
     if (a.n_tokens < 0) throw Error("CUDA gdn_activate: negative token count");
     if (a.head_dim <= 0 || a.key_dim < 0 || a.key_dim % a.head_dim != 0 || 2 * a.key_dim > a.conv_dim)
         throw Error("CUDA gdn_activate: bad shape (conv_dim " + std::to_string(a.conv_dim) + ", key_dim " +
                     std::to_string(a.key_dim) + ", head_dim " + std::to_string(a.head_dim) +
                     "): key_dim must be a multiple of head_dim and 2 * key_dim at most conv_dim");
-    if (a.n_tokens == 0 || a.conv_dim == 0) return;
+    if (a.n_tokens == 0 || a.conv_dim == 0) return false;
     if (!a.conv) throw Error("CUDA gdn_activate: null conv rows");
+    return true;
+}
+
+bool check_gates(const GdnGatesArgs& a) {
+    if (a.n_tokens < 0 || a.n_heads < 0) throw Error("CUDA gdn_gates: negative token or head count");
+    if (a.n_tokens == 0 || a.n_heads == 0) return false;
+    if (!a.beta || !a.alpha || !a.a || !a.dt_bias) throw Error("CUDA gdn_gates: null pointer");
+    return true;
+}
+
+}  // namespace
+
+void gdn_activate(Context& ctx, const GdnActivateArgs& a) {
+    if (!check_activate(a)) return;
     const unsigned blocks = one_block_each(a.n_tokens, "gdn_activate");
     const int64_t head_blocks = (2 * (a.key_dim / a.head_dim) + kWarps - 1) / kWarps;
     const int64_t v_blocks = (a.conv_dim - 2 * a.key_dim + kVStretch - 1) / kVStretch;
@@ -361,12 +383,32 @@ void gdn_activate(Context& ctx, const GdnActivateArgs& a) {
 }
 
 void gdn_gates(Context& ctx, const GdnGatesArgs& a) {
-    if (a.n_tokens < 0 || a.n_heads < 0) throw Error("CUDA gdn_gates: negative token or head count");
-    if (a.n_tokens == 0 || a.n_heads == 0) return;
-    if (!a.beta || !a.alpha || !a.a || !a.dt_bias) throw Error("CUDA gdn_gates: null pointer");
+    if (!check_gates(a)) return;
     select_device(ctx);
     gdn_gates_kernel<<<stride_blocks(a.n_tokens * a.n_heads), kThreads, 0, ctx.stream().handle()>>>(a);
     STRATA_CUDA_CHECK_LAUNCH("gdn_gates_kernel");
+}
+
+void gdn_conv_activate(Context& ctx, const ConvWindowArgs& conv, const GdnActivateArgs& act,
+                       const GdnGatesArgs& gates) {
+    if (conv.n_tokens != act.n_tokens || gates.n_tokens != act.n_tokens || conv.channels != act.conv_dim ||
+        conv.out != act.conv || (act.n_tokens > 1 && conv.out_stride != act.conv_dim))
+        throw Error("CUDA gdn_conv_activate: the conv must write the activations' rows (same tokens, channels and "
+                    "row stride)");
+    if (act.n_tokens > kMaxMatvecTokens)
+        throw Error("CUDA gdn_conv_activate: " + std::to_string(act.n_tokens) + " tokens; it takes decode windows of "
+                    "at most " + std::to_string(kMaxMatvecTokens));
+    const bool has_conv = check_conv_window(conv), has_act = check_activate(act), has_gates = check_gates(gates);
+    if (!has_conv && !has_act && !has_gates) return;
+    if (!has_conv || !has_act) throw Error("CUDA gdn_conv_activate: an empty conv or activation with work to do");
+    const int64_t qk_heads = 2 * (act.key_dim / act.head_dim);
+    const int64_t v_blocks = (act.conv_dim - 2 * act.key_dim + kThreads - 1) / kThreads;
+    if (qk_heads + v_blocks + 1 > 0x7fffffff) throw Error("CUDA gdn_conv_activate: too many channels");
+    select_device(ctx);
+    gdn_conv_activate_kernel<<<static_cast<unsigned>(qk_heads + v_blocks + 1), kThreads, 0,
+                               ctx.stream().handle()>>>(conv, act, has_gates ? gates : GdnGatesArgs{}, qk_heads,
+                                                        v_blocks);
+    STRATA_CUDA_CHECK_LAUNCH("gdn_conv_activate_kernel");
 }
 
 void split_beta_alpha(Context& ctx, const SplitBetaAlphaArgs& a) {

@@ -71,6 +71,11 @@ struct GdnGatesArgs {
 };
 void gdn_gates(Context& ctx, const GdnGatesArgs& args);
 
+// A decode window's (at most kMaxMatvecTokens tokens) causal_conv, gdn_activate and gdn_gates in one launch, with the
+// same bits: the conv must write the activations' rows (conv.out == act.conv, rows of act.conv_dim).
+void gdn_conv_activate(Context& ctx, const ConvWindowArgs& conv, const GdnActivateArgs& act,
+                       const GdnGatesArgs& gates);
+
 // qwen3next's fused beta/alpha projection (model/gdn.cpp, project): ba rows of 2 * key_heads * per_group values, per
 // key group g its per_group beta logits then its per_group alpha logits; value head g * per_group + j gets
 // beta[t * n + g * per_group + j] and alpha[...] (n = key_heads * per_group). Copies, nothing computed.

@@ -19,6 +19,8 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gdn_device.cuh"
+#include "backend/cuda/internal.h"
 
 namespace strata::cuda {
 
@@ -323,32 +325,10 @@ bool aligned16(const void* ptr) {
 
 // ---- causal conv ----------------------------------------------------------------------------------------------------
 
-// One thread per channel walks the window's tokens in order. Input at time t - m comes from x when it lies inside the
-// window, else from the history (row H - (m - t), H = (kernel - 1) * dilation). The operations of
-// cpu::causal_conv_step as the host compiler emits them for any x86-64 with FMA (its x86-64-v3/v4 clones: GCC
-// contracts `out += w * in` in C++ mode): the current input's product rounded, then one fused multiply-add per tap
-// from the oldest row.
+// One thread per channel (gdn_device.cuh).
 __global__ void causal_conv_kernel(ConvWindowArgs a) {
     const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (c >= a.channels) return;
-    const int64_t K = a.kernel, C = a.channels, H = (K - 1) * a.dilation;
-    const float* w = a.w + c * K;
-    for (int64_t t = 0; t < a.n_tokens; ++t) {
-        float acc = __fmul_rn(w[K - 1], a.x[t * a.x_stride + c]);  // _rn: never contracted with the first tap
-        for (int64_t j = 0; j < K - 1; ++j) {
-            const int64_t m = (K - 1 - j) * a.dilation;
-            const float in = t >= m ? a.x[(t - m) * a.x_stride + c] : a.history[(H - (m - t)) * C + c];
-            acc = fmaf(w[j], in, acc);
-        }
-        a.out[t * a.out_stride + c] = acc;
-    }
-    // Row r of the new history is time T - H + r: from x inside the window, else the old row r + T (ascending r only
-    // reads rows not yet rewritten).
-    const int64_t T = a.n_tokens;
-    for (int64_t r = 0; r < H; ++r) {
-        const int64_t time = T - H + r;
-        a.history[r * C + c] = time >= 0 ? a.x[time * a.x_stride + c] : a.history[(r + T) * C + c];
-    }
+    if (c < a.channels) kernels::causal_conv_channel(a, c);
 }
 
 }  // namespace
@@ -407,16 +387,21 @@ void gated_delta(Context& ctx, const GatedDeltaArgs& a) {
     }
 }
 
-void causal_conv(Context& ctx, const ConvWindowArgs& a) {
+bool check_conv_window(const ConvWindowArgs& a) {
     if (a.n_tokens < 0 || a.channels < 0) throw Error("CUDA causal_conv: negative token or channel count");
     if (a.kernel < 1 || a.dilation < 1)
         throw Error("CUDA causal_conv: kernel " + std::to_string(a.kernel) + " and dilation " +
                     std::to_string(a.dilation) + " must be at least 1");
-    if (a.n_tokens == 0 || a.channels == 0) return;
+    if (a.n_tokens == 0 || a.channels == 0) return false;
     if (!a.x || !a.w || !a.out || (a.kernel > 1 && !a.history))
         throw Error("CUDA causal_conv: a null pointer among x, w, history, out");
     if (a.n_tokens > 1 && (a.x_stride < a.channels || a.out_stride < a.channels))
         throw Error("CUDA causal_conv: token strides must be at least the channel count");
+    return true;
+}
+
+void causal_conv(Context& ctx, const ConvWindowArgs& a) {
+    if (!check_conv_window(a)) return;
     STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
     constexpr int kThreads = 256;
     causal_conv_kernel<<<static_cast<unsigned>((a.channels + kThreads - 1) / kThreads), kThreads, 0,

@@ -145,6 +145,10 @@ bool launch_gemm_iq(const GemmLaunch& l);
 // matvec launches then ask for them (matvec_kernels.cuh).
 bool programmatic_launch_supported();
 
+// causal_conv's checks of a window (gdn.cu): throws Error on a bad one; false when there is nothing to do.
+struct ConvWindowArgs;
+bool check_conv_window(const ConvWindowArgs& a);
+
 // Any family (false: a type no family owns).
 bool launch_matvec_any(const MatvecLaunch& l);
 bool launch_dequantize_any(const DequantizeLaunch& l);

@@ -430,28 +430,31 @@ void CudaHybridModel::gdn_window(const GdnDevice& w, LayerDeviceState& l, const 
         cuda::matmul_shared_input(ctx, x, T, {{w.qkv, w_.qkv}, {w.gate, w_.z}, {w.beta, w_.beta}, {w.alpha, w_.alpha}});
     }
     mark(kGdnRecurrence);
-    cuda::causal_conv(ctx, {.x = w_.qkv,
-                            .x_stride = CD,
-                            .w = w.conv,
-                            .history = l.conv_history.as<float>(),
-                            .out = w_.conv,
-                            .out_stride = CD,
-                            .n_tokens = T,
-                            .channels = CD,
-                            .kernel = g.conv_kernel,
-                            .dilation = 1});
-    cuda::gdn_activate(ctx, {.conv = w_.conv,
-                             .n_tokens = T,
-                             .conv_dim = CD,
-                             .key_dim = KD,
-                             .head_dim = g.k_head_dim,
-                             .q_scale = 1.0f / std::sqrt(static_cast<float>(g.k_head_dim))});
-    cuda::gdn_gates(ctx, {.beta = w_.beta,
-                          .alpha = w_.alpha,
-                          .a = w.a,
-                          .dt_bias = w.dt_bias,
-                          .n_tokens = T,
-                          .n_heads = g.n_v_heads});
+    const cuda::ConvWindowArgs conv{.x = w_.qkv,
+                                    .x_stride = CD,
+                                    .w = w.conv,
+                                    .history = l.conv_history.as<float>(),
+                                    .out = w_.conv,
+                                    .out_stride = CD,
+                                    .n_tokens = T,
+                                    .channels = CD,
+                                    .kernel = g.conv_kernel,
+                                    .dilation = 1};
+    const cuda::GdnActivateArgs activate{.conv = w_.conv,
+                                         .n_tokens = T,
+                                         .conv_dim = CD,
+                                         .key_dim = KD,
+                                         .head_dim = g.k_head_dim,
+                                         .q_scale = 1.0f / std::sqrt(static_cast<float>(g.k_head_dim))};
+    const cuda::GdnGatesArgs gates{
+        .beta = w_.beta, .alpha = w_.alpha, .a = w.a, .dt_bias = w.dt_bias, .n_tokens = T, .n_heads = g.n_v_heads};
+    if (T <= cuda::kMaxMatvecTokens) {
+        cuda::gdn_conv_activate(ctx, conv, activate, gates);  // one launch instead of three
+    } else {
+        cuda::causal_conv(ctx, conv);
+        cuda::gdn_activate(ctx, activate);
+        cuda::gdn_gates(ctx, gates);
+    }
     cuda::gated_delta(ctx, {.state = l.recurrent.as<float>(),
                             .q = w_.conv,
                             .k = w_.conv + KD,

@@ -270,7 +270,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(MoeCase{DType::IQ2_XS, DType::IQ2_XS, 256, 37, 5, 256, 96, false},
                       MoeCase{DType::Q4_K, DType::Q4_K, 512, 64, 8, 256, 0, true},
                       MoeCase{DType::Q8_0, DType::Q8_0, 160, 19, 3, 96, 64, false},
-                      MoeCase{DType::IQ2_XS, DType::Q8_0, 256, 128, 10, 160, 160, false}),
+                      MoeCase{DType::IQ2_XS, DType::Q8_0, 256, 128, 10, 160, 160, false},
+                      // Flash-Next's routing (512 experts, top 10: 16 a lane of the one-warp router) and down type.
+                      MoeCase{DType::IQ2_XS, DType::IQ4_NL, 256, 512, 10, 64, 64, false},
+                      // More experts than the one-warp router holds: the block router.
+                      MoeCase{DType::Q8_0, DType::IQ4_NL, 64, 600, 8, 64, 0, false}),
     [](const ::testing::TestParamInfo<MoeCase>& case_info) {
         return std::string(strata::dtype_name(case_info.param.expert_type)) + "_" +
                strata::dtype_name(case_info.param.down_type) + "_E" + std::to_string(case_info.param.E);

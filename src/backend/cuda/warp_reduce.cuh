@@ -18,6 +18,20 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
     return v;
 }
+// The max (kMax) or min of an unsigned v over the 32 lanes, in every lane: one instruction on sm_80+.
+template <bool kMax>
+__device__ __forceinline__ unsigned warp_extreme_u32(unsigned v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    return kMax ? __reduce_max_sync(0xffffffffu, v) : __reduce_min_sync(0xffffffffu, v);
+#else
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+        const unsigned o = __shfl_xor_sync(0xffffffffu, v, offset);
+        v = kMax ? max(v, o) : min(v, o);
+    }
+    return v;
+#endif
+}
 
 // Inclusive prefix sum of v over the thread block (blockDim.x a multiple of 32); *total, when given, gets the sum of
 // all. warp_sums: 32 ints of shared memory, free for other use again when the call returns (every thread calls it).

@@ -492,8 +492,8 @@ void launch_matvec_tokens(const MatvecLaunch& l) {
     const size_t packed_row_bytes = static_cast<size_t>(l.in / F::kBlockElems) * F::kBlockBytes;
     bool consecutive = l.row_bytes == packed_row_bytes;
     for (int i = 0; i < l.n_more; ++i) consecutive = consecutive && l.more[i].row_bytes == packed_row_bytes;
-    // 32-bit offsets inside a span of up to 8 rows.
-    STRATA_ASSERT(l.in / kPieceElems < (int64_t{1} << 18) && l.row_bytes * 8 < (size_t{1} << 31));
+    // 32-bit offsets inside a span: up to 8 packed rows (a strided view walks one row at a time).
+    STRATA_ASSERT(l.in / kPieceElems < (int64_t{1} << 18) && packed_row_bytes * 8 < (size_t{1} << 31));
     int64_t rows = l.rows;
     for (int i = 0; i < l.n_more; ++i) rows += l.more[i].rows;
     if (l.mix.xn) return launch_matvec_rows_any<F, kTokens, kHcMixColumns>(l);  // its own row mapping

@@ -3,8 +3,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
-#include <map>
-#include <mutex>
 #include <utility>
 
 #include "backend/cuda/cuda_backend.h"
@@ -151,17 +149,10 @@ void Stream::synchronize() const {
 // ---- context --------------------------------------------------------------------------------------------------------
 
 bool programmatic_launch_supported() {
-    // Asked at every matvec launch (eagerly, or once per captured graph): the answer is kept per device.
-    static std::mutex mutex;
-    static std::map<int, bool> known;
-    int device = 0;
+    int device = 0, major = 0;
     STRATA_CUDA_CHECK(cudaGetDevice(&device));
-    const std::lock_guard<std::mutex> lock(mutex);
-    const auto it = known.find(device);
-    if (it != known.end()) return it->second;
-    int major = 0;
     STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    return known[device] = major >= 9;
+    return major >= 9;
 }
 
 Context::Context(const ContextOptions& options) {

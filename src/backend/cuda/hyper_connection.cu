@@ -27,9 +27,7 @@ constexpr int kThreads = 256;
 // low[i] = silu(low[i] / hc), as cpu::silu of the quotient.
 __global__ void low_rank_silu_kernel(float* low, int64_t n, float hc) {
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const float v = low[i] / hc;
-    low[i] = v / (1.0f + expf(-v));
+    if (i < n) low[i] = kernels::SiluScaledSource{low, hc}(0, n, i);
 }
 
 // mixed[t][j] = (sum over streams s in order of sigmoid(g[t][s H + j]) * xn[t][s H + j]) / hc; the first T * hc threads
@@ -40,11 +38,8 @@ __global__ void mix_kernel(const float* gate, const float* xn, float* mixed, flo
                            int64_t hc, int64_t H, const float* inject_partials = nullptr) {
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (inject && i < n_tokens * hc) {
-        float raw = inject_partials ? 0.0f : inject[i];
-        if (inject_partials) {
-            const int64_t t = i / hc, r = i % hc;
-            for (int64_t g = 0; g < hc; ++g) raw += inject_partials[(t * hc + g) * hc + r];
-        }
+        const float* shares = inject_partials ? inject_partials + (i / hc) * hc * hc : nullptr;
+        const float raw = shares ? kernels::hc_inject_from_shares(shares, hc, i % hc) : inject[i];
         inject[i] = kernels::hc_inject_value(raw, hc);
     }
     if (i >= n_tokens * H) return;

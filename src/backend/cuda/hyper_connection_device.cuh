@@ -18,6 +18,13 @@ __device__ __forceinline__ float hc_mix_value(int64_t hc, Gate gate, X x) {
     return sum / static_cast<float>(hc);
 }
 
+// The raw inject product of row r from the streams' shares (shares[s * hc + r]), added in stream order.
+__device__ __forceinline__ float hc_inject_from_shares(const float* shares, int64_t hc, int64_t r) {
+    float raw = 0.0f;
+    for (int64_t s = 0; s < hc; ++s) raw += shares[s * hc + r];
+    return raw;
+}
+
 // The transformed inject of one row: 2 * sigmoid(raw / hc).
 __device__ __forceinline__ float hc_inject_value(float raw, int64_t hc) {
     const float v = raw / static_cast<float>(hc);

@@ -386,9 +386,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
         }
         if (block == 0 && p.mix.inject && tid >= kWarpSize && tid < kWarpSize + kHcMixStreams) {
             const int r = tid - kWarpSize;
-            float raw = 0.0f;
-            for (int g = 0; g < kHcMixStreams; ++g) raw += p.mix.inject_partials[g * kHcMixStreams + r];
-            p.mix.inject[r] = hc_inject_value(raw, kHcMixStreams);
+            p.mix.inject[r] =
+                hc_inject_value(hc_inject_from_shares(p.mix.inject_partials, kHcMixStreams, r), kHcMixStreams);
         }
         return;
     }
@@ -473,7 +472,10 @@ void launch_matvec_rows_any(const MatvecLaunch& l) {
         if (!l.mix.xn) return launch_matvec_rows<F, 1, kRows, true>(l);
         STRATA_ASSERT(l.rows == kHcMixStreams * l.mix.H && l.mix.H % kHcMixColumns == 0 && l.n_more == 0 &&
                       !l.gather.ids);
-        if constexpr (kRows == kHcMixColumns) launch_matvec_rows<F, 1, kRows, true, true>(l);
+        if constexpr (kRows == kHcMixColumns)
+            launch_matvec_rows<F, 1, kRows, true, true>(l);
+        else
+            STRATA_ASSERT(!"the mix epilogue takes kHcMixColumns rows a warp");
     } else {
         STRATA_ASSERT(!"own activations: one token of a Q8_0-reading type");
     }

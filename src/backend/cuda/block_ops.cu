@@ -13,6 +13,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gdn_device.cuh"
 #include "backend/cuda/internal.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 
 namespace strata::cuda {
@@ -71,6 +72,7 @@ __device__ __forceinline__ void rope_pair(float* x, int64_t i, int64_t n_rot, do
 // number of bytes at even addresses (every type's block is), so 16-bit granules always work; 16-byte ones when aligned.
 __global__ void embed_copy_rows_kernel(const uint8_t* table, size_t table_stride, int64_t table_rows, size_t rb,
                                        const int32_t* tokens, uint8_t* staging) {
+    kernels::enter_dependent_grid();
     const int64_t token = tokens[blockIdx.x];
     const bool valid = token >= 0 && token < table_rows;
     uint8_t* dst = staging + blockIdx.x * rb;
@@ -88,6 +90,7 @@ __global__ void embed_copy_rows_kernel(const uint8_t* table, size_t table_stride
 // out row t * copies + c = f32 row t, for the hc streams' copies.
 __global__ void embed_broadcast_kernel(const float* rows, int64_t n_tokens, int64_t copies, int64_t width,
                                        float* out) {
+    kernels::enter_dependent_grid();
     const int64_t n = n_tokens * copies * width;
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -99,6 +102,7 @@ __global__ void embed_broadcast_kernel(const float* rows, int64_t n_tokens, int6
 // ---- rope -----------------------------------------------------------------------------------------------------------
 
 __global__ void rope_kernel(RopeArgs a) {
+    kernels::enter_dependent_grid();
     const int64_t half = a.n_rot / 2, n = a.n_tokens * a.n_heads * half;
     for (int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; item < n;
          item += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -114,6 +118,7 @@ __global__ void rope_kernel(RopeArgs a) {
 // silu over a stretch of the v part. Spread over blocks: one block per token left one SM doing all 10,240 channels of
 // a Flash-Next row (24 us under ncu).
 __global__ void __launch_bounds__(kThreads) gdn_activate_kernel(GdnActivateArgs a, int64_t head_blocks) {
+    kernels::enter_dependent_grid();
     float* row = a.conv + static_cast<int64_t>(blockIdx.x) * a.conv_dim;
     const int64_t qk = 2 * a.key_dim, q_heads = a.key_dim / a.head_dim;
     if (static_cast<int64_t>(blockIdx.y) >= head_blocks) {
@@ -128,6 +133,7 @@ __global__ void __launch_bounds__(kThreads) gdn_activate_kernel(GdnActivateArgs 
 }
 
 __global__ void gdn_gates_kernel(GdnGatesArgs a) {
+    kernels::enter_dependent_grid();
     const int64_t n = a.n_tokens * a.n_heads;
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -141,6 +147,7 @@ __global__ void gdn_gates_kernel(GdnGatesArgs a) {
 __global__ void __launch_bounds__(kThreads) gdn_conv_activate_kernel(ConvWindowArgs conv, GdnActivateArgs act,
                                                                      GdnGatesArgs gates, int64_t qk_heads,
                                                                      int64_t v_blocks) {
+    kernels::enter_dependent_grid();
     const int64_t b = blockIdx.x, q_heads = act.key_dim / act.head_dim;
     if (b < qk_heads) {
         for (int64_t i = threadIdx.x; i < act.head_dim; i += kThreads)
@@ -165,6 +172,7 @@ __global__ void __launch_bounds__(kThreads) gdn_conv_activate_kernel(ConvWindowA
 }
 
 __global__ void split_beta_alpha_kernel(SplitBetaAlphaArgs a) {
+    kernels::enter_dependent_grid();
     const int64_t nv = a.key_heads * a.per_group, n = a.n_tokens * nv;
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -177,6 +185,7 @@ __global__ void split_beta_alpha_kernel(SplitBetaAlphaArgs a) {
 
 // One warp per (token, head): cpu::rms_norm (x * scale, then * gamma), then * act(z): three roundings, as the CPU.
 __global__ void __launch_bounds__(kThreads) gated_norm_kernel(GatedNormArgs a) {
+    kernels::enter_dependent_grid();
     const int lane = static_cast<int>(threadIdx.x) % 32;
     const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
     if (item >= a.n_tokens * a.n_heads) return;  // whole warps leave together
@@ -197,6 +206,7 @@ __global__ void __launch_bounds__(kThreads) gated_norm_kernel(GatedNormArgs a) {
 // ---- rows at positions and the QSA indexer --------------------------------------------------------------------------
 
 __global__ void store_rows_kernel(StoreRowsArgs a, int64_t src_stride) {
+    kernels::enter_dependent_grid();
     const int64_t t = blockIdx.x, p = a.positions[t];
     if (p < 0 || p >= a.dst_rows) return;
     const float* src = a.src + t * src_stride;
@@ -208,6 +218,7 @@ __global__ void store_rows_kernel(StoreRowsArgs a, int64_t src_stride) {
 // ratio), cpu::rms_norm with k_norm, then cpu::rope_neox at the block's first position. The rope pairs values other
 // lanes wrote, hence the __syncwarp (which also orders the memory accesses of the warp).
 __global__ void __launch_bounds__(kThreads) indexer_pool_kernel(IndexerPoolArgs a) {
+    kernels::enter_dependent_grid();
     const int lane = static_cast<int>(threadIdx.x) % 32;
     const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
     if (t >= a.n_tokens) return;
@@ -245,6 +256,7 @@ constexpr int kPleThreads = 128;
 // the tail included, in increasing i), thread 0 combines them in cpu::dot's order and forms the gate, then the block
 // writes the gated row.
 __global__ void __launch_bounds__(kPleThreads) ple_gate_kernel(PleGateArgs a, float inv_sqrt_h) {
+    kernels::enter_dependent_grid();
     __shared__ float partial[8];
     __shared__ float gate;
     const int64_t ts = blockIdx.x, t = ts / a.n_streams, H = a.n_embd;
@@ -272,12 +284,14 @@ __global__ void __launch_bounds__(kPleThreads) ple_gate_kernel(PleGateArgs a, fl
 }
 
 __global__ void ple_residual_kernel(float* residual, const float* gated, const float* conv, int64_t n) {
+    kernels::enter_dependent_grid();
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x)
         residual[i] = __fadd_rn(residual[i], __fadd_rn(gated[i], silu(conv[i])));
 }
 
 __global__ void add_kernel(float* x, const float* y, int64_t n) {
+    kernels::enter_dependent_grid();
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x)
         x[i] = __fadd_rn(x[i], y[i]);
@@ -314,9 +328,8 @@ void embed_rows(Context& ctx, const EmbedArgs& a) {
     select_device(ctx);
     cudaStream_t stream = ctx.stream().handle();
     auto* raw = static_cast<uint8_t*>(a.staging);
-    embed_copy_rows_kernel<<<blocks, 128, 0, stream>>>(static_cast<const uint8_t*>(table.data), table.nb[1],
-                                                       table.ne[1], rb, a.tokens, raw);
-    STRATA_CUDA_CHECK_LAUNCH("embed_copy_rows_kernel");
+    launch_dependent("embed_copy_rows_kernel", embed_copy_rows_kernel, dim3(blocks), dim3(128), 0, stream,
+                     static_cast<const uint8_t*>(table.data), table.nb[1], table.ne[1], rb, a.tokens, raw);
     // One copy: straight into out. More: into staging's f32 rows, then copied out copies times.
     float* rows = a.copies == 1 ? a.out
                                 : reinterpret_cast<float*>(raw + align256(static_cast<size_t>(a.n_tokens) * rb));
@@ -324,9 +337,9 @@ void embed_rows(Context& ctx, const EmbedArgs& a) {
                              .out = rows, .stream = stream};
     STRATA_ASSERT(launch_dequantize_any(l));
     if (a.copies > 1) {
-        embed_broadcast_kernel<<<stride_blocks(a.n_tokens * a.copies * width), kThreads, 0, stream>>>(
-            rows, a.n_tokens, a.copies, width, a.out);
-        STRATA_CUDA_CHECK_LAUNCH("embed_broadcast_kernel");
+        launch_dependent("embed_broadcast_kernel", embed_broadcast_kernel,
+                         dim3(stride_blocks(a.n_tokens * a.copies * width)), dim3(kThreads), 0, stream, rows,
+                         a.n_tokens, a.copies, width, a.out);
     }
 }
 
@@ -341,8 +354,8 @@ void rope_neox(Context& ctx, const RopeArgs& a) {
     if ((a.n_heads > 1 && a.head_stride < a.n_rot) || (a.n_tokens > 1 && a.token_stride < a.n_rot))
         throw Error("CUDA rope_neox: head or token stride shorter than n_rot " + std::to_string(a.n_rot));
     select_device(ctx);
-    rope_kernel<<<stride_blocks(a.n_tokens * a.n_heads * (a.n_rot / 2)), kThreads, 0, ctx.stream().handle()>>>(a);
-    STRATA_CUDA_CHECK_LAUNCH("rope_kernel");
+    launch_dependent("rope_kernel", rope_kernel, dim3(stride_blocks(a.n_tokens * a.n_heads * (a.n_rot / 2))),
+                     dim3(kThreads), 0, ctx.stream().handle(), a);
 }
 
 // ---- GDN ------------------------------------------------------------------------------------------------------------
@@ -377,16 +390,16 @@ void gdn_activate(Context& ctx, const GdnActivateArgs& a) {
     const int64_t v_blocks = (a.conv_dim - 2 * a.key_dim + kVStretch - 1) / kVStretch;
     if (head_blocks + v_blocks > 65535) throw Error("CUDA gdn_activate: too many heads in one row");
     select_device(ctx);
-    gdn_activate_kernel<<<dim3(blocks, static_cast<unsigned>(std::max<int64_t>(head_blocks + v_blocks, 1))), kThreads,
-                          0, ctx.stream().handle()>>>(a, head_blocks);
-    STRATA_CUDA_CHECK_LAUNCH("gdn_activate_kernel");
+    launch_dependent("gdn_activate_kernel", gdn_activate_kernel,
+                     dim3(blocks, static_cast<unsigned>(std::max<int64_t>(head_blocks + v_blocks, 1))), dim3(kThreads),
+                     0, ctx.stream().handle(), a, head_blocks);
 }
 
 void gdn_gates(Context& ctx, const GdnGatesArgs& a) {
     if (!check_gates(a)) return;
     select_device(ctx);
-    gdn_gates_kernel<<<stride_blocks(a.n_tokens * a.n_heads), kThreads, 0, ctx.stream().handle()>>>(a);
-    STRATA_CUDA_CHECK_LAUNCH("gdn_gates_kernel");
+    launch_dependent("gdn_gates_kernel", gdn_gates_kernel, dim3(stride_blocks(a.n_tokens * a.n_heads)), dim3(kThreads),
+                     0, ctx.stream().handle(), a);
 }
 
 void gdn_conv_activate(Context& ctx, const ConvWindowArgs& conv, const GdnActivateArgs& act,
@@ -405,10 +418,9 @@ void gdn_conv_activate(Context& ctx, const ConvWindowArgs& conv, const GdnActiva
     const int64_t v_blocks = (act.conv_dim - 2 * act.key_dim + kThreads - 1) / kThreads;
     if (qk_heads + v_blocks + 1 > 0x7fffffff) throw Error("CUDA gdn_conv_activate: too many channels");
     select_device(ctx);
-    gdn_conv_activate_kernel<<<static_cast<unsigned>(qk_heads + v_blocks + 1), kThreads, 0,
-                               ctx.stream().handle()>>>(conv, act, has_gates ? gates : GdnGatesArgs{}, qk_heads,
-                                                        v_blocks);
-    STRATA_CUDA_CHECK_LAUNCH("gdn_conv_activate_kernel");
+    launch_dependent("gdn_conv_activate_kernel", gdn_conv_activate_kernel,
+                     dim3(static_cast<unsigned>(qk_heads + v_blocks + 1)), dim3(kThreads), 0, ctx.stream().handle(),
+                     conv, act, has_gates ? gates : GdnGatesArgs{}, qk_heads, v_blocks);
 }
 
 void split_beta_alpha(Context& ctx, const SplitBetaAlphaArgs& a) {
@@ -417,9 +429,9 @@ void split_beta_alpha(Context& ctx, const SplitBetaAlphaArgs& a) {
     if (a.n_tokens == 0) return;
     if (!a.ba || !a.beta || !a.alpha) throw Error("CUDA split_beta_alpha: null pointer");
     select_device(ctx);
-    split_beta_alpha_kernel<<<stride_blocks(a.n_tokens * a.key_heads * a.per_group), kThreads, 0,
-                              ctx.stream().handle()>>>(a);
-    STRATA_CUDA_CHECK_LAUNCH("split_beta_alpha_kernel");
+    launch_dependent("split_beta_alpha_kernel", split_beta_alpha_kernel,
+                     dim3(stride_blocks(a.n_tokens * a.key_heads * a.per_group)), dim3(kThreads), 0,
+                     ctx.stream().handle(), a);
 }
 
 void gated_norm(Context& ctx, const GatedNormArgs& a) {
@@ -429,8 +441,7 @@ void gated_norm(Context& ctx, const GatedNormArgs& a) {
     if (!a.x || !a.z) throw Error("CUDA gated_norm: null x or z");
     const unsigned blocks = warp_blocks(a.n_tokens * a.n_heads, "gated_norm");
     select_device(ctx);
-    gated_norm_kernel<<<blocks, kThreads, 0, ctx.stream().handle()>>>(a);
-    STRATA_CUDA_CHECK_LAUNCH("gated_norm_kernel");
+    launch_dependent("gated_norm_kernel", gated_norm_kernel, dim3(blocks), dim3(kThreads), 0, ctx.stream().handle(), a);
 }
 
 // ---- rows at positions and the QSA indexer --------------------------------------------------------------------------
@@ -444,8 +455,8 @@ void store_rows(Context& ctx, const StoreRowsArgs& a) {
     if (!a.dst || !a.src || !a.positions) throw Error("CUDA store_rows: null dst, src or positions");
     const unsigned blocks = one_block_each(a.n_tokens, "store_rows");
     select_device(ctx);
-    store_rows_kernel<<<blocks, 128, 0, ctx.stream().handle()>>>(a, src_stride);
-    STRATA_CUDA_CHECK_LAUNCH("store_rows_kernel");
+    launch_dependent("store_rows_kernel", store_rows_kernel, dim3(blocks), dim3(128), 0, ctx.stream().handle(), a,
+                     src_stride);
 }
 
 void indexer_pool(Context& ctx, const IndexerPoolArgs& a) {
@@ -458,8 +469,8 @@ void indexer_pool(Context& ctx, const IndexerPoolArgs& a) {
     if (!a.raw || !a.pooled || !a.positions) throw Error("CUDA indexer_pool: null raw, pooled or positions");
     const unsigned blocks = warp_blocks(a.n_tokens, "indexer_pool");
     select_device(ctx);
-    indexer_pool_kernel<<<blocks, kThreads, 0, ctx.stream().handle()>>>(a);
-    STRATA_CUDA_CHECK_LAUNCH("indexer_pool_kernel");
+    launch_dependent("indexer_pool_kernel", indexer_pool_kernel, dim3(blocks), dim3(kThreads), 0, ctx.stream().handle(),
+                     a);
 }
 
 // ---- PLE ------------------------------------------------------------------------------------------------------------
@@ -473,8 +484,8 @@ void ple_gate(Context& ctx, const PleGateArgs& a) {
     // As the CPU: 1 / sqrt(float(H)) in float (both correctly rounded, so the same bits here).
     const float inv_sqrt_h = 1.0f / std::sqrt(static_cast<float>(a.n_embd));
     select_device(ctx);
-    ple_gate_kernel<<<blocks, kPleThreads, 0, ctx.stream().handle()>>>(a, inv_sqrt_h);
-    STRATA_CUDA_CHECK_LAUNCH("ple_gate_kernel");
+    launch_dependent("ple_gate_kernel", ple_gate_kernel, dim3(blocks), dim3(kPleThreads), 0, ctx.stream().handle(), a,
+                     inv_sqrt_h);
 }
 
 void ple_residual_add(Context& ctx, float* residual, const float* gated, const float* conv, int64_t n) {
@@ -482,8 +493,8 @@ void ple_residual_add(Context& ctx, float* residual, const float* gated, const f
     if (n == 0) return;
     if (!residual || !gated || !conv) throw Error("CUDA ple_residual_add: null pointer");
     select_device(ctx);
-    ple_residual_kernel<<<stride_blocks(n), kThreads, 0, ctx.stream().handle()>>>(residual, gated, conv, n);
-    STRATA_CUDA_CHECK_LAUNCH("ple_residual_kernel");
+    launch_dependent("ple_residual_kernel", ple_residual_kernel, dim3(stride_blocks(n)), dim3(kThreads), 0,
+                     ctx.stream().handle(), residual, gated, conv, n);
 }
 
 void add_inplace(Context& ctx, float* x, const float* y, int64_t n) {
@@ -491,8 +502,8 @@ void add_inplace(Context& ctx, float* x, const float* y, int64_t n) {
     if (n == 0) return;
     if (!x || !y) throw Error("CUDA add_inplace: null pointer");
     select_device(ctx);
-    add_kernel<<<stride_blocks(n), kThreads, 0, ctx.stream().handle()>>>(x, y, n);
-    STRATA_CUDA_CHECK_LAUNCH("add_kernel");
+    launch_dependent("add_kernel", add_kernel, dim3(stride_blocks(n)), dim3(kThreads), 0, ctx.stream().handle(), x, y,
+                     n);
 }
 
 }  // namespace strata::cuda

@@ -155,6 +155,13 @@ bool programmatic_launch_supported() {
     return major >= 9;
 }
 
+bool clusters_supported() {
+    int device = 0, yes = 0;
+    STRATA_CUDA_CHECK(cudaGetDevice(&device));
+    STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&yes, cudaDevAttrClusterLaunch, device));
+    return yes != 0;
+}
+
 Context::Context(const ContextOptions& options) {
     const int n = device_count();
     if (n == 0) throw Error("CUDA backend: " + no_device_reason());

@@ -21,6 +21,7 @@
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 
 namespace strata::cuda {
@@ -109,6 +110,7 @@ constexpr size_t split_shared_floats(int group) {
 
 template <int HD, bool kInt8>
 __global__ void __launch_bounds__(kThreads, 2) attention_split_kernel(const SplitParams p) {
+    kernels::enter_dependent_grid();
     constexpr int R = HD / 32;
     constexpr int kParts = kThreads / HD;
     extern __shared__ float4 shared4[];
@@ -275,6 +277,7 @@ constexpr int kMergeDims = 32;
 __global__ void __launch_bounds__(kMergeThreads)
     attention_merge_kernel(const float* part_o, const float* part_m, const float* part_l, int n_splits,
                            int64_t n_head, int64_t hd, const float* gate, int64_t gate_stride, float* out) {
+    kernels::enter_dependent_grid();
     extern __shared__ float w_s[];  // n_splits weights
     __shared__ float red[kMergeThreads / 32];
     __shared__ float o_s[kMergeThreads / 32][kMergeDims];
@@ -328,8 +331,8 @@ void launch_split(const SplitParams& p, int64_t nkv, cudaStream_t stream) {
         shared_set = shared;
     }
     const dim3 grid(static_cast<unsigned>(p.n_splits), static_cast<unsigned>(nkv));
-    attention_split_kernel<HD, kInt8><<<grid, kThreads, shared, stream>>>(p);
-    STRATA_CUDA_CHECK_LAUNCH("attention_split_kernel");
+    launch_dependent("attention_split_kernel", attention_split_kernel<HD, kInt8>, grid, dim3(kThreads), shared, stream,
+                     p);
 }
 
 }  // namespace
@@ -398,9 +401,9 @@ void decode_attention(Context& ctx, const DecodeAttentionArgs& a) {
             break;
     }
     const dim3 merge_grid(static_cast<unsigned>(a.n_head), static_cast<unsigned>(s.head_dim / kMergeDims));
-    attention_merge_kernel<<<merge_grid, kMergeThreads, static_cast<size_t>(a.n_splits) * sizeof(float), stream>>>(
-        part_o, part_m, part_l, static_cast<int>(a.n_splits), a.n_head, s.head_dim, a.gate, gate_stride, a.out);
-    STRATA_CUDA_CHECK_LAUNCH("attention_merge_kernel");
+    launch_dependent("attention_merge_kernel", attention_merge_kernel, merge_grid, dim3(kMergeThreads),
+                     static_cast<size_t>(a.n_splits) * sizeof(float), stream, part_o, part_m, part_l,
+                     static_cast<int>(a.n_splits), a.n_head, s.head_dim, a.gate, gate_stride, a.out);
 }
 
 }  // namespace strata::cuda

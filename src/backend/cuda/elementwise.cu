@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.cuh"
 
 namespace strata::cuda {
 
@@ -35,6 +36,7 @@ __device__ __forceinline__ void scale_group(const GroupNormArgs& a, int64_t g, c
 // One warp per (token, group).
 template <NormKind kKind>
 __global__ void __launch_bounds__(kNormThreads) group_norm_kernel(GroupNormArgs a, int64_t row_stride) {
+    kernels::enter_dependent_grid();
     const int lane = static_cast<int>(threadIdx.x) % 32;
     const int64_t item = static_cast<int64_t>(blockIdx.x) * (kNormThreads / 32) + threadIdx.x / 32;
     if (item >= a.n_tokens * a.n_groups) return;  // whole warps leave together
@@ -54,6 +56,7 @@ __global__ void __launch_bounds__(kNormThreads) group_norm_kernel(GroupNormArgs 
 // the warps' sums meet in shared memory, and every thread rewrites only the values it read.
 template <NormKind kKind>
 __global__ void __launch_bounds__(kNormThreads) group_norm_block_kernel(GroupNormArgs a, int64_t row_stride) {
+    kernels::enter_dependent_grid();
     const int64_t item = blockIdx.x, t = item / a.n_groups, g = item % a.n_groups;
     const float* x = a.x + t * row_stride + g * a.group;
     float* out = a.out + t * row_stride + g * a.group;
@@ -91,14 +94,12 @@ void launch_group_norm(Context& ctx, const GroupNormArgs& a, const char* name) {
     if (kKind == NormKind::L2) args.gamma = nullptr;
     if (a.group >= kBlockPerGroupFrom) {
         if (items > 0x7fffffff) throw Error(std::string("CUDA ") + name + ": too many groups in one call");
-        group_norm_block_kernel<kKind>
-            <<<static_cast<unsigned>(items), kNormThreads, 0, ctx.stream().handle()>>>(args, row_stride);
-        STRATA_CUDA_CHECK_LAUNCH("group_norm_block_kernel");
+        launch_dependent("group_norm_block_kernel", group_norm_block_kernel<kKind>, dim3(static_cast<unsigned>(items)),
+                         dim3(kNormThreads), 0, ctx.stream().handle(), args, row_stride);
         return;
     }
-    group_norm_kernel<kKind>
-        <<<static_cast<unsigned>(blocks), kNormThreads, 0, ctx.stream().handle()>>>(args, row_stride);
-    STRATA_CUDA_CHECK_LAUNCH("group_norm_kernel");
+    launch_dependent("group_norm_kernel", group_norm_kernel<kKind>, dim3(static_cast<unsigned>(blocks)),
+                     dim3(kNormThreads), 0, ctx.stream().handle(), args, row_stride);
 }
 
 constexpr int kElementThreads = 256;
@@ -109,12 +110,14 @@ unsigned element_blocks(int64_t n) {
 
 // x / (1 + exp(-x)) and 1 / (1 + exp(-x)) as in cpu::silu / cpu::sigmoid (IEEE division: no fast-math here).
 __global__ void sigmoid_kernel(float* x, int64_t n) {
+    kernels::enter_dependent_grid();
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x)
         x[i] = 1.0f / (1.0f + expf(-x[i]));
 }
 
 __global__ void silu_mul_kernel(float* g, const float* u, int64_t n) {
+    kernels::enter_dependent_grid();
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
         const float v = g[i];
@@ -137,8 +140,8 @@ void sigmoid_inplace(Context& ctx, float* x, int64_t n) {
     if (n == 0) return;
     if (!x) throw Error("CUDA sigmoid_inplace: null pointer");
     STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
-    sigmoid_kernel<<<element_blocks(n), kElementThreads, 0, ctx.stream().handle()>>>(x, n);
-    STRATA_CUDA_CHECK_LAUNCH("sigmoid_kernel");
+    launch_dependent("sigmoid_kernel", sigmoid_kernel, dim3(element_blocks(n)), dim3(kElementThreads), 0,
+                     ctx.stream().handle(), x, n);
 }
 
 void silu_mul(Context& ctx, float* g, const float* u, int64_t n) {
@@ -146,8 +149,8 @@ void silu_mul(Context& ctx, float* g, const float* u, int64_t n) {
     if (n == 0) return;
     if (!g || !u) throw Error("CUDA silu_mul: null pointer");
     STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
-    silu_mul_kernel<<<element_blocks(n), kElementThreads, 0, ctx.stream().handle()>>>(g, u, n);
-    STRATA_CUDA_CHECK_LAUNCH("silu_mul_kernel");
+    launch_dependent("silu_mul_kernel", silu_mul_kernel, dim3(element_blocks(n)), dim3(kElementThreads), 0,
+                     ctx.stream().handle(), g, u, n);
 }
 
 }  // namespace strata::cuda

@@ -21,6 +21,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gdn_device.cuh"
 #include "backend/cuda/internal.h"
+#include "backend/cuda/launch.cuh"
 
 namespace strata::cuda {
 
@@ -161,6 +162,7 @@ __device__ __forceinline__ void rank1_update(float (&s)[R], const TokenInputs<R>
 // w * C + lane % C and rows (lane / C) * R .. + R - 1 (contiguous, so k and q come in float4 loads).
 template <int DK, int G>
 __global__ void __launch_bounds__(kDeltaThreads) gated_delta_kernel(DeltaParams p) {
+    kernels::enter_dependent_grid();
     constexpr int R = DK / G;          // state values per lane
     constexpr int C = 32 / G;          // columns per warp
     constexpr int BC = C * (kDeltaThreads / 32);  // columns per block
@@ -219,8 +221,7 @@ template <int DK, int G>
 void launch_gated_delta(const DeltaParams& p, cudaStream_t stream) {
     constexpr int BC = (32 / G) * (kDeltaThreads / 32);
     const dim3 grid(static_cast<unsigned>((p.dv + BC - 1) / BC), static_cast<unsigned>(p.heads));
-    gated_delta_kernel<DK, G><<<grid, kDeltaThreads, 0, stream>>>(p);
-    STRATA_CUDA_CHECK_LAUNCH("gated_delta_kernel");
+    launch_dependent("gated_delta_kernel", gated_delta_kernel<DK, G>, grid, dim3(kDeltaThreads), 0, stream, p);
 }
 
 // ---- column kernel --------------------------------------------------------------------------------------------------
@@ -246,6 +247,7 @@ __device__ __forceinline__ float butterfly_order_sum(const float* partial) {
 // the barrier of token t + 1, which no thread passes before it has read token t's partials.
 template <int DK, int G>
 __global__ void __launch_bounds__(G * kColumnBlockColumns) gated_delta_column_kernel(DeltaParams p) {
+    kernels::enter_dependent_grid();
     constexpr int R = DK / G, BC = kColumnBlockColumns, kThreads = G * BC;
     static_assert(R % 4 == 0);
     __shared__ float tile[DK * BC];
@@ -306,8 +308,7 @@ template <int DK, int G>
 void launch_gated_delta_column(const DeltaParams& p, cudaStream_t stream) {
     constexpr int BC = kColumnBlockColumns;
     const dim3 grid(static_cast<unsigned>((p.dv + BC - 1) / BC), static_cast<unsigned>(p.heads));
-    gated_delta_column_kernel<DK, G><<<grid, G * BC, 0, stream>>>(p);
-    STRATA_CUDA_CHECK_LAUNCH("gated_delta_column_kernel");
+    launch_dependent("gated_delta_column_kernel", gated_delta_column_kernel<DK, G>, grid, dim3(G * BC), 0, stream, p);
 }
 
 // Both kernels with the same rows per lane (G lanes per column), so their FMA chains match.
@@ -327,6 +328,7 @@ bool aligned16(const void* ptr) {
 
 // One thread per channel (gdn_device.cuh).
 __global__ void causal_conv_kernel(ConvWindowArgs a) {
+    kernels::enter_dependent_grid();
     const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (c < a.channels) kernels::causal_conv_channel(a, c);
 }
@@ -404,9 +406,9 @@ void causal_conv(Context& ctx, const ConvWindowArgs& a) {
     if (!check_conv_window(a)) return;
     STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
     constexpr int kThreads = 256;
-    causal_conv_kernel<<<static_cast<unsigned>((a.channels + kThreads - 1) / kThreads), kThreads, 0,
-                         ctx.stream().handle()>>>(a);
-    STRATA_CUDA_CHECK_LAUNCH("causal_conv_kernel");
+    launch_dependent("causal_conv_kernel", causal_conv_kernel,
+                     dim3(static_cast<unsigned>((a.channels + kThreads - 1) / kThreads)), dim3(kThreads), 0,
+                     ctx.stream().handle(), a);
 }
 
 }  // namespace strata::cuda

@@ -1,10 +1,12 @@
 // Hyper-connection read and write (model_ops.h). Decode windows take the fused path: one kernel per (token, stream)
-// applies the previous block's pending write, forms the grouped RMS norm, quantizes it for the down product and
-// computes the stream's share of the inject product (float or Q8_0 weights); then the down matvec, the silu quantized
-// on the way into the up matvec, and the mix kernel (5 launches where the plain path takes 8-9). At one token with
-// Q8_0-reading up weights the up matvec's blocks quantize the silu themselves and, with four streams, form the mix in
-// their epilogue (matvec_kernels.cuh): 3 launches. Prompt windows and shapes the fused kernel does not cover take the
-// plain path: the grouped norm (elementwise.cu), the products (matmul), and this file's silu and mix kernels.
+// (on sm_90+ and Q8_0 activations, a cluster of blocks per (token, stream)) applies the previous block's pending write,
+// forms the grouped RMS norm, quantizes it for the down product and computes the stream's share of the inject product
+// (float or Q8_0 weights); then the down matvec, the silu quantized on the way into the up matvec, and the mix kernel
+// (5 launches where the plain path takes 8-9). At one token with Q8_0-reading up weights the up matvec's blocks
+// quantize the silu themselves and, with four streams, form the mix in their epilogue (matvec_kernels.cuh): 3 launches.
+// Prompt windows and shapes the fused kernel does not cover take the plain path: the grouped norm (elementwise.cu), the
+// products (matmul), and this file's silu and mix kernels.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -14,6 +16,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/hyper_connection_device.cuh"
 #include "backend/cuda/internal.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/matvec_kernels.cuh"
 #include "backend/cuda/model_ops.h"
 #include "backend/cuda/quantize_device.cuh"
@@ -26,6 +29,7 @@ constexpr int kThreads = 256;
 
 // low[i] = silu(low[i] / hc), as cpu::silu of the quotient.
 __global__ void low_rank_silu_kernel(float* low, int64_t n, float hc) {
+    kernels::enter_dependent_grid();
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n) low[i] = kernels::SiluScaledSource{low, hc}(0, n, i);
 }
@@ -35,7 +39,8 @@ __global__ void low_rank_silu_kernel(float* low, int64_t n, float hc) {
 // With inject_partials (the fused read), the raw inject product is first added up from the streams' shares, in
 // stream order.
 __global__ void mix_kernel(const float* gate, const float* xn, float* mixed, float* inject, int64_t n_tokens,
-                           int64_t hc, int64_t H, const float* inject_partials = nullptr) {
+                           int64_t hc, int64_t H, const float* inject_partials) {
+    kernels::enter_dependent_grid();
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (inject && i < n_tokens * hc) {
         const float* shares = inject_partials ? inject_partials + (i / hc) * hc * hc : nullptr;
@@ -52,6 +57,7 @@ __global__ void mix_kernel(const float* gate, const float* xn, float* mixed, flo
 // residual[t][s][j] += inject[t][s] * block_out[t][j].
 __global__ void write_kernel(float* residual, const float* block_out, const float* inject, int64_t n_tokens,
                              int64_t hc, int64_t H) {
+    kernels::enter_dependent_grid();
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n_tokens * hc * H) return;
     const int64_t ts = i / H, j = i % H, t = ts / hc;
@@ -108,8 +114,7 @@ __global__ void __launch_bounds__(kPrologueThreads) hc_prologue_kernel(const Pro
     __shared__ double warp_sums[kPrologueThreads / 32];
     __shared__ float inject_sums[kPrologueThreads / 32][kStreams];
     __shared__ kernels::AbsMax best[kPrologueThreads / 32];
-    kernels::wait_for_previous_grid();
-    kernels::allow_next_grid_to_launch();  // the down matvec may start loading its weights
+    kernels::enter_dependent_grid();  // the down matvec may start loading its weights
     const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
     const int64_t t = blockIdx.x, g = blockIdx.y, H = p.H, HC = kStreams * H, first = g * H;
     float* residual = p.residual + t * HC + first;
@@ -200,6 +205,99 @@ __global__ void __launch_bounds__(kPrologueThreads) hc_prologue_kernel(const Pro
     }
 }
 
+// The same first kernel spread over a thread-block cluster per (token, stream) (sm_90+): rank k of C blocks holds
+// values k * (H / C) .. of the stream, one a thread; the blocks' sums of squares meet through distributed shared
+// memory, and so do their shares of each inject row, which rank 0 adds up in rank order. The one-block kernel runs on
+// as many SMs as streams and its time was its instruction issue there: 7.4 -> 5.1 us a launch under ncu, Flash-Next
+// decode 164.0 -> 168.8 t/s (H200, session 11). Q8_0 activations only (a Q8_K block of 256 would straddle the blocks
+// of small streams).
+constexpr int kMaxPrologueCluster = 8;  // the portable cluster size
+
+template <int kStreams, typename InjectW>
+__global__ void __launch_bounds__(kPrologueThreads) hc_prologue_cluster_kernel(const PrologueParams p) {
+    kernels::enter_dependent_grid();  // the down matvec may start loading its weights
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    namespace cg = cooperative_groups;
+    __shared__ double warp_sums[kPrologueThreads / 32];
+    __shared__ double block_sum;
+    __shared__ float warp_inject[kPrologueThreads / 32][kStreams];
+    __shared__ float rank_inject[kMaxPrologueCluster][kStreams];  // rank 0's copy: every rank's shares
+    const cg::cluster_group cluster = cg::this_cluster();
+    const int rank = static_cast<int>(cluster.block_rank()), ranks = static_cast<int>(cluster.num_blocks());
+    const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+    const int n_warps = static_cast<int>(blockDim.x) / 32;
+    const int64_t t = blockIdx.z, g = blockIdx.y, H = p.H, HC = kStreams * H, first = g * H;
+    const int i = rank * static_cast<int>(blockDim.x) + tid;  // the value's index in its stream
+    const int64_t e = first + i;
+    float* residual = p.residual + t * HC + first;
+
+    float v = residual[i];
+    const float out = p.block_out ? p.block_out[t * H + i] : 0.0f;
+    const float gamma = p.gamma[e];
+    constexpr int kInjectRows = std::is_void_v<InjectW> ? 1 : kStreams;
+    float wi[kInjectRows];
+#pragma unroll
+    for (int r = 0; r < kInjectRows; ++r) {
+        if constexpr (std::is_void_v<InjectW>)
+            wi[r] = 0.0f;
+        else
+            wi[r] = load_weight<InjectW>(p.inject_w + r * p.inject_row_bytes, static_cast<int>(e));
+    }
+    if (p.block_out) {
+        v = __fadd_rn(v, __fmul_rn(p.inject[t * kStreams + g], out));
+        residual[i] = v;
+    }
+    const double sum = warp_sum(static_cast<double>(v) * v);
+    if (lane == 0) warp_sums[warp] = sum;
+    __syncthreads();
+    if (tid == 0) {
+        double s = 0.0;
+        for (int w = 0; w < n_warps; ++w) s += warp_sums[w];
+        block_sum = s;
+    }
+    cluster.sync();  // every rank's block_sum is written (and every block of the cluster has started)
+    double total = 0.0;
+    for (int r = 0; r < ranks; ++r) total += *cluster.map_shared_rank(&block_sum, r);
+    const float scale = static_cast<float>(1.0 / sqrt(total / static_cast<double>(H) + p.eps));
+
+    const float x = __fmul_rn(__fmul_rn(v, scale), gamma);
+    p.xn[t * HC + e] = x;
+    const float quantized = kernels::quantize_q8_0_value(x, e, const_cast<int8_t*>(p.act.q) + t * HC,
+                                                         const_cast<float*>(p.act.d) + t * (HC / 32),
+                                                         const_cast<float*>(p.act.s16) + t * (HC / 16));
+    if constexpr (!std::is_void_v<InjectW>) {
+        const float operand = std::is_same_v<InjectW, Q8_0Weights> ? quantized : x;
+#pragma unroll
+        for (int r = 0; r < kStreams; ++r) {
+            const float s = warp_sum(fmaf(wi[r], operand, 0.0f));
+            if (lane == 0) warp_inject[warp][r] = s;
+        }
+        __syncthreads();
+        if (tid < kStreams) {
+            float s = 0.0f;
+            for (int w = 0; w < n_warps; ++w) s += warp_inject[w][tid];
+            *cluster.map_shared_rank(&rank_inject[rank][tid], 0) = s;
+        }
+    }
+    cluster.sync();  // rank 0 holds every share; no rank reads another's shared memory after this
+    if constexpr (!std::is_void_v<InjectW>) {
+        if (rank == 0 && tid < kStreams) {
+            float share = 0.0f;
+            for (int r = 0; r < ranks; ++r) share += rank_inject[r][tid];
+            p.inject_partials[(t * kStreams + g) * kStreams + tid] = share;
+        }
+    }
+#endif
+}
+
+// The cluster size for a stream of H values, one a thread in whole warps: the largest C <= 8 with H / C a multiple
+// of 32 and at most kPrologueThreads; 0 where none of 2..8 fits.
+int prologue_cluster_blocks(int64_t H) {
+    for (int c = kMaxPrologueCluster; c >= 2; --c)
+        if (H % (32 * c) == 0 && H / c <= kPrologueThreads) return c;
+    return 0;
+}
+
 unsigned blocks_for(int64_t n) {
     return static_cast<unsigned>((n + kThreads - 1) / kThreads);
 }
@@ -271,17 +369,39 @@ bool fused_read_applies(const HyperConnectionReadArgs& a) {
 template <int kStreams, bool kQ8K>
 void launch_prologue(const PrologueParams& p, DType inject_type, int64_t T, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(kStreams));
+    auto launch = [&](auto kernel) {
+        launch_dependent("hc_prologue_kernel", kernel, grid, dim3(kPrologueThreads), 0, stream, p);
+    };
     if (!p.inject_w)
-        hc_prologue_kernel<kStreams, kQ8K, void><<<grid, kPrologueThreads, 0, stream>>>(p);
+        launch(hc_prologue_kernel<kStreams, kQ8K, void>);
     else if (inject_type == DType::F32)
-        hc_prologue_kernel<kStreams, kQ8K, float><<<grid, kPrologueThreads, 0, stream>>>(p);
+        launch(hc_prologue_kernel<kStreams, kQ8K, float>);
     else if (inject_type == DType::Q8_0)
-        hc_prologue_kernel<kStreams, kQ8K, Q8_0Weights><<<grid, kPrologueThreads, 0, stream>>>(p);
+        launch(hc_prologue_kernel<kStreams, kQ8K, Q8_0Weights>);
     else if (inject_type == DType::F16)
-        hc_prologue_kernel<kStreams, kQ8K, __half><<<grid, kPrologueThreads, 0, stream>>>(p);
+        launch(hc_prologue_kernel<kStreams, kQ8K, __half>);
     else
-        hc_prologue_kernel<kStreams, kQ8K, __nv_bfloat16><<<grid, kPrologueThreads, 0, stream>>>(p);
-    STRATA_CUDA_CHECK_LAUNCH("hc_prologue_kernel");
+        launch(hc_prologue_kernel<kStreams, kQ8K, __nv_bfloat16>);
+}
+
+template <int kStreams>
+void launch_prologue_cluster(const PrologueParams& p, DType inject_type, int cluster, int64_t T, cudaStream_t stream) {
+    const dim3 grid(static_cast<unsigned>(cluster), static_cast<unsigned>(kStreams), static_cast<unsigned>(T));
+    const dim3 block(static_cast<unsigned>(p.H / cluster));
+    auto launch = [&](auto kernel) {
+        launch_dependent_clusters("hc_prologue_cluster_kernel", static_cast<unsigned>(cluster), kernel, grid, block, 0,
+                                  stream, p);
+    };
+    if (!p.inject_w)
+        launch(hc_prologue_cluster_kernel<kStreams, void>);
+    else if (inject_type == DType::F32)
+        launch(hc_prologue_cluster_kernel<kStreams, float>);
+    else if (inject_type == DType::Q8_0)
+        launch(hc_prologue_cluster_kernel<kStreams, Q8_0Weights>);
+    else if (inject_type == DType::F16)
+        launch(hc_prologue_cluster_kernel<kStreams, __half>);
+    else
+        launch(hc_prologue_cluster_kernel<kStreams, __nv_bfloat16>);
 }
 
 void fused_read(Context& ctx, const HyperConnectionReadArgs& a) {
@@ -306,7 +426,12 @@ void fused_read(Context& ctx, const HyperConnectionReadArgs& a) {
                            .inject_partials = partials};
     const bool q8k = reads_q8_k_activations(w.down->type);
     const DType inject_type = a.inject ? w.inject->type : DType::F32;
-    if (hc == 2 && q8k)
+    const int cluster = q8k || !clusters_supported() ? 0 : prologue_cluster_blocks(H);
+    if (cluster > 0 && hc == 2)
+        launch_prologue_cluster<2>(p, inject_type, cluster, T, stream);
+    else if (cluster > 0)
+        launch_prologue_cluster<4>(p, inject_type, cluster, T, stream);
+    else if (hc == 2 && q8k)
         launch_prologue<2, true>(p, inject_type, T, stream);
     else if (hc == 2)
         launch_prologue<2, false>(p, inject_type, T, stream);
@@ -337,9 +462,8 @@ void fused_read(Context& ctx, const HyperConnectionReadArgs& a) {
         quantize_silu_scaled(w.up->type, low, static_cast<float>(hc), R, T, low_act, stream);
         matvec(*w.up, low_act, nullptr, gate);
     }
-    mix_kernel<<<blocks_for(T * std::max(H, hc)), kThreads, 0, stream>>>(gate, xn, a.mixed, a.inject, T, hc, H,
-                                                                         partials);
-    STRATA_CUDA_CHECK_LAUNCH("mix_kernel");
+    launch_dependent("mix_kernel", mix_kernel, dim3(blocks_for(T * std::max(H, hc))), dim3(kThreads), 0, stream, gate,
+                     xn, a.mixed, a.inject, T, hc, H, partials);
 }
 
 }  // namespace
@@ -372,11 +496,11 @@ void hyper_connection_read(Context& ctx, const HyperConnectionReadArgs& a) {
         matmul_shared_input(ctx, xn, T, {{w.down, low}, {w.inject, a.inject}});  // x quantized once for both
     else
         matmul(ctx, {.w = *w.down, .x = xn, .y = low, .n_tokens = T});
-    low_rank_silu_kernel<<<blocks_for(T * R), kThreads, 0, stream>>>(low, T * R, static_cast<float>(hc));
-    STRATA_CUDA_CHECK_LAUNCH("low_rank_silu_kernel");
+    launch_dependent("low_rank_silu_kernel", low_rank_silu_kernel, dim3(blocks_for(T * R)), dim3(kThreads), 0, stream,
+                     low, T * R, static_cast<float>(hc));
     matmul(ctx, {.w = *w.up, .x = low, .y = gate, .n_tokens = T});
-    mix_kernel<<<blocks_for(T * std::max(H, hc)), kThreads, 0, stream>>>(gate, xn, a.mixed, a.inject, T, hc, H);
-    STRATA_CUDA_CHECK_LAUNCH("mix_kernel");
+    launch_dependent("mix_kernel", mix_kernel, dim3(blocks_for(T * std::max(H, hc))), dim3(kThreads), 0, stream, gate,
+                     xn, a.mixed, a.inject, T, hc, H, static_cast<const float*>(nullptr));
 }
 
 void hyper_connection_write(Context& ctx, const HyperConnectionDims& s, float* residual, const float* block_out,
@@ -386,9 +510,8 @@ void hyper_connection_write(Context& ctx, const HyperConnectionDims& s, float* r
     if (s.n_streams <= 0 || s.n_embd <= 0) throw Error("CUDA hyper-connection write: bad shape");
     STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
     const int64_t n = n_tokens * s.n_streams * s.n_embd;
-    write_kernel<<<blocks_for(n), kThreads, 0, ctx.stream().handle()>>>(residual, block_out, inject, n_tokens,
-                                                                       s.n_streams, s.n_embd);
-    STRATA_CUDA_CHECK_LAUNCH("write_kernel");
+    launch_dependent("write_kernel", write_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, ctx.stream().handle(),
+                     residual, block_out, inject, n_tokens, s.n_streams, s.n_embd);
 }
 
 }  // namespace strata::cuda

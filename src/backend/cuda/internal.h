@@ -142,8 +142,10 @@ bool launch_gemm_kquant(const GemmLaunch& l);
 bool launch_gemm_iq(const GemmLaunch& l);
 
 // Whether the current device takes programmatic dependent launches (compute capability 9.0+; context.cpp): the
-// matvec launches then ask for them (matvec_kernels.cuh).
+// launches of launch.cuh then ask for them.
 bool programmatic_launch_supported();
+// Whether the current device launches thread-block clusters (sm_90+; the hyper-connection read's first kernel).
+bool clusters_supported();
 
 // causal_conv's checks of a window (gdn.cu): throws Error on a bad one; false when there is nothing to do.
 struct ConvWindowArgs;

@@ -5,6 +5,7 @@
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.cuh"
 
 namespace strata::cuda {
 
@@ -30,6 +31,7 @@ constexpr int kAppendThreads = 256;
 __global__ void __launch_bounds__(kAppendThreads) kv_append_kernel(KvCacheView c, PageTable table, const float* k,
                                                                    const float* v, int64_t k_stride, int64_t v_stride,
                                                                    const int32_t* positions, int32_t* n_cells) {
+    kernels::enter_dependent_grid();
     const int64_t t = blockIdx.x, h = blockIdx.y;
     const int64_t nkv = c.shape.n_head_kv, hd = c.shape.head_dim;
     const int32_t pos = positions[t];
@@ -109,9 +111,8 @@ void kv_append(Context& ctx, const KvAppendArgs& a) {
     if (k_stride < width || v_stride < width) throw Error("CUDA kv_append: token strides shorter than a row");
     STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
     const dim3 grid(static_cast<unsigned>(a.n_tokens), static_cast<unsigned>(a.cache.shape.n_head_kv));
-    kv_append_kernel<<<grid, kAppendThreads, 0, ctx.stream().handle()>>>(a.cache, a.table, a.k, a.v, k_stride,
-                                                                         v_stride, a.positions, a.n_cells);
-    STRATA_CUDA_CHECK_LAUNCH("kv_append_kernel");
+    launch_dependent("kv_append_kernel", kv_append_kernel, grid, dim3(kAppendThreads), 0, ctx.stream().handle(),
+                     a.cache, a.table, a.k, a.v, k_stride, v_stride, a.positions, a.n_cells);
 }
 
 }  // namespace strata::cuda

@@ -50,7 +50,7 @@ template <ActivationFormat kFormat, typename Source = RowSource>
 __global__ void __launch_bounds__(kQuantizeThreads)
     quantize_activations_kernel(const Source x, int64_t in, int64_t n_tokens, int8_t* q, float* d, float* s16) {
     __shared__ kernels::AbsMax warp_best[kQuantizeThreads / 32];
-    kernels::allow_next_grid_to_launch();  // the matvec kernel may start loading weights already
+    kernels::enter_dependent_grid();  // the matvec kernel after it may start loading weights already
     const int lane = static_cast<int>(threadIdx.x) % 32;
     const int64_t e = static_cast<int64_t>(blockIdx.x) * kQuantizeThreads + threadIdx.x;
     for (int64_t t = blockIdx.y; t < n_tokens; t += gridDim.y) {
@@ -265,14 +265,13 @@ void launch_quantize(ActivationFormat format, const Source& src, int64_t in, int
     auto* s16 = const_cast<float*>(out.s16);
     if (format == ActivationFormat::Q8_0) {
         STRATA_ASSERT(in % 32 == 0);
-        quantize_activations_kernel<ActivationFormat::Q8_0>
-            <<<grid, kQuantizeThreads, 0, stream>>>(src, in, n_rows, q, d, s16);
+        launch_dependent(what, quantize_activations_kernel<ActivationFormat::Q8_0, Source>, grid,
+                         dim3(kQuantizeThreads), 0, stream, src, in, n_rows, q, d, s16);
     } else {
         STRATA_ASSERT(format == ActivationFormat::Q8_K && in % 256 == 0);
-        quantize_activations_kernel<ActivationFormat::Q8_K>
-            <<<grid, kQuantizeThreads, 0, stream>>>(src, in, n_rows, q, d, s16);
+        launch_dependent(what, quantize_activations_kernel<ActivationFormat::Q8_K, Source>, grid,
+                         dim3(kQuantizeThreads), 0, stream, src, in, n_rows, q, d, s16);
     }
-    STRATA_CUDA_CHECK_LAUNCH(what);
 }
 
 }  // namespace

@@ -78,6 +78,7 @@ struct Format<DType::BF16> {
 // Element-wise conversion of any row length (the GEMM path also takes float rows that are no multiple of 16).
 template <DType T>
 __global__ void float_to_f32_kernel(const uint8_t* w, size_t row_bytes, int64_t rows, int64_t in, float* out) {
+    kernels::enter_dependent_grid();
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= rows * in) return;
     const uint8_t* row = w + (i / in) * row_bytes;
@@ -94,9 +95,9 @@ template <DType T>
 void launch_float_to_f32(const DequantizeLaunch& l) {
     constexpr int kThreads = 256;
     const int64_t n = l.rows * l.in;
-    float_to_f32_kernel<T><<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, l.stream>>>(
-        l.w, l.row_bytes, l.rows, l.in, l.out);
-    STRATA_CUDA_CHECK_LAUNCH("float_to_f32_kernel");
+    launch_dependent("float_to_f32_kernel", float_to_f32_kernel<T>,
+                     dim3(static_cast<unsigned>((n + kThreads - 1) / kThreads)), dim3(kThreads), 0, l.stream, l.w,
+                     l.row_bytes, l.rows, l.in, l.out);
 }
 
 }  // namespace kernels

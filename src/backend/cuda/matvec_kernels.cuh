@@ -23,6 +23,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/hyper_connection_device.cuh"
 #include "backend/cuda/internal.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/quantize_device.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 
@@ -35,25 +36,9 @@ constexpr int kPieceElems = 16;
 // H200 at decode shapes (bench/NOTES.md, 2026-11-30).
 constexpr int kQuantPiecesPerLane = 2;
 
-// Programmatic dependent launch (sm_90+, programmatic_launch_supported): the matvec kernel may start while the kernel
-// before it still runs; it issues its first weight loads, which depend on nothing computed on the device, and waits
-// for the previous kernel's results only before it reads activations or writes outputs. Flash-Next decode in the
-// graph: +3.7% on the H200 (149.6 against 144.3 t/s, one device call, session 10), where sessions 6 and 8 had
-// measured +1.3% and +0.4% with more and longer launches (bench/NOTES.md). The wait and the trigger are no-ops for a
-// kernel launched without.
-
-// Waits until the grid this one depends on has finished and its writes are visible (a no-op without PDL).
-__device__ __forceinline__ void wait_for_previous_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-// Lets the next kernel on the stream launch now (it still waits for this grid before it reads what this one writes).
-__device__ __forceinline__ void allow_next_grid_to_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
-}
+// Programmatic dependent launch (launch.cuh): the matvec kernel issues its first weight loads, which depend on nothing
+// computed on the device, before it waits for the previous kernel; after the wait it lets the next kernel launch, so
+// that one's weight loads overlap this one too.
 
 template <DType T>
 struct Format;  // specialized per weight type in the family files
@@ -282,7 +267,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
         if (i < my_chunks) copy_chunk(i, part + i * split);
         commit_async_copies();  // empty groups too, so the group count stays uniform
     }
-    wait_for_previous_grid();  // activations and outputs only from here on
+    enter_dependent_grid();  // activations and outputs only from here on
     if constexpr (kOwn) {
         // Every warp quantizes whole blocks of 32 (quantize_q8_0_value's warp-wide steps). Each lane's values are all
         // formed first, so their loads are in flight together (one round trip, not one per block of 32).
@@ -448,16 +433,9 @@ void launch_matvec_rows(const MatvecLaunch& l) {
         p.first_block[i] = blocks;
         blocks += (p.segment[i].rows + rows_per_block - 1) / rows_per_block;
     }
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(blocks), l.gather.ids ? static_cast<unsigned>(l.gather.n_pairs) : 1u);
-    config.blockDim = dim3(kWarpsPerBlock * kWarpSize);
-    config.stream = l.stream;
-    cudaLaunchAttribute attribute = {};
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = programmatic_launch_supported() ? 1 : 0;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    STRATA_CUDA_CHECK(cudaLaunchKernelEx(&config, matvec_kernel<F, kTokens, kRows, kOwn, kMix>, p));
+    const dim3 grid(static_cast<unsigned>(blocks), l.gather.ids ? static_cast<unsigned>(l.gather.n_pairs) : 1u);
+    launch_dependent("matvec_kernel", matvec_kernel<F, kTokens, kRows, kOwn, kMix>, grid,
+                     dim3(kWarpsPerBlock * kWarpSize), 0, l.stream, p);
 }
 
 // Whether a format reads Q8_0 activations (blocks of 32 quant weights), the only kind a block forms itself.
@@ -529,6 +507,7 @@ void launch_matvec_typed(const MatvecLaunch& l) {
 // One thread per piece: out[r * in + i] = w(r, i) as f32. Quant types only (float types convert per element).
 template <typename F>
 __global__ void dequantize_kernel(const uint8_t* w, size_t row_bytes, int64_t rows, int64_t in, float* out) {
+    enter_dependent_grid();
     const int64_t pieces_per_row = in / kPieceElems;
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= rows * pieces_per_row) return;
@@ -548,9 +527,9 @@ template <typename F>
 void launch_dequantize_typed(const DequantizeLaunch& l) {
     const int64_t n = l.rows * (l.in / kPieceElems);
     constexpr int kThreads = 256;
-    dequantize_kernel<F><<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, l.stream>>>(
-        l.w, l.row_bytes, l.rows, l.in, l.out);
-    STRATA_CUDA_CHECK_LAUNCH("dequantize_kernel");
+    launch_dependent("dequantize_kernel", dequantize_kernel<F>,
+                     dim3(static_cast<unsigned>((n + kThreads - 1) / kThreads)), dim3(kThreads), 0, l.stream, l.w,
+                     l.row_bytes, l.rows, l.in, l.out);
 }
 
 }  // namespace strata::cuda::kernels

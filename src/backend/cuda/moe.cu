@@ -8,6 +8,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/internal.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/model_ops.h"
 #include "backend/cuda/warp_reduce.cuh"
 
@@ -32,6 +33,7 @@ __global__ void __launch_bounds__(kRouteThreads)
     __shared__ float red_f[2][kRouteThreads / 32];  // two rounds' winners alternate, so one barrier per round is enough
     __shared__ int red_i[2][kRouteThreads / 32];
     __shared__ double red_d[kRouteThreads / 32];
+    kernels::enter_dependent_grid();
     const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
     const float* l = logits + static_cast<int64_t>(blockIdx.x) * n_expert;
 
@@ -97,6 +99,7 @@ constexpr int kWarpRouteMaxPerLane = 16;
 template <int kPerLane>
 __global__ void __launch_bounds__(32)
     route_warp_kernel(const float* logits, int n_expert, int n_used, bool normalize, int32_t* ids, float* weights) {
+    kernels::enter_dependent_grid();
     const int lane = static_cast<int>(threadIdx.x);
     const float* l = logits + static_cast<int64_t>(blockIdx.x) * n_expert;
     float p[kPerLane];
@@ -152,9 +155,8 @@ __global__ void __launch_bounds__(32)
 template <int kPerLane>
 void launch_route_warp(const float* logits, int64_t T, int n_expert, int n_used, bool normalize, int32_t* ids,
                        float* weights, cudaStream_t stream) {
-    route_warp_kernel<kPerLane>
-        <<<static_cast<unsigned>(T), 32, 0, stream>>>(logits, n_expert, n_used, normalize, ids, weights);
-    STRATA_CUDA_CHECK_LAUNCH("route_warp_kernel");
+    launch_dependent("route_warp_kernel", route_warp_kernel<kPerLane>, dim3(static_cast<unsigned>(T)), dim3(32), 0,
+                     stream, logits, n_expert, n_used, normalize, ids, weights);
 }
 
 // Routing of T tokens: one warp a token when the experts fit its registers (Flash-Next's 512: 5.2 us a launch under
@@ -172,9 +174,8 @@ void route(const float* logits, int64_t T, int n_expert, int n_used, bool normal
     if (route_shared > 48 * 1024)
         STRATA_CUDA_CHECK(cudaFuncSetAttribute(route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(route_shared)));
-    route_kernel<<<static_cast<unsigned>(T), kRouteThreads, route_shared, stream>>>(logits, n_expert, n_used,
-                                                                                   normalize, ids, weights);
-    STRATA_CUDA_CHECK_LAUNCH("route_kernel");
+    launch_dependent("route_kernel", route_kernel, dim3(static_cast<unsigned>(T)), dim3(kRouteThreads), route_shared,
+                     stream, logits, n_expert, n_used, normalize, ids, weights);
 }
 
 constexpr int kCombineThreads = 256;
@@ -184,6 +185,7 @@ constexpr int kCombineThreads = 256;
 __global__ void __launch_bounds__(kCombineThreads)
     combine_kernel(const float* expert_out, const float* weights, int n_used, int64_t H, const float* shared_gate,
                    const float* x, const float* shared, float* out) {
+    kernels::enter_dependent_grid();
     const int64_t t = blockIdx.y;
     float gate = 0.0f;
     if (shared_gate) {
@@ -411,9 +413,8 @@ void moe_layer(Context& ctx, const MoeLayerArgs& a) {
     // Join, then the weighted combine with the shared expert.
     STRATA_CUDA_CHECK(cudaStreamWaitEvent(main, ws.shared_done_, 0));
     const dim3 grid(static_cast<unsigned>((H + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(T));
-    combine_kernel<<<grid, kCombineThreads, 0, main>>>(ws.expert_out_, ws.weights_, static_cast<int>(K), H,
-                                                       FS > 0 ? w.shared_gate : nullptr, a.x, ws.shared_out_, a.out);
-    STRATA_CUDA_CHECK_LAUNCH("combine_kernel");
+    launch_dependent("combine_kernel", combine_kernel, grid, dim3(kCombineThreads), 0, main, ws.expert_out_,
+                     ws.weights_, static_cast<int>(K), H, FS > 0 ? w.shared_gate : nullptr, a.x, ws.shared_out_, a.out);
 }
 
 }  // namespace strata::cuda

@@ -5,6 +5,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/internal.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/model_ops.h"
 
 namespace strata::cuda {
@@ -32,6 +33,7 @@ constexpr int kHashThreads = 256;
 // rows[t * n_heads + h] for every token of the call, then the history advanced past the call's tokens. One block.
 __global__ void __launch_bounds__(kHashThreads)
     ple_hash_kernel(PleGatherArgs a, int64_t n_heads) {
+    kernels::enter_dependent_grid();
     const int64_t N = a.ngram, T = a.n_tokens;
     // The n-gram window of token t: `concat` is the history (N - 1 tokens, oldest first) followed by the call's tokens.
     auto concat = [&](int64_t i) { return i < N - 1 ? a.history[i] : a.tokens[i - (N - 1)]; };
@@ -66,6 +68,7 @@ __global__ void __launch_bounds__(kHashThreads)
 
 // Block i copies the bytes of row rows[i] into staging row i (zeros for row -1).
 __global__ void ple_copy_rows_kernel(const uint8_t* table, size_t row_bytes, const int64_t* rows, uint8_t* staging) {
+    kernels::enter_dependent_grid();
     const int64_t row = rows[blockIdx.x];
     uint8_t* dst = staging + blockIdx.x * row_bytes;
     const uint8_t* src = table + static_cast<size_t>(row < 0 ? 0 : row) * row_bytes;
@@ -98,12 +101,10 @@ void ple_gather(Context& ctx, const PleGatherArgs& a) {
     if (n_rows > 0x7fffffff) throw Error("CUDA PLE gather: too many rows in one call");
     STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
     cudaStream_t stream = ctx.stream().handle();
-    ple_hash_kernel<<<1, kHashThreads, 0, stream>>>(a, n_heads);
-    STRATA_CUDA_CHECK_LAUNCH("ple_hash_kernel");
+    launch_dependent("ple_hash_kernel", ple_hash_kernel, dim3(1), dim3(kHashThreads), 0, stream, a, n_heads);
     const size_t rb = row_bytes(a.table_type, a.row_width);
-    ple_copy_rows_kernel<<<static_cast<unsigned>(n_rows), 128, 0, stream>>>(static_cast<const uint8_t*>(a.table), rb,
-                                                                            a.rows, static_cast<uint8_t*>(a.staging));
-    STRATA_CUDA_CHECK_LAUNCH("ple_copy_rows_kernel");
+    launch_dependent("ple_copy_rows_kernel", ple_copy_rows_kernel, dim3(static_cast<unsigned>(n_rows)), dim3(128), 0,
+                     stream, static_cast<const uint8_t*>(a.table), rb, a.rows, static_cast<uint8_t*>(a.staging));
     const DequantizeLaunch l{.type = a.table_type, .w = static_cast<const uint8_t*>(a.staging), .row_bytes = rb,
                              .rows = n_rows, .in = a.row_width, .out = a.out, .stream = stream};
     STRATA_ASSERT(launch_dequantize_any(l));

@@ -7,6 +7,7 @@
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 
 namespace strata::cuda {
@@ -47,6 +48,7 @@ __device__ __forceinline__ uint32_t float_key(float f) {
 // Eight lanes per block: lane j of the eight sums the products of dims j, j + 8, ... in order (cpu::dot's partial sum
 // j), then the eight combine as ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)). Rounded multiplies and adds only.
 __global__ void __launch_bounds__(kScoreThreads) qsa_score_kernel(QsaSelectArgs a) {
+    kernels::enter_dependent_grid();
     __shared__ float q[kMaxIndexerQ];
     const Counts n = counts(a);
     if (n.k == n.n_blocks) return;  // everything is kept: no scores needed (the CPU computes none either)
@@ -81,6 +83,7 @@ __global__ void __launch_bounds__(kScoreThreads) qsa_score_kernel(QsaSelectArgs 
 
 // One thread block: the selection of qsa_select_into.
 __global__ void __launch_bounds__(kSelectThreads) qsa_select_kernel(QsaSelectArgs a, bool keys_in_shared) {
+    kernels::enter_dependent_grid();
     extern __shared__ uint32_t shared_keys[];
     __shared__ int32_t hist[256];
     __shared__ int32_t warp_sums[32];
@@ -202,9 +205,9 @@ void qsa_select(Context& ctx, const QsaSelectArgs& a) {
     STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
     cudaStream_t stream = ctx.stream().handle();
     const int64_t per_block = kScoreThreads / 8;
-    qsa_score_kernel<<<static_cast<unsigned>((a.max_blocks + per_block - 1) / per_block), kScoreThreads, 0, stream>>>(
-        a);
-    STRATA_CUDA_CHECK_LAUNCH("qsa_score_kernel");
+    launch_dependent("qsa_score_kernel", qsa_score_kernel,
+                     dim3(static_cast<unsigned>((a.max_blocks + per_block - 1) / per_block)), dim3(kScoreThreads), 0,
+                     stream, a);
     const bool keys_in_shared = a.max_blocks <= kMaxSharedKeys;
     const size_t shared = keys_in_shared ? static_cast<size_t>(a.max_blocks) * 4 : 0;
     // Raised once to the most the keys can take (an attribute, not a stream operation: fine during graph capture).
@@ -214,8 +217,8 @@ void qsa_select(Context& ctx, const QsaSelectArgs& a) {
                                                static_cast<int>(kMaxSharedKeys * 4)));
         shared_raised = true;
     }
-    qsa_select_kernel<<<1, kSelectThreads, shared, stream>>>(a, keys_in_shared);
-    STRATA_CUDA_CHECK_LAUNCH("qsa_select_kernel");
+    launch_dependent("qsa_select_kernel", qsa_select_kernel, dim3(1), dim3(kSelectThreads), shared, stream, a,
+                     keys_in_shared);
 }
 
 }  // namespace strata::cuda

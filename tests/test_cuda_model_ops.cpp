@@ -300,7 +300,7 @@ TEST(CudaHyperConnection, ReadAndWriteMatchTheCpu) {
     std::mt19937 rng(77);
     cuda::Context& ctx = context();
     // On sm_90+ the fused cases whose down product reads Q8_0 activations take the cluster form of the first kernel
-    // (3, 5 and 8 blocks a stream); the Q4_K case takes the one-block form.
+    // (3, 5, 8 and 8 blocks a stream); the Q4_K case takes the one-block form.
     const HcCase cases[] = {
         {DType::Q8_0, DType::Q8_0, DType::Q8_0, 4, 96, 64},     // plain (quantized inject), fused as the final mixer
         {DType::F32, DType::F32, DType::F32, 4, 96, 64},        // plain
@@ -308,6 +308,7 @@ TEST(CudaHyperConnection, ReadAndWriteMatchTheCpu) {
         {DType::Q4_K, DType::Q8_0, DType::F32, 4, 128, 64},     // fused, Q8_K activations for down
         {DType::IQ4_NL, DType::Q8_0, DType::BF16, 2, 160, 96},  // fused, two streams
         {DType::Q8_0, DType::Q8_0, DType::F16, 4, 2560, 320},   // fused: Flash-Next's shape (a cluster of 8 a stream)
+        {DType::Q8_0, DType::Q8_0, DType::Q8_0, 2, 512, 96},    // fused, two streams of 8-block clusters
     };
     for (const HcCase& c : cases) {
         for (const bool with_inject : {true, false}) {

@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
         __syncthreads();
         act = {own_store.q, own_store.d, own_store.s16};
     }
-    // Row of a span piece: (g + 0.5) / pieces_per_row rounded down, exact in float (its error, under 8 * 2^-22, stays
+    // Row of a span piece (more than two rows a warp): (g + 0.5) / pieces_per_row rounded down, exact in float (its error, under 8 * 2^-22, stays
     // below the 0.5 / pieces_per_row margin for rows under 2^18 pieces: the launcher checks).
     const float inv_pieces_per_row = 1.0f / static_cast<float>(pieces_per_row);
     for (int i = 0; i < my_chunks; ++i) {
@@ -306,7 +306,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
             const int piece = lane + k * kWarpSize;
             const int g = g0 + piece;  // piece of the span
             if (g >= span_pieces) continue;
-            const int r = __float2int_rd((static_cast<float>(g) + 0.5f) * inv_pieces_per_row);
+            int r = 0;  // one row a warp: always 0
+            if constexpr (kRows == 2)
+                r = g >= pieces_per_row ? 1 : 0;  // a compare instead of the float multiply and F2I below
+            else if constexpr (kRows > 2)
+                r = __float2int_rd((static_cast<float>(g) + 0.5f) * inv_pieces_per_row);
             const int e0 = (g - r * pieces_per_row) * kPieceElems;
             const int block = piece * kPieceElems / F::kBlockElems;
             const int piece_in_block = (piece * kPieceElems % F::kBlockElems) / kPieceElems;

@@ -288,8 +288,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
         __syncthreads();
         act = {own_store.q, own_store.d, own_store.s16};
     }
-    // Row of a span piece (more than two rows a warp): (g + 0.5) / pieces_per_row rounded down, exact in float (its error, under 8 * 2^-22, stays
-    // below the 0.5 / pieces_per_row margin for rows under 2^18 pieces: the launcher checks).
+    // Row of a span piece at more than two rows a warp: (g + 0.5) / pieces_per_row rounded down, exact in float (its
+    // error, under 8 * 2^-22, stays below the 0.5 / pieces_per_row margin for rows under 2^18 pieces: the launcher
+    // checks).
     const float inv_pieces_per_row = 1.0f / static_cast<float>(pieces_per_row);
     for (int i = 0; i < my_chunks; ++i) {
         const int ahead = i + kMatvecStages - 1;  // refills the slot decoded in the previous iteration

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <string>
 
+#include "backend/cuda/activation_device.cuh"
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launch.cuh"
@@ -315,7 +316,7 @@ __global__ void __launch_bounds__(kMergeThreads)
 #pragma unroll
         for (int w = 0; w < kMergeThreads / 32; ++w) total += o_s[w][lane];
         float r = l > 0.0f ? total / l : 0.0f;
-        if (gate) r *= 1.0f / (1.0f + expf(-gate[h * gate_stride + d]));
+        if (gate) r *= kernels::sigmoid(gate[h * gate_stride + d]);
         out[h * hd + d] = r;
     }
 }

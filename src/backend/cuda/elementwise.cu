@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <string>
 
+#include "backend/cuda/activation_device.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launch.cuh"
@@ -108,12 +109,12 @@ unsigned element_blocks(int64_t n) {
     return static_cast<unsigned>(std::min<int64_t>((n + kElementThreads - 1) / kElementThreads, 65536));
 }
 
-// x / (1 + exp(-x)) and 1 / (1 + exp(-x)) as in cpu::silu / cpu::sigmoid (IEEE division: no fast-math here).
+// cpu::sigmoid and cpu::silu_mul (activation_device.cuh).
 __global__ void sigmoid_kernel(float* x, int64_t n) {
     kernels::enter_dependent_grid();
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-        x[i] = 1.0f / (1.0f + expf(-x[i]));
+        x[i] = kernels::sigmoid(x[i]);
 }
 
 __global__ void silu_mul_kernel(float* g, const float* u, int64_t n) {
@@ -121,7 +122,7 @@ __global__ void silu_mul_kernel(float* g, const float* u, int64_t n) {
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
         const float v = g[i];
-        g[i] = __fmul_rn(v / (1.0f + expf(-v)), u[i]);
+        g[i] = __fmul_rn(kernels::silu(v), u[i]);
     }
 }
 

@@ -5,30 +5,18 @@
 
 #include <cstdint>
 
+#include "backend/cuda/activation_device.cuh"
 #include "backend/cuda/block_ops.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/warp_reduce.cuh"
 
 namespace strata::cuda::kernels {
 
-// cpu::silu and cpu::sigmoid with the device's expf and IEEE division (no fast math in this backend).
-__device__ __forceinline__ float silu(float x) {
-    return x / (1.0f + expf(-x));
-}
-__device__ __forceinline__ float sigmoid(float x) {
-    return 1.0f / (1.0f + expf(-x));
-}
-// cpu::softplus: linear above 20.
-__device__ __forceinline__ float softplus(float x) {
-    return x > 20.0f ? x : log1pf(expf(x));
-}
-
 // Channel c of the causal conv over a window: its thread walks the window's tokens in order. Input at time t - m comes
 // from x when it lies inside the window, else from the history (row H - (m - t), H = (kernel - 1) * dilation). The
-// operations of
-// cpu::causal_conv_step as the host compiler emits them for any x86-64 with FMA (its x86-64-v3/v4 clones: GCC
-// contracts `out += w * in` in C++ mode): the current input's product rounded, then one fused multiply-add per tap
-// from the oldest row.
+// operations of cpu::causal_conv_step as the host compiler emits them for any x86-64 with FMA (its x86-64-v3/v4
+// clones: GCC contracts `out += w * in` in C++ mode): the current input's product rounded, then one fused
+// multiply-add per tap from the oldest row.
 __device__ __forceinline__ void causal_conv_channel(const ConvWindowArgs& a, int64_t c) {
     const int64_t K = a.kernel, C = a.channels, H = (K - 1) * a.dilation;
     const float* w = a.w + c * K;

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "backend/cuda/activation_device.cuh"
+
 namespace strata::cuda::kernels {
 
 // (sum over streams s < hc, in order, of sigmoid(gate(s)) * x(s)) / hc.
@@ -12,8 +14,7 @@ template <typename Gate, typename X>
 __device__ __forceinline__ float hc_mix_value(int64_t hc, Gate gate, X x) {
     float sum = 0.0f;
     for (int64_t s = 0; s < hc; ++s) {
-        const float sg = 1.0f / (1.0f + expf(-gate(s)));
-        sum = __fadd_rn(sum, __fmul_rn(sg, x(s)));
+        sum = __fadd_rn(sum, __fmul_rn(sigmoid(gate(s)), x(s)));
     }
     return sum / static_cast<float>(hc);
 }
@@ -28,7 +29,7 @@ __device__ __forceinline__ float hc_inject_from_shares(const float* shares, int6
 // The transformed inject of one row: 2 * sigmoid(raw / hc).
 __device__ __forceinline__ float hc_inject_value(float raw, int64_t hc) {
     const float v = raw / static_cast<float>(hc);
-    return 2.0f * (1.0f / (1.0f + expf(-v)));
+    return 2.0f * sigmoid(v);
 }
 
 }  // namespace strata::cuda::kernels

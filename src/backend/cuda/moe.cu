@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string>
 
+#include "backend/cuda/activation_device.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/internal.h"
 #include "backend/cuda/launch.cuh"
@@ -197,7 +198,7 @@ __global__ void __launch_bounds__(kCombineThreads)
         __syncthreads();
         s = 0.0f;
         for (int w = 0; w < kCombineThreads / 32; ++w) s += partial[w];
-        gate = 1.0f / (1.0f + expf(-s));
+        gate = kernels::sigmoid(s);
     }
     const int64_t j = static_cast<int64_t>(blockIdx.x) * kCombineThreads + threadIdx.x;
     if (j >= H) return;

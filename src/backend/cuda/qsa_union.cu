@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <string>
 
+#include "backend/cuda/activation_device.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/qsa_union.h"
 #include "backend/cuda/warp_reduce.cuh"
@@ -442,7 +443,7 @@ __global__ void union_merge_kernel(const MergeParams p) {
             o = fmaf(p.part_o[at * p.hd + d], w, o);
         }
     float r = l > 0.0f ? o / l : 0.0f;
-    if (p.gate) r *= 1.0f / (1.0f + expf(-p.gate[token * p.gate_token_stride + head * p.gate_head_stride + d]));
+    if (p.gate) r *= kernels::sigmoid(p.gate[token * p.gate_token_stride + head * p.gate_head_stride + d]);
     p.out[token * p.out_token_stride + head * p.hd + d] = r;
 }
 

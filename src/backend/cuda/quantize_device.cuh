@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "backend/cuda/activation_device.cuh"
+
 namespace strata::cuda::kernels {
 
 // (|x|, index, x) with the larger |x| winning and the lower index on ties: quant::signed_absmax's "first largest".
@@ -99,7 +101,7 @@ struct SwiGluSource {
     float* hidden;   // [t * in + e], or null
     __device__ __forceinline__ float operator()(int64_t t, int64_t in, int64_t e) const {
         const float g = gate[t * stride + e];
-        const float v = __fmul_rn(g / (1.0f + expf(-g)), up[t * stride + e]);  // cpu::silu_mul, no contraction
+        const float v = __fmul_rn(silu(g), up[t * stride + e]);  // cpu::silu_mul, no contraction
         if (hidden) hidden[t * in + e] = v;
         return v;
     }
@@ -110,8 +112,7 @@ struct SiluScaledSource {
     const float* x;
     float divisor;
     __device__ __forceinline__ float operator()(int64_t t, int64_t in, int64_t e) const {
-        const float v = x[t * in + e] / divisor;
-        return v / (1.0f + expf(-v));
+        return silu(x[t * in + e] / divisor);
     }
 };
 

@@ -22,6 +22,19 @@ __device__ __forceinline__ int iq4nl_lookup(uint32_t nibbles) {
     return static_cast<int>((from_low & ~use_high) | (from_high & use_high));
 }
 
+// The pair of a 32-element block stored as 16 bytes of nibbles (low nibbles first, then high), each byte of nibbles
+// mapped to its weight by `level`.
+template <typename Level>
+__device__ __forceinline__ void decode_nibble_pair(const uint8_t* p, Level level, QuantPair& w) {
+    uint32_t v[4];
+    load_16_bytes(p, v);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        w.q[k] = level(v[k] & 0x0f0f0f0fu);
+        w.q[4 + k] = level((v[k] >> 4) & 0x0f0f0f0fu);
+    }
+}
+
 template <>
 struct Format<DType::Q8_0> {
     static constexpr int kBlockElems = 32, kBlockBytes = 34, kPiecesPerLane = kQuantPiecesPerLane;
@@ -34,6 +47,17 @@ struct Format<DType::Q8_0> {
         for (int k = 0; k < 4; ++k) w.q[k] = static_cast<int>(v[k]);
         w.scale = load_f16(b);
         w.offset = 0.0f;
+        return w;
+    }
+    static constexpr bool kPairSharesScale = true;
+    static __device__ __forceinline__ QuantPair decode_pair(const uint8_t* b, int) {
+        QuantPair w;
+        uint32_t v[8];
+        load_words<8>(b + 2, v);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) w.q[k] = static_cast<int>(v[k]);
+        w.scale[0] = w.scale[1] = load_f16(b);
+        w.offset[0] = w.offset[1] = 0.0f;
         return w;
     }
 };
@@ -53,6 +77,15 @@ struct Format<DType::Q4_0> {
         w.offset = 0.0f;
         return w;
     }
+    static constexpr bool kPairSharesScale = true;
+    static __device__ __forceinline__ QuantPair decode_pair(const uint8_t* b, int) {
+        QuantPair w;
+        decode_nibble_pair(
+            b + 2, [](uint32_t nibbles) { return sub_bytes(nibbles, 8); }, w);
+        w.scale[0] = w.scale[1] = load_f16(b);
+        w.offset[0] = w.offset[1] = 0.0f;
+        return w;
+    }
 };
 
 template <>
@@ -67,6 +100,14 @@ struct Format<DType::IQ4_NL> {
         for (int k = 0; k < 4; ++k) w.q[k] = iq4nl_lookup((v[k] >> (4 * piece)) & 0x0f0f0f0fu);
         w.scale = load_f16(b);
         w.offset = 0.0f;
+        return w;
+    }
+    static constexpr bool kPairSharesScale = true;
+    static __device__ __forceinline__ QuantPair decode_pair(const uint8_t* b, int) {
+        QuantPair w;
+        decode_nibble_pair(b + 2, iq4nl_lookup, w);
+        w.scale[0] = w.scale[1] = load_f16(b);
+        w.offset[0] = w.offset[1] = 0.0f;
         return w;
     }
 };
@@ -87,6 +128,16 @@ struct Format<DType::IQ4_XS> {
         for (int k = 0; k < 4; ++k) w.q[k] = iq4nl_lookup((v[k] >> (4 * half)) & 0x0f0f0f0fu);
         w.scale = load_f16(b) * static_cast<float>(ls - 32);
         w.offset = 0.0f;
+        return w;
+    }
+    static constexpr bool kPairSharesScale = true;
+    static __device__ __forceinline__ QuantPair decode_pair(const uint8_t* b, int ib) {
+        const uint32_t scales_h = load_u16(b + 2);
+        const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xf) | (((scales_h >> (2 * ib)) & 3) << 4);
+        QuantPair w;
+        decode_nibble_pair(b + 8 + 16 * ib, iq4nl_lookup, w);
+        w.scale[0] = w.scale[1] = load_f16(b) * static_cast<float>(ls - 32);
+        w.offset[0] = w.offset[1] = 0.0f;
         return w;
     }
 };

@@ -15,25 +15,44 @@ __device__ uint32_t g_iq3xxs_grid[256];
 __device__ uint32_t g_iq3s_grid[512];
 __device__ uint64_t g_iq1s_grid[2048];
 
+// The grid formats decode 8 weights at a time (a group: one grid entry and its signs); a piece is two groups, a pair
+// four. group() writes group l (0..3) of the 32 elements ib32 as two words.
+
 template <>
 struct Format<DType::IQ2_XS> {
     static constexpr int kBlockElems = 256, kBlockBytes = 74, kPiecesPerLane = kQuantPiecesPerLane;
     static constexpr bool kIsFloat = false, kHasOffset = false;
     // d, qs[32] (uint16: 9-bit grid index, 7 sign bits) at 2, scales[8] at 66 (a nibble per 16 elements).
+    static __device__ __forceinline__ void group(const uint8_t* b, int ib32, int l, int* q) {
+        const uint32_t code = load_u16(b + 2 + 2 * (4 * ib32 + l));
+        const uint64_t grid = __ldg(&g_iq2xs_grid[code & 511]);
+        const uint32_t signs = even_signs(code >> 9);
+        q[0] = apply_signs(static_cast<uint32_t>(grid), signs & 0xf);
+        q[1] = apply_signs(static_cast<uint32_t>(grid >> 32), signs >> 4);
+    }
+    // The scale of 16 elements from its nibble: d * (0.5 + nibble) / 4, with the exact / 4 taken first.
+    static __device__ __forceinline__ float scale(float d_quarter, uint32_t nibble) {
+        return d_quarter * (0.5f + static_cast<float>(nibble));
+    }
     static __device__ __forceinline__ QuantPiece decode(const uint8_t* b, int piece) {
         const int ib32 = piece / 2, half = piece % 2;
         QuantPiece w;
 #pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const uint32_t code = load_u16(b + 2 + 2 * (4 * ib32 + 2 * half + k));
-            const uint64_t grid = __ldg(&g_iq2xs_grid[code & 511]);
-            const uint32_t signs = even_signs(code >> 9);
-            w.q[2 * k] = apply_signs(static_cast<uint32_t>(grid), signs & 0xf);
-            w.q[2 * k + 1] = apply_signs(static_cast<uint32_t>(grid >> 32), signs >> 4);
-        }
-        const int sc = (b[66 + ib32] >> (4 * half)) & 0xf;
-        w.scale = load_f16(b) * (0.5f + static_cast<float>(sc)) * 0.25f;
+        for (int k = 0; k < 2; ++k) group(b, ib32, 2 * half + k, &w.q[2 * k]);
+        w.scale = scale(load_f16(b) * 0.25f, (b[66 + ib32] >> (4 * half)) & 0xf);
         w.offset = 0.0f;
+        return w;
+    }
+    // A pair has its own scale for each half (the two nibbles of one byte).
+    static __device__ __forceinline__ QuantPair decode_pair(const uint8_t* b, int ib32) {
+        QuantPair w;
+#pragma unroll
+        for (int l = 0; l < 4; ++l) group(b, ib32, l, &w.q[2 * l]);
+        const uint32_t nibbles = b[66 + ib32];
+        const float d_quarter = load_f16(b) * 0.25f;
+        w.scale[0] = scale(d_quarter, nibbles & 0xf);
+        w.scale[1] = scale(d_quarter, nibbles >> 4);
+        w.offset[0] = w.offset[1] = 0.0f;
         return w;
     }
 };
@@ -41,21 +60,33 @@ struct Format<DType::IQ2_XS> {
 template <>
 struct Format<DType::IQ3_XXS> {
     static constexpr int kBlockElems = 256, kBlockBytes = 98, kPiecesPerLane = kQuantPiecesPerLane;
-    static constexpr bool kIsFloat = false, kHasOffset = false;
+    static constexpr bool kIsFloat = false, kHasOffset = false, kPairSharesScale = true;
     // d, qs[64] grid indices at 2, then per 32 elements a uint32 at 66 + 4 ib32: four 7-bit signs and a 4-bit scale.
+    static __device__ __forceinline__ void group(const uint8_t* b, int ib32, uint32_t aux, int l, int* q) {
+        const uint32_t signs = even_signs((aux >> (7 * l)) & 127);
+        q[0] = apply_signs(__ldg(&g_iq3xxs_grid[b[2 + 8 * ib32 + 2 * l]]), signs & 0xf);
+        q[1] = apply_signs(__ldg(&g_iq3xxs_grid[b[2 + 8 * ib32 + 2 * l + 1]]), signs >> 4);
+    }
+    static __device__ __forceinline__ float scale(const uint8_t* b, uint32_t aux) {
+        return load_f16(b) * (0.5f + static_cast<float>(aux >> 28)) * 0.5f;
+    }
     static __device__ __forceinline__ QuantPiece decode(const uint8_t* b, int piece) {
         const int ib32 = piece / 2, half = piece % 2;
         const uint32_t aux = load_u32(b + 66 + 4 * ib32);
         QuantPiece w;
 #pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const int l = 2 * half + k;
-            const uint32_t signs = even_signs((aux >> (7 * l)) & 127);
-            w.q[2 * k] = apply_signs(__ldg(&g_iq3xxs_grid[b[2 + 8 * ib32 + 2 * l]]), signs & 0xf);
-            w.q[2 * k + 1] = apply_signs(__ldg(&g_iq3xxs_grid[b[2 + 8 * ib32 + 2 * l + 1]]), signs >> 4);
-        }
-        w.scale = load_f16(b) * (0.5f + static_cast<float>(aux >> 28)) * 0.5f;
+        for (int k = 0; k < 2; ++k) group(b, ib32, aux, 2 * half + k, &w.q[2 * k]);
+        w.scale = scale(b, aux);
         w.offset = 0.0f;
+        return w;
+    }
+    static __device__ __forceinline__ QuantPair decode_pair(const uint8_t* b, int ib32) {
+        const uint32_t aux = load_u32(b + 66 + 4 * ib32);
+        QuantPair w;
+#pragma unroll
+        for (int l = 0; l < 4; ++l) group(b, ib32, aux, l, &w.q[2 * l]);
+        w.scale[0] = w.scale[1] = scale(b, aux);
+        w.offset[0] = w.offset[1] = 0.0f;
         return w;
     }
 };
@@ -63,24 +94,36 @@ struct Format<DType::IQ3_XXS> {
 template <>
 struct Format<DType::IQ3_S> {
     static constexpr int kBlockElems = 256, kBlockBytes = 110, kPiecesPerLane = kQuantPiecesPerLane;
-    static constexpr bool kIsFloat = false, kHasOffset = false;
+    static constexpr bool kIsFloat = false, kHasOffset = false, kPairSharesScale = true;
     // d, qs[64] at 2 (low 8 index bits), qh[8] at 66 (9th bits), signs[32] at 74, scales[4] at 106.
+    static __device__ __forceinline__ void group(const uint8_t* b, int ib32, uint32_t qh, int l, int* q) {
+        const uint32_t i1 = b[2 + 8 * ib32 + 2 * l] | (((qh >> (2 * l)) & 1) << 8);
+        const uint32_t i2 = b[2 + 8 * ib32 + 2 * l + 1] | (((qh >> (2 * l + 1)) & 1) << 8);
+        const uint32_t signs = b[74 + 4 * ib32 + l];
+        q[0] = apply_signs(__ldg(&g_iq3s_grid[i1]), signs & 0xf);
+        q[1] = apply_signs(__ldg(&g_iq3s_grid[i2]), signs >> 4);
+    }
+    static __device__ __forceinline__ float scale(const uint8_t* b, int ib32) {
+        const int sc = (b[106 + ib32 / 2] >> (4 * (ib32 % 2))) & 0xf;
+        return load_f16(b) * static_cast<float>(1 + 2 * sc);
+    }
     static __device__ __forceinline__ QuantPiece decode(const uint8_t* b, int piece) {
         const int ib32 = piece / 2, half = piece % 2;
         const uint32_t qh = b[66 + ib32];
         QuantPiece w;
 #pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const int l = 2 * half + k;
-            const uint32_t i1 = b[2 + 8 * ib32 + 2 * l] | (((qh >> (2 * l)) & 1) << 8);
-            const uint32_t i2 = b[2 + 8 * ib32 + 2 * l + 1] | (((qh >> (2 * l + 1)) & 1) << 8);
-            const uint32_t signs = b[74 + 4 * ib32 + l];
-            w.q[2 * k] = apply_signs(__ldg(&g_iq3s_grid[i1]), signs & 0xf);
-            w.q[2 * k + 1] = apply_signs(__ldg(&g_iq3s_grid[i2]), signs >> 4);
-        }
-        const int sc = (b[106 + ib32 / 2] >> (4 * (ib32 % 2))) & 0xf;
-        w.scale = load_f16(b) * static_cast<float>(1 + 2 * sc);
+        for (int k = 0; k < 2; ++k) group(b, ib32, qh, 2 * half + k, &w.q[2 * k]);
+        w.scale = scale(b, ib32);
         w.offset = 0.0f;
+        return w;
+    }
+    static __device__ __forceinline__ QuantPair decode_pair(const uint8_t* b, int ib32) {
+        const uint32_t qh = b[66 + ib32];
+        QuantPair w;
+#pragma unroll
+        for (int l = 0; l < 4; ++l) group(b, ib32, qh, l, &w.q[2 * l]);
+        w.scale[0] = w.scale[1] = scale(b, ib32);
+        w.offset[0] = w.offset[1] = 0.0f;
         return w;
     }
 };

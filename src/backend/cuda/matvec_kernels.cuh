@@ -2,14 +2,15 @@
 // GEMM path. A weight type plugs in through a Format<type> specialization (in the family's .cu file) that says how
 // big its blocks are and decodes 16 consecutive weights of a block ("a piece"):
 //   quant types: 16 signed 8-bit integers q with w_i = scale * q_i + offset, so the dot with 8-bit activations is
-//                four dp4a per piece and token;
+//                four dp4a per piece and token; the matvec decodes two adjacent pieces at a time (decode_pair below);
 //   float types: 16 floats.
 //
 // The matvec kernel (MMVQ style): each warp owns kRows consecutive weight rows (8 for many short rows, else 2) and
 // walks them as one span in chunks of 32 * kPiecesPerLane pieces. A chunk's bytes are copied into the warp's shared
 // memory by cp.async from the 16-byte granules that cover it (all coalesced, whatever the block size, which is rarely
 // a multiple of 16), the next chunks' copies are in flight while one is decoded, and each lane then decodes its
-// pieces from shared memory against the activations of every token, adding into the row each piece belongs to.
+// pieces (for quant types, pairs of adjacent pieces) from shared memory against the activations of every token,
+// adding into the row each piece belongs to.
 // Partial sums per (row, token) are reduced across the warp with shuffles; matrices with few rows split each span over
 // 2 or 4 warps of a block, whose sums meet in shared memory.
 #pragma once
@@ -50,6 +51,39 @@ struct QuantPiece {
     float offset;
 };
 
+// Two adjacent pieces of a block (32 weights, pieces 2j and 2j + 1), which a matvec lane decodes together: the pair
+// has one row, one block address, one activation scale and one accumulate. A format whose pieces share the scale
+// (kPairSharesScale: scale[0] and offset[0] hold it) or the loaded bytes decodes the pair in one go
+// (Format::decode_pair); any other decodes its two pieces.
+struct QuantPair {
+    int q[8];
+    float scale[2];
+    float offset[2];
+};
+
+template <typename F>
+__device__ __forceinline__ QuantPair decode_pair(const uint8_t* b, int pair) {
+    if constexpr (requires { F::decode_pair(b, pair); }) {
+        return F::decode_pair(b, pair);
+    } else {
+        QuantPair w;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const QuantPiece piece = F::decode(b, 2 * pair + h);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) w.q[4 * h + k] = piece.q[k];
+            w.scale[h] = piece.scale;
+            w.offset[h] = piece.offset;
+        }
+        return w;
+    }
+}
+
+template <typename F>
+constexpr bool kPairSharesScale = false;
+template <typename F>
+requires(F::kPairSharesScale) constexpr bool kPairSharesScale<F> = true;
+
 // ---- unaligned little-endian reads ----------------------------------------------------------------------------------
 // Every block size and every field that is read 16 bits at a time sits at an even offset, and rows start at even
 // addresses, so 16-bit reads are always aligned; wider values are put together from aligned 32-bit words.
@@ -60,20 +94,24 @@ __device__ __forceinline__ uint32_t load_u16(const uint8_t* p) {
 __device__ __forceinline__ uint32_t load_u32(const uint8_t* p) {
     return load_u16(p) | (load_u16(p + 2) << 16);
 }
-// 16 bytes at an even address: the aligned words that cover them, funnel-shifted by 16 bits when the address is not
-// a multiple of 4 (5 word reads and 4 shifts instead of 8 halfword reads and 4 merges). The fifth word is read only
-// when it holds wanted bytes; a misaligned read so touches the 2 bytes on each side inside the same aligned words
-// (the neighbouring block's bytes, or the staging buffer's), never another page.
-__device__ __forceinline__ void load_16_bytes(const uint8_t* p, uint32_t v[4]) {
+// 4 kWords bytes at an even address: the aligned words that cover them, funnel-shifted by 16 bits when the address
+// is not a multiple of 4 (for 16 bytes: 5 word reads and 4 shifts instead of 8 halfword reads and 4 merges). The last
+// word is read only when it holds wanted bytes; a misaligned read so touches the 2 bytes on each side inside the same
+// aligned words (the neighbouring block's bytes, or the staging buffer's), never another page.
+template <int kWords>
+__device__ __forceinline__ void load_words(const uint8_t* p, uint32_t v[kWords]) {
     const uintptr_t a = reinterpret_cast<uintptr_t>(p);
     const uint32_t* w = reinterpret_cast<const uint32_t*>(a & ~uintptr_t{3});
     const uint32_t shift = static_cast<uint32_t>(a & 3) * 8;  // 0 or 16
-    uint32_t u[5];
+    uint32_t u[kWords + 1];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) u[k] = w[k];
-    u[4] = shift ? w[4] : 0u;
+    for (int k = 0; k < kWords; ++k) u[k] = w[k];
+    u[kWords] = shift ? w[kWords] : 0u;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] = __funnelshift_r(u[k], u[k + 1], shift);
+    for (int k = 0; k < kWords; ++k) v[k] = __funnelshift_r(u[k], u[k + 1], shift);
+}
+__device__ __forceinline__ void load_16_bytes(const uint8_t* p, uint32_t v[4]) {
+    load_words<4>(p, v);
 }
 __device__ __forceinline__ float load_f16(const uint8_t* p) {
     return __half2float(__ushort_as_half(static_cast<unsigned short>(load_u16(p))));
@@ -302,24 +340,73 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
         const uint8_t* chunk = reinterpret_cast<const uint8_t*>(stage[warp][i % kMatvecStages]) +
                                (reinterpret_cast<uintptr_t>(span + c * Shape::kBytes) & 15);
         const int g0 = c * Shape::kPieces;
+        if constexpr (!F::kIsFloat) {
+            // Quant types: lane l decodes pieces 2l and 2l + 1 of the chunk (and 2l + 64, 2l + 65 ... with more pieces
+            // a lane), one pair of a block. Rows hold whole blocks of 32, so a pair never straddles two rows.
+            static_assert(F::kPiecesPerLane % 2 == 0 && F::kBlockElems % (2 * kPieceElems) == 0);
 #pragma unroll
-        for (int k = 0; k < F::kPiecesPerLane; ++k) {
-            const int piece = lane + k * kWarpSize;
-            const int g = g0 + piece;  // piece of the span
-            if (g >= span_pieces) continue;
-            int r = 0;  // one row a warp: always 0
-            if constexpr (kRows == 2)
-                r = g >= pieces_per_row ? 1 : 0;  // a compare instead of the float multiply and F2I below
-            else if constexpr (kRows > 2)
-                r = __float2int_rd((static_cast<float>(g) + 0.5f) * inv_pieces_per_row);
-            const int e0 = (g - r * pieces_per_row) * kPieceElems;
-            const int block = piece * kPieceElems / F::kBlockElems;
-            const int piece_in_block = (piece * kPieceElems % F::kBlockElems) / kPieceElems;
-            const uint8_t* blk = chunk + block * F::kBlockBytes;
-            float v[kTokens];
-            if constexpr (F::kIsFloat) {
+            for (int k = 0; k < F::kPiecesPerLane / 2; ++k) {
+                const int piece = 2 * (lane + k * kWarpSize);
+                const int g = g0 + piece;
+                if (g >= span_pieces) continue;
+                int r = 0;
+                if constexpr (kRows == 2)
+                    r = g >= pieces_per_row ? 1 : 0;  // a compare instead of the float multiply and F2I below
+                else if constexpr (kRows > 2)
+                    r = __float2int_rd((static_cast<float>(g) + 0.5f) * inv_pieces_per_row);
+                const int e0 = (g - r * pieces_per_row) * kPieceElems;  // a multiple of 32
+                const int block = piece * kPieceElems / F::kBlockElems;
+                const int pair_in_block = (piece * kPieceElems % F::kBlockElems) / (2 * kPieceElems);
+                const QuantPair wp = decode_pair<F>(chunk + block * F::kBlockBytes, pair_in_block);
+                float v[kTokens];
+#pragma unroll
+                for (int t = 0; t < kTokens; ++t) {
+                    const int4* aq = reinterpret_cast<const int4*>(act.q + t * in + e0);
+                    const int4 a0 = load_activation<kOwn>(aq);
+                    const int4 a1 = load_activation<kOwn>(aq + 1);
+                    const float ad = load_activation<kOwn>(act.d + t * (in / 32) + e0 / 32);
+                    int s0 = __dp4a(wp.q[0], a0.x, 0);
+                    s0 = __dp4a(wp.q[1], a0.y, s0);
+                    s0 = __dp4a(wp.q[2], a0.z, s0);
+                    s0 = __dp4a(wp.q[3], a0.w, s0);
+                    int s1 = __dp4a(wp.q[4], a1.x, 0);
+                    s1 = __dp4a(wp.q[5], a1.y, s1);
+                    s1 = __dp4a(wp.q[6], a1.z, s1);
+                    s1 = __dp4a(wp.q[7], a1.w, s1);
+                    if constexpr (kPairSharesScale<F>) {
+                        v[t] = __fmul_rn(ad, __fmul_rn(wp.scale[0], static_cast<float>(s0 + s1)));
+                    } else {
+                        v[t] = __fmul_rn(ad, __fadd_rn(__fmul_rn(wp.scale[0], static_cast<float>(s0)),
+                                                       __fmul_rn(wp.scale[1], static_cast<float>(s1))));
+                    }
+                    if constexpr (F::kHasOffset) {
+                        const float2 s16 =
+                            load_activation<kOwn>(reinterpret_cast<const float2*>(act.s16 + t * (in / 16) + e0 / 16));
+                        const float offset_sum = kPairSharesScale<F> ? __fmul_rn(wp.offset[0], __fadd_rn(s16.x, s16.y))
+                                                                     : __fadd_rn(__fmul_rn(wp.offset[0], s16.x),
+                                                                                 __fmul_rn(wp.offset[1], s16.y));
+                        v[t] = __fadd_rn(v[t], offset_sum);
+                    }
+                }
+                add_to_row(r, v);
+            }
+        } else {
+            // Float types: lane l takes pieces l, l + 32, ... (a float block is one piece).
+            static_assert(F::kBlockElems == kPieceElems);
+#pragma unroll
+            for (int k = 0; k < F::kPiecesPerLane; ++k) {
+                const int piece = lane + k * kWarpSize;
+                const int g = g0 + piece;  // piece of the span
+                if (g >= span_pieces) continue;
+                int r = 0;  // one row a warp: always 0
+                if constexpr (kRows == 2)
+                    r = g >= pieces_per_row ? 1 : 0;  // a compare instead of the float multiply and F2I below
+                else if constexpr (kRows > 2)
+                    r = __float2int_rd((static_cast<float>(g) + 0.5f) * inv_pieces_per_row);
+                const int e0 = (g - r * pieces_per_row) * kPieceElems;
                 float wv[kPieceElems];
-                F::decode(blk, piece_in_block, wv);
+                F::decode(chunk + piece * F::kBlockBytes, 0, wv);
+                float v[kTokens];
 #pragma unroll
                 for (int t = 0; t < kTokens; ++t) {
                     const float4* xp = reinterpret_cast<const float4*>(x_base + t * in + e0);
@@ -334,23 +421,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
                     }
                     v[t] = sum;
                 }
-            } else {
-                const QuantPiece wp = F::decode(blk, piece_in_block);
-#pragma unroll
-                for (int t = 0; t < kTokens; ++t) {
-                    const int4 aq = load_activation<kOwn>(reinterpret_cast<const int4*>(act.q + t * in + e0));
-                    const float ad = load_activation<kOwn>(act.d + t * (in / 32) + e0 / 32);
-                    int sumi = __dp4a(wp.q[0], aq.x, 0);
-                    sumi = __dp4a(wp.q[1], aq.y, sumi);
-                    sumi = __dp4a(wp.q[2], aq.z, sumi);
-                    sumi = __dp4a(wp.q[3], aq.w, sumi);
-                    v[t] = __fmul_rn(ad, __fmul_rn(wp.scale, static_cast<float>(sumi)));
-                    if constexpr (F::kHasOffset)
-                        v[t] = __fadd_rn(v[t], __fmul_rn(wp.offset, load_activation<kOwn>(act.s16 + t * (in / 16) +
-                                                                                          e0 / 16)));
-                }
+                add_to_row(r, v);
             }
-            add_to_row(r, v);
         }
         __syncwarp();  // the slot is refilled in the next iteration
     }

@@ -82,6 +82,19 @@ struct Format<DType::Q4_K> {
         w.offset = -load_f16(b + 2) * static_cast<float>(m);
         return w;
     }
+    static constexpr bool kPairSharesScale = true;
+    static __device__ __forceinline__ QuantPair decode_pair(const uint8_t* b, int sb) {
+        QuantPair w;
+        uint32_t v[8];
+        load_words<8>(b + 16 + 32 * (sb / 2), v);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) w.q[k] = static_cast<int>((v[k] >> (4 * (sb % 2))) & 0x0f0f0f0fu);
+        int sc = 0, m = 0;
+        scale_min_k4(b + 4, sb, sc, m);
+        w.scale[0] = w.scale[1] = load_f16(b) * static_cast<float>(sc);
+        w.offset[0] = w.offset[1] = -load_f16(b + 2) * static_cast<float>(m);
+        return w;
+    }
 };
 
 template <>
@@ -105,6 +118,21 @@ struct Format<DType::Q5_K> {
         w.offset = -load_f16(b + 2) * static_cast<float>(m);
         return w;
     }
+    static constexpr bool kPairSharesScale = true;
+    static __device__ __forceinline__ QuantPair decode_pair(const uint8_t* b, int sb) {
+        QuantPair w;
+        uint32_t v[8], h[8];
+        load_words<8>(b + 48 + 32 * (sb / 2), v);
+        load_words<8>(b + 16, h);
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+            w.q[k] = static_cast<int>(((v[k] >> (4 * (sb % 2))) & 0x0f0f0f0fu) | (((h[k] >> sb) & 0x01010101u) << 4));
+        int sc = 0, m = 0;
+        scale_min_k4(b + 4, sb, sc, m);
+        w.scale[0] = w.scale[1] = load_f16(b) * static_cast<float>(sc);
+        w.offset[0] = w.offset[1] = -load_f16(b + 2) * static_cast<float>(m);
+        return w;
+    }
 };
 
 template <>
@@ -121,11 +149,31 @@ struct Format<DType::Q6_K> {
         load_16_bytes(b + 128 + 32 * half + 16 * sub, hi);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            const uint32_t q = ((lo[k] >> (4 * (quarter / 2))) & 0x0f0f0f0fu) | (((hi[k] >> (2 * quarter)) & 0x03030303u) << 4);
+            const uint32_t q =
+                ((lo[k] >> (4 * (quarter / 2))) & 0x0f0f0f0fu) | (((hi[k] >> (2 * quarter)) & 0x03030303u) << 4);
             w.q[k] = sub_bytes(q, 32);  // q in 0..63
         }
         w.scale = load_f16(b + 208) * static_cast<float>(static_cast<int8_t>(b[192 + piece]));
         w.offset = 0.0f;
+        return w;
+    }
+    // A pair is quarter j % 4 of half j / 4: 32 consecutive bytes of ql and of qh, two scales.
+    static __device__ __forceinline__ QuantPair decode_pair(const uint8_t* b, int j) {
+        const int half = j / 4, quarter = j % 4;
+        QuantPair w;
+        uint32_t lo[8], hi[8];
+        load_words<8>(b + 64 * half + 32 * (quarter % 2), lo);
+        load_words<8>(b + 128 + 32 * half, hi);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const uint32_t q =
+                ((lo[k] >> (4 * (quarter / 2))) & 0x0f0f0f0fu) | (((hi[k] >> (2 * quarter)) & 0x03030303u) << 4);
+            w.q[k] = sub_bytes(q, 32);
+        }
+        const float d = load_f16(b + 208);
+        w.scale[0] = d * static_cast<float>(static_cast<int8_t>(b[192 + 2 * j]));
+        w.scale[1] = d * static_cast<float>(static_cast<int8_t>(b[193 + 2 * j]));
+        w.offset[0] = w.offset[1] = 0.0f;
         return w;
     }
 };

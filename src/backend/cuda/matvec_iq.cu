@@ -16,7 +16,30 @@ __device__ uint32_t g_iq3s_grid[512];
 __device__ uint64_t g_iq1s_grid[2048];
 
 // The grid formats decode 8 weights at a time (a group: one grid entry and its signs); a piece is two groups, a pair
-// four. group() writes group l (0..3) of the 32 elements ib32 as two words.
+// four. group() writes group l (0..3) of the 32 elements ib32 as two words. Where those 32 elements share one scale,
+// decode_grid_piece and decode_grid_pair do the rest: F::context(b, ib32) reads what the groups and the scale of the
+// 32 elements share, and F::group and F::scale take it.
+template <typename F>
+__device__ __forceinline__ QuantPiece decode_grid_piece(const uint8_t* b, int piece) {
+    const int ib32 = piece / 2, half = piece % 2;
+    const uint32_t context = F::context(b, ib32);
+    QuantPiece w;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) F::group(b, ib32, context, 2 * half + k, &w.q[2 * k]);
+    w.scale = F::scale(b, ib32, context);
+    w.offset = 0.0f;
+    return w;
+}
+template <typename F>
+__device__ __forceinline__ QuantPair decode_grid_pair(const uint8_t* b, int ib32) {
+    const uint32_t context = F::context(b, ib32);
+    QuantPair w;
+#pragma unroll
+    for (int l = 0; l < 4; ++l) F::group(b, ib32, context, l, &w.q[2 * l]);
+    w.scale[0] = w.scale[1] = F::scale(b, ib32, context);
+    w.offset[0] = w.offset[1] = 0.0f;
+    return w;
+}
 
 template <>
 struct Format<DType::IQ2_XS> {
@@ -67,27 +90,17 @@ struct Format<DType::IQ3_XXS> {
         q[0] = apply_signs(__ldg(&g_iq3xxs_grid[b[2 + 8 * ib32 + 2 * l]]), signs & 0xf);
         q[1] = apply_signs(__ldg(&g_iq3xxs_grid[b[2 + 8 * ib32 + 2 * l + 1]]), signs >> 4);
     }
-    static __device__ __forceinline__ float scale(const uint8_t* b, uint32_t aux) {
+    static __device__ __forceinline__ uint32_t context(const uint8_t* b, int ib32) {
+        return load_u32(b + 66 + 4 * ib32);  // aux
+    }
+    static __device__ __forceinline__ float scale(const uint8_t* b, int, uint32_t aux) {
         return load_f16(b) * (0.5f + static_cast<float>(aux >> 28)) * 0.5f;
     }
     static __device__ __forceinline__ QuantPiece decode(const uint8_t* b, int piece) {
-        const int ib32 = piece / 2, half = piece % 2;
-        const uint32_t aux = load_u32(b + 66 + 4 * ib32);
-        QuantPiece w;
-#pragma unroll
-        for (int k = 0; k < 2; ++k) group(b, ib32, aux, 2 * half + k, &w.q[2 * k]);
-        w.scale = scale(b, aux);
-        w.offset = 0.0f;
-        return w;
+        return decode_grid_piece<Format>(b, piece);
     }
     static __device__ __forceinline__ QuantPair decode_pair(const uint8_t* b, int ib32) {
-        const uint32_t aux = load_u32(b + 66 + 4 * ib32);
-        QuantPair w;
-#pragma unroll
-        for (int l = 0; l < 4; ++l) group(b, ib32, aux, l, &w.q[2 * l]);
-        w.scale[0] = w.scale[1] = scale(b, aux);
-        w.offset[0] = w.offset[1] = 0.0f;
-        return w;
+        return decode_grid_pair<Format>(b, ib32);
     }
 };
 
@@ -103,28 +116,18 @@ struct Format<DType::IQ3_S> {
         q[0] = apply_signs(__ldg(&g_iq3s_grid[i1]), signs & 0xf);
         q[1] = apply_signs(__ldg(&g_iq3s_grid[i2]), signs >> 4);
     }
-    static __device__ __forceinline__ float scale(const uint8_t* b, int ib32) {
+    static __device__ __forceinline__ uint32_t context(const uint8_t* b, int ib32) {
+        return b[66 + ib32];  // qh
+    }
+    static __device__ __forceinline__ float scale(const uint8_t* b, int ib32, uint32_t) {
         const int sc = (b[106 + ib32 / 2] >> (4 * (ib32 % 2))) & 0xf;
         return load_f16(b) * static_cast<float>(1 + 2 * sc);
     }
     static __device__ __forceinline__ QuantPiece decode(const uint8_t* b, int piece) {
-        const int ib32 = piece / 2, half = piece % 2;
-        const uint32_t qh = b[66 + ib32];
-        QuantPiece w;
-#pragma unroll
-        for (int k = 0; k < 2; ++k) group(b, ib32, qh, 2 * half + k, &w.q[2 * k]);
-        w.scale = scale(b, ib32);
-        w.offset = 0.0f;
-        return w;
+        return decode_grid_piece<Format>(b, piece);
     }
     static __device__ __forceinline__ QuantPair decode_pair(const uint8_t* b, int ib32) {
-        const uint32_t qh = b[66 + ib32];
-        QuantPair w;
-#pragma unroll
-        for (int l = 0; l < 4; ++l) group(b, ib32, qh, l, &w.q[2 * l]);
-        w.scale[0] = w.scale[1] = scale(b, ib32);
-        w.offset[0] = w.offset[1] = 0.0f;
-        return w;
+        return decode_grid_pair<Format>(b, ib32);
     }
 };
 

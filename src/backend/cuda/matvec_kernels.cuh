@@ -326,10 +326,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
         __syncthreads();
         act = {own_store.q, own_store.d, own_store.s16};
     }
-    // Row of a span piece at more than two rows a warp: (g + 0.5) / pieces_per_row rounded down, exact in float (its
-    // error, under 8 * 2^-22, stays below the 0.5 / pieces_per_row margin for rows under 2^18 pieces: the launcher
-    // checks).
+    // Row of span piece g: at two rows a warp one compare; at more, (g + 0.5) / pieces_per_row rounded down, exact in
+    // float (its error, under 8 * 2^-22, stays below the 0.5 / pieces_per_row margin for rows under 2^18 pieces: the
+    // launcher checks).
     const float inv_pieces_per_row = 1.0f / static_cast<float>(pieces_per_row);
+    auto row_of = [&](int g) {
+        if constexpr (kRows == 1)
+            return 0;
+        else if constexpr (kRows == 2)
+            return g >= pieces_per_row ? 1 : 0;
+        else
+            return __float2int_rd((static_cast<float>(g) + 0.5f) * inv_pieces_per_row);
+    };
     for (int i = 0; i < my_chunks; ++i) {
         const int ahead = i + kMatvecStages - 1;  // refills the slot decoded in the previous iteration
         if (ahead < my_chunks) copy_chunk(ahead % kMatvecStages, part + ahead * split);
@@ -349,11 +357,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
                 const int piece = 2 * (lane + k * kWarpSize);
                 const int g = g0 + piece;
                 if (g >= span_pieces) continue;
-                int r = 0;
-                if constexpr (kRows == 2)
-                    r = g >= pieces_per_row ? 1 : 0;  // a compare instead of the float multiply and F2I below
-                else if constexpr (kRows > 2)
-                    r = __float2int_rd((static_cast<float>(g) + 0.5f) * inv_pieces_per_row);
+                const int r = row_of(g);
                 const int e0 = (g - r * pieces_per_row) * kPieceElems;  // a multiple of 32
                 const int block = piece * kPieceElems / F::kBlockElems;
                 const int pair_in_block = (piece * kPieceElems % F::kBlockElems) / (2 * kPieceElems);
@@ -398,11 +402,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(co
                 const int piece = lane + k * kWarpSize;
                 const int g = g0 + piece;  // piece of the span
                 if (g >= span_pieces) continue;
-                int r = 0;  // one row a warp: always 0
-                if constexpr (kRows == 2)
-                    r = g >= pieces_per_row ? 1 : 0;  // a compare instead of the float multiply and F2I below
-                else if constexpr (kRows > 2)
-                    r = __float2int_rd((static_cast<float>(g) + 0.5f) * inv_pieces_per_row);
+                const int r = row_of(g);
                 const int e0 = (g - r * pieces_per_row) * kPieceElems;
                 float wv[kPieceElems];
                 F::decode(chunk + piece * F::kBlockBytes, 0, wv);

@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
 #include "test_util.h"
 
 namespace strata::cuda_test {
@@ -121,6 +123,37 @@ double graph_median_us(cuda::Context& ctx, Fn record, int reps = 21) {
     cudaGraphDestroy(graph);
     std::sort(runs.begin(), runs.end());
     return runs[runs.size() / 2] * 1e3;
+}
+
+// Gaussian values with a few outliers (about one in 64 at 6..12 sigma), as weight rows have.
+inline std::vector<float> gaussian_with_outliers(int64_t n, std::mt19937& rng) {
+    std::normal_distribution<float> gauss;
+    std::uniform_real_distribution<float> big(6.0f, 12.0f);
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float& v : x) v = gauss(rng);
+    for (int64_t k = 0; k < n / 64 + 1; ++k) {
+        const size_t i = rng() % x.size();
+        x[i] = std::copysign(big(rng), x[i]);
+    }
+    return x;
+}
+
+// rows x in weights of type t, each row quantized by our reference quantizer from its own random floats.
+inline std::vector<uint8_t> random_weights(DType t, int64_t rows, int64_t in, std::mt19937& rng) {
+    const size_t rb = strata::row_bytes(t, in);
+    std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+        const std::vector<float> src = gaussian_with_outliers(in, rng);
+        strata::quantize_row(t, src.data(), w.data() + rb * static_cast<size_t>(r), in);
+    }
+    return w;
+}
+
+inline strata::Tensor matrix(DType t, int64_t in, int64_t rows, const void* data, strata::Device device) {
+    const int64_t ne[2] = {in, rows};
+    strata::Tensor w = strata::make_tensor("w", t, 2, ne, data);
+    w.device = device;
+    return w;
 }
 
 }  // namespace strata::cuda_test

@@ -463,6 +463,55 @@ TEST(CudaGdn, GatedNormMatchesTheOutputNorm) {
     }
 }
 
+// gated_norm_matmul against gated_norm then matmul: the same bits, fused (Q8_0-reading weights, heads of a multiple
+// of 32, decode windows) or not (Q8_K-reading and float weights, a head of 40, a prompt window).
+TEST(CudaGdn, GatedNormMatmulGivesTheSeparateOpsBits) {
+    SKIP_WITHOUT_DEVICE();
+    cuda::Context& ctx = context();
+    std::mt19937 rng(77);
+    struct Case {
+        DType type;
+        int64_t tokens, heads, head_dim, rows;
+    };
+    const Case cases[] = {{DType::Q8_0, 1, 32, 128, 2560}, {DType::Q8_0, 8, 4, 64, 96}, {DType::IQ4_NL, 3, 6, 32, 200},
+                          {DType::Q4_K, 2, 2, 128, 64},    {DType::F16, 1, 4, 32, 48},  {DType::Q8_0, 1, 4, 40, 32},
+                          {DType::Q8_0, 12, 2, 128, 64}};
+    for (const Case& c : cases) {
+        const int64_t width = c.heads * c.head_dim;
+        const std::string what = std::string(strata::dtype_name(c.type)) + " tokens " + str(c.tokens) + " heads " +
+                                 str(c.heads) + " x " + str(c.head_dim);
+        SCOPED_TRACE(what);
+        const size_t n = static_cast<size_t>(c.tokens * width);
+        const std::vector<float> x = gaussian(n, rng, 0.3f), z = gaussian(n, rng, 3.0f);
+        const std::vector<float> gamma = gaussian(static_cast<size_t>(c.head_dim), rng, 1.0f);
+        const cuda::DeviceBuffer dz = upload(z), dg = upload(gamma);
+        const std::vector<uint8_t> bytes = random_weights(c.type, c.rows, width, rng);
+        const cuda::DeviceBuffer dw = ctx.upload(bytes.data(), bytes.size(), "test");
+        const strata::Tensor w = matrix(c.type, width, c.rows, dw.data(), strata::Device::Cuda);
+        std::vector<float> normed[2], product[2];
+        for (int fused = 0; fused < 2; ++fused) {
+            const Guarded dx(x), y = Guarded::poisoned(static_cast<size_t>(c.tokens * c.rows));
+            const cuda::GatedNormArgs args{.x = dx.ptr(),
+                                           .z = dz.as<float>(),
+                                           .gamma = dg.as<float>(),
+                                           .n_tokens = c.tokens,
+                                           .n_heads = c.heads,
+                                           .head_dim = c.head_dim};
+            if (fused) {
+                cuda::gated_norm_matmul(ctx, args, w, y.ptr());
+            } else {
+                cuda::gated_norm(ctx, args);
+                cuda::matmul(ctx, {.w = w, .x = args.x, .y = y.ptr(), .n_tokens = c.tokens});
+            }
+            normed[fused] = dx.read(what + " x");
+            product[fused] = y.read(what + " y");
+        }
+        EXPECT_EQ(std::memcmp(normed[0].data(), normed[1].data(), n * sizeof(float)), 0) << what << ": x differs";
+        EXPECT_EQ(std::memcmp(product[0].data(), product[1].data(), product[0].size() * sizeof(float)), 0)
+            << what << ": y differs";
+    }
+}
+
 // ---- rows at positions and the QSA indexer --------------------------------------------------------------------------
 
 struct IndexerCase {

@@ -96,37 +96,6 @@ bool takes_tensor_core_gemm(DType t, int64_t tokens) {
     return tokens > strata::cuda::kMaxMatvecTokens && !is_float(t);
 }
 
-// Gaussian values with a few outliers (about one in 64 at 6..12 sigma), as weight rows have.
-std::vector<float> gaussian_with_outliers(int64_t n, std::mt19937& rng) {
-    std::normal_distribution<float> gauss;
-    std::uniform_real_distribution<float> big(6.0f, 12.0f);
-    std::vector<float> x(static_cast<size_t>(n));
-    for (float& v : x) v = gauss(rng);
-    for (int64_t k = 0; k < n / 64 + 1; ++k) {
-        const size_t i = rng() % x.size();
-        x[i] = std::copysign(big(rng), x[i]);
-    }
-    return x;
-}
-
-// rows x in weights of type t, each row quantized by our reference quantizer from its own random floats.
-std::vector<uint8_t> random_weights(DType t, int64_t rows, int64_t in, std::mt19937& rng) {
-    const size_t rb = strata::row_bytes(t, in);
-    std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
-    for (int64_t r = 0; r < rows; ++r) {
-        const std::vector<float> src = gaussian_with_outliers(in, rng);
-        strata::quantize_row(t, src.data(), w.data() + rb * static_cast<size_t>(r), in);
-    }
-    return w;
-}
-
-strata::Tensor matrix(DType t, int64_t in, int64_t rows, const void* data, strata::Device device) {
-    const int64_t ne[2] = {in, rows};
-    strata::Tensor w = strata::make_tensor("w", t, 2, ne, data);
-    w.device = device;
-    return w;
-}
-
 // Row lengths: 1, 3 and 17+ blocks (a chunk of the kernel is 1,024 quant weights or 512 float weights, so the last
 // one also spans several chunks with a partial tail); float rows also get one that is no multiple of 16.
 std::vector<int64_t> row_lengths(DType t) {

@@ -14,6 +14,7 @@
 #include "backend/cuda/gdn_device.cuh"
 #include "backend/cuda/internal.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/quantize_device.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 
 namespace strata::cuda {
@@ -184,7 +185,9 @@ __global__ void split_beta_alpha_kernel(SplitBetaAlphaArgs a) {
 }
 
 // One warp per (token, head): cpu::rms_norm (x * scale, then * gamma), then * act(z): three roundings, as the CPU.
-__global__ void __launch_bounds__(kThreads) gated_norm_kernel(GatedNormArgs a) {
+// With q8_0.q (heads of a multiple of 32 values) each round of the warp's loop is one Q8_0 block, which it quantizes
+// as quantize_activations would from the stored values.
+__global__ void __launch_bounds__(kThreads) gated_norm_kernel(GatedNormArgs a, QuantizedActivations q8_0) {
     kernels::enter_dependent_grid();
     const int lane = static_cast<int>(threadIdx.x) % 32;
     const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
@@ -199,7 +202,11 @@ __global__ void __launch_bounds__(kThreads) gated_norm_kernel(GatedNormArgs a) {
     for (int64_t i = lane; i < a.head_dim; i += 32) {
         float v = __fmul_rn(x[i], scale);
         if (a.gamma) v = __fmul_rn(v, a.gamma[i]);
-        x[i] = __fmul_rn(v, a.sigmoid_gate ? sigmoid(z[i]) : silu(z[i]));
+        v = __fmul_rn(v, a.sigmoid_gate ? sigmoid(z[i]) : silu(z[i]));
+        x[i] = v;
+        if (q8_0.q)
+            (void)kernels::quantize_q8_0_value(v, item * a.head_dim + i, const_cast<int8_t*>(q8_0.q),
+                                               const_cast<float*>(q8_0.d), const_cast<float*>(q8_0.s16));
     }
 }
 
@@ -434,14 +441,46 @@ void split_beta_alpha(Context& ctx, const SplitBetaAlphaArgs& a) {
                      ctx.stream().handle(), a);
 }
 
-void gated_norm(Context& ctx, const GatedNormArgs& a) {
+namespace {
+
+// False when there is nothing to do; throws Error on bad arguments.
+bool check_gated_norm(const GatedNormArgs& a) {
     if (a.n_tokens < 0 || a.n_heads < 0 || a.head_dim < 0)
         throw Error("CUDA gated_norm: negative token, head or head_dim count");
-    if (a.n_tokens == 0 || a.n_heads == 0 || a.head_dim == 0) return;
+    if (a.n_tokens == 0 || a.n_heads == 0 || a.head_dim == 0) return false;
     if (!a.x || !a.z) throw Error("CUDA gated_norm: null x or z");
+    return true;
+}
+
+void launch_gated_norm(Context& ctx, const GatedNormArgs& a, const QuantizedActivations& q8_0) {
     const unsigned blocks = warp_blocks(a.n_tokens * a.n_heads, "gated_norm");
     select_device(ctx);
-    launch_dependent("gated_norm_kernel", gated_norm_kernel, dim3(blocks), dim3(kThreads), 0, ctx.stream().handle(), a);
+    launch_dependent("gated_norm_kernel", gated_norm_kernel, dim3(blocks), dim3(kThreads), 0, ctx.stream().handle(), a,
+                     q8_0);
+}
+
+}  // namespace
+
+void gated_norm(Context& ctx, const GatedNormArgs& a) {
+    if (check_gated_norm(a)) launch_gated_norm(ctx, a, {});
+}
+
+void gated_norm_matmul(Context& ctx, const GatedNormArgs& a, const Tensor& w, float* y) {
+    const int64_t width = a.n_heads * a.head_dim;
+    if (w.ne[0] != width)
+        throw Error("CUDA gated_norm_matmul: " + w.name + " takes rows of " + std::to_string(w.ne[0]) +
+                    " values, the norm gives " + std::to_string(width));
+    const bool fused = a.n_tokens >= 1 && a.n_tokens <= kMaxMatvecTokens && a.head_dim % 32 == 0 &&
+                       reads_quantized_activations(w.type) && !reads_q8_k_activations(w.type);
+    if (!fused) {
+        gated_norm(ctx, a);
+        matmul(ctx, {.w = w, .x = a.x, .y = y, .n_tokens = a.n_tokens});
+        return;
+    }
+    if (!check_gated_norm(a)) return;
+    const QuantizedActivations act = matvec_activations(ctx, w, a.n_tokens);
+    launch_gated_norm(ctx, a, act);
+    matvec_quantized(ctx, w, act, a.x, y, a.n_tokens);
 }
 
 // ---- rows at positions and the QSA indexer --------------------------------------------------------------------------

@@ -102,6 +102,10 @@ struct GatedNormArgs {
     float eps = 1e-6f;
 };
 void gated_norm(Context& ctx, const GatedNormArgs& args);
+// gated_norm, then y = w . x of its rows (x = args.x after the norm, as matmul computes it). When w's products read
+// Q8_0 activations, the window is a decode window and each head holds whole blocks of 32, the norm's warps quantize
+// their values for the product on the way: one launch fewer, the same bits.
+void gated_norm_matmul(Context& ctx, const GatedNormArgs& args, const Tensor& w, float* y);
 
 // dst + positions[t] * width <- src + t * src_stride (width floats), for t < n_tokens; positions outside
 // [0, dst_rows) are skipped. (The QSA indexer's raw keys into the per-sequence key array.)

@@ -9,7 +9,13 @@
 
 #include "core/dtype.h"
 
+namespace strata {
+struct Tensor;
+}
+
 namespace strata::cuda {
+
+class Context;
 
 // Copy the quant codebooks into the current device's memory (each kernel file owns the tables it reads). Every Context
 // calls them on its device; a second call on the same device writes the same bytes again.
@@ -172,6 +178,12 @@ bool reads_q8_k_activations(DType w_type);
 QuantizedActivations quantized_activations_at(void* base, DType w_type, int64_t n_values);
 void quantize_activations(DType w_type, const float* x, int64_t in, int64_t n_rows, const QuantizedActivations& out,
                           cudaStream_t stream);
+// The decode-window product y = w . x in two steps, for a caller that quantizes x itself: where matmul would quantize
+// x for w (its context scratch), then the product of those activations (n_tokens <= kMaxMatvecTokens, rows of a
+// multiple of 16 values).
+QuantizedActivations matvec_activations(Context& ctx, const Tensor& w, int64_t n_tokens);
+void matvec_quantized(Context& ctx, const Tensor& w, const QuantizedActivations& act, const float* x, float* y,
+                      int64_t n_tokens);
 // The same for the rows hidden[t] = silu(gate[t]) * up[t] (cpu::silu_mul), computed on the way: one launch instead of
 // two. hidden (may be null for quant types) also gets the f32 values.
 struct SwiGluQuantize {

@@ -447,6 +447,34 @@ void matmul_shared_input(Context& ctx, const float* x, int64_t n_tokens, std::in
     flush();
 }
 
+QuantizedActivations matvec_activations(Context& ctx, const Tensor& w, int64_t n_tokens) {
+    check_weights(w);
+    const ScratchLayout layout = scratch_layout(w, n_tokens);
+    auto* scratch = static_cast<uint8_t*>(ctx.scratch(layout.total()));
+    return {.q = reinterpret_cast<int8_t*>(scratch),
+            .d = reinterpret_cast<float*>(scratch + layout.q),
+            .s16 = reinterpret_cast<float*>(scratch + layout.q + layout.d)};
+}
+
+void matvec_quantized(Context& ctx, const Tensor& w, const QuantizedActivations& act, const float* x, float* y,
+                      int64_t n_tokens) {
+    check_weights(w);
+    STRATA_ASSERT(n_tokens >= 1 && n_tokens <= kMaxMatvecTokens && w.ne[0] % 16 == 0);
+    if (w.ne[1] == 0) return;
+    STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
+    const MatvecLaunch l{.type = w.type,
+                         .w = static_cast<const uint8_t*>(w.data),
+                         .row_bytes = w.nb[1],
+                         .rows = w.ne[1],
+                         .in = w.ne[0],
+                         .n_tokens = static_cast<int>(n_tokens),
+                         .act = act,
+                         .x = x,
+                         .y = y,
+                         .stream = ctx.stream().handle()};
+    STRATA_ASSERT(launch_matvec(l));
+}
+
 void matmul(Context& ctx, const MatmulArgs& a) {
     const Tensor& w = a.w;
     check_weights(w);
@@ -467,12 +495,7 @@ void matmul(Context& ctx, const MatmulArgs& a) {
 
     quantize_activations(w.type, a.x, in, tokens, act, stream);
 
-    if (matvec) {
-        const MatvecLaunch l{.type = w.type, .w = wdata, .row_bytes = w.nb[1], .rows = rows, .in = in,
-                             .n_tokens = static_cast<int>(tokens), .act = act, .x = a.x, .y = a.y, .stream = stream};
-        STRATA_ASSERT(launch_matvec(l));
-        return;
-    }
+    if (matvec) return matvec_quantized(ctx, w, act, a.x, a.y, tokens);
 
     if (format != ActivationFormat::F32) {
         // Quant weights: the tensor-core GEMM on fp16 copies of the quantized activations (what the CPU multiplies).

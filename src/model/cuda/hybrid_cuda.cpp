@@ -473,16 +473,17 @@ void CudaHybridModel::gdn_window(const GdnDevice& w, LayerDeviceState& l, const 
                             .dk = g.k_head_dim,
                             .dv = g.v_head_dim,
                             .recurrence = gdn_recurrence_});
-    cuda::gated_norm(ctx, {.x = w_.core,
-                           .z = w_.z,
-                           .gamma = w.norm,
-                           .n_tokens = T,
-                           .n_heads = g.n_v_heads,
-                           .head_dim = g.v_head_dim,
-                           .sigmoid_gate = g.output_gate == GateActivation::Sigmoid,
-                           .eps = g.eps});
-    mark(kGdnProjections);
-    cuda::matmul(ctx, {.w = *w.out, .x = w_.core, .y = out, .n_tokens = T});
+    mark(kGdnProjections);  // the norm quantizes the out-projection's activations: one launch with the product
+    cuda::gated_norm_matmul(ctx,
+                            {.x = w_.core,
+                             .z = w_.z,
+                             .gamma = w.norm,
+                             .n_tokens = T,
+                             .n_heads = g.n_v_heads,
+                             .head_dim = g.v_head_dim,
+                             .sigmoid_gate = g.output_gate == GateActivation::Sigmoid,
+                             .eps = g.eps},
+                            *w.out, out);
 }
 
 // Gated attention (model/attention.cpp): projections, q/k norms and rope, the KV append; with an indexer, the raw and

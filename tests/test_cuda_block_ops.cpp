@@ -293,6 +293,65 @@ TEST(CudaRope, MatchesRopeNeoxAtDevicePositions) {
     }
 }
 
+// rms_norm_rope against rms_norm_grouped then rope_neox: the same bits. Heads either gapped within a token (q with its
+// gate between heads: one group a row) or packed with a gap between tokens (k: the heads are a row's groups).
+TEST(CudaRope, NormRopeGivesTheSeparateOpsBits) {
+    SKIP_WITHOUT_DEVICE();
+    cuda::Context& ctx = context();
+    std::mt19937 rng(78);
+    struct Case {
+        int64_t tokens, heads, head_dim, n_rot, head_gap, token_gap;
+        bool gamma;
+    };
+    const Case cases[] = {{1, 16, 256, 64, 256, 0, true},
+                          {8, 2, 256, 64, 0, 0, true},
+                          {3, 5, 128, 128, 0, 7, false},
+                          {2, 4, 40, 2, 40, 0, true},
+                          {64, 3, 64, 32, 0, 0, true}};
+    for (const Case& c : cases) {
+        const int64_t head_stride = c.head_dim + c.head_gap, token_stride = c.heads * head_stride + c.token_gap;
+        const std::string what = "rms_norm_rope tokens " + str(c.tokens) + " heads " + str(c.heads) + " dim " +
+                                 str(c.head_dim) + " n_rot " + str(c.n_rot) + " strides " + str(head_stride) + "/" +
+                                 str(token_stride);
+        SCOPED_TRACE(what);
+        const std::vector<float> x = gaussian(static_cast<size_t>(c.tokens * token_stride), rng, 2.0f);
+        const std::vector<float> gamma = gaussian(static_cast<size_t>(c.head_dim), rng, 1.0f);
+        std::vector<int32_t> positions(static_cast<size_t>(c.tokens));
+        for (int32_t& p : positions) p = static_cast<int32_t>(rng() % 262144);
+        const cuda::DeviceBuffer dpos = upload(positions), dg = upload(gamma);
+        const float* g = c.gamma ? dg.as<float>() : nullptr;
+        std::vector<float> got[2];
+        for (int fused = 0; fused < 2; ++fused) {
+            const Guarded dx(x);
+            const cuda::RopeArgs rope{.x = dx.ptr(),
+                                      .n_tokens = c.tokens,
+                                      .n_heads = c.heads,
+                                      .token_stride = token_stride,
+                                      .head_stride = head_stride,
+                                      .n_rot = c.n_rot,
+                                      .positions = dpos.as<int32_t>(),
+                                      .freq_base = 1000000.0f};
+            if (fused) {
+                cuda::rms_norm_rope(ctx, {.rope = rope, .head_dim = c.head_dim, .gamma = g, .eps = 1e-6f});
+            } else {
+                const bool row_per_head = c.head_gap > 0;  // the cases give gaps either between heads or tokens
+                cuda::rms_norm_grouped(ctx, {.x = dx.ptr(),
+                                             .out = dx.ptr(),
+                                             .n_tokens = row_per_head ? c.tokens * c.heads : c.tokens,
+                                             .row_stride = row_per_head ? head_stride : token_stride,
+                                             .n_groups = row_per_head ? 1 : c.heads,
+                                             .group = c.head_dim,
+                                             .gamma = g,
+                                             .gamma_shared = true,
+                                             .eps = 1e-6f});
+                cuda::rope_neox(ctx, rope);
+            }
+            got[fused] = dx.read(what);
+        }
+        EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)), 0) << what << " differ";
+    }
+}
+
 // ---- GDN ------------------------------------------------------------------------------------------------------------
 
 struct GdnCase {

@@ -14,6 +14,7 @@
 #include "backend/cuda/gdn_device.cuh"
 #include "backend/cuda/internal.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/norm_device.cuh"
 #include "backend/cuda/quantize_device.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 
@@ -111,6 +112,26 @@ __global__ void rope_kernel(RopeArgs a) {
         rope_pair(a.x + t * a.token_stride + h * a.head_stride, i, a.n_rot, static_cast<double>(a.positions[t]),
                   a.freq_base);
     }
+}
+
+// One warp per (token, head): the head's RMS norm as rms_norm_grouped computes it (norm_device.cuh), then its rope as
+// rope_kernel does, once the warp's writes are visible to all its lanes.
+__global__ void __launch_bounds__(kThreads) norm_rope_kernel(NormRopeArgs a) {
+    kernels::enter_dependent_grid();
+    const RopeArgs& r = a.rope;
+    const int lane = static_cast<int>(threadIdx.x) % 32;
+    const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+    if (item >= r.n_tokens * r.n_heads) return;  // whole warps leave together
+    const int64_t t = item / r.n_heads, h = item % r.n_heads;
+    float* x = r.x + t * r.token_stride + h * r.head_stride;
+    const float scale = kernels::rms_scale(kernels::warp_sum_of_squares(x, a.head_dim, lane), a.head_dim, a.eps);
+    for (int64_t i = lane; i < a.head_dim; i += 32) {
+        const float v = __fmul_rn(x[i], scale);
+        x[i] = a.gamma ? __fmul_rn(v, a.gamma[i]) : v;
+    }
+    __syncwarp();
+    const double pos = static_cast<double>(r.positions[t]);
+    for (int64_t i = lane; i < r.n_rot / 2; i += 32) rope_pair(x, i, r.n_rot, pos, r.freq_base);
 }
 
 // ---- GDN ------------------------------------------------------------------------------------------------------------
@@ -363,6 +384,22 @@ void rope_neox(Context& ctx, const RopeArgs& a) {
     select_device(ctx);
     launch_dependent("rope_kernel", rope_kernel, dim3(stride_blocks(a.n_tokens * a.n_heads * (a.n_rot / 2))),
                      dim3(kThreads), 0, ctx.stream().handle(), a);
+}
+
+void rms_norm_rope(Context& ctx, const NormRopeArgs& a) {
+    const RopeArgs& r = a.rope;
+    if (r.n_tokens < 0 || r.n_heads < 0 || a.head_dim < 0)
+        throw Error("CUDA rms_norm_rope: negative token, head or head_dim count");
+    if (r.n_rot < 0 || r.n_rot % 2 != 0 || r.n_rot > a.head_dim)
+        throw Error("CUDA rms_norm_rope: n_rot " + std::to_string(r.n_rot) +
+                    " must be even, not negative and at most " + "head_dim " + std::to_string(a.head_dim));
+    if (r.n_tokens == 0 || r.n_heads == 0 || a.head_dim == 0) return;
+    if (!r.x || !r.positions) throw Error("CUDA rms_norm_rope: null x or positions");
+    if ((r.n_heads > 1 && r.head_stride < a.head_dim) || (r.n_tokens > 1 && r.token_stride < r.n_heads * a.head_dim))
+        throw Error("CUDA rms_norm_rope: head or token stride shorter than the heads");
+    const unsigned blocks = warp_blocks(r.n_tokens * r.n_heads, "rms_norm_rope");
+    select_device(ctx);
+    launch_dependent("norm_rope_kernel", norm_rope_kernel, dim3(blocks), dim3(kThreads), 0, ctx.stream().handle(), a);
 }
 
 // ---- GDN ------------------------------------------------------------------------------------------------------------

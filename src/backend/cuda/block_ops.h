@@ -45,6 +45,16 @@ struct RopeArgs {
     float freq_base = 10000.0f;
 };
 void rope_neox(Context& ctx, const RopeArgs& args);
+// rms_norm_grouped over each head of args.rope (head_dim values, gamma shared by the heads, in place), then rope_neox
+// of the heads: one launch instead of two, the same bits for heads under 1,024 values (longer groups take the grouped
+// norm's block kernel, which adds in another order).
+struct NormRopeArgs {
+    RopeArgs rope;
+    int64_t head_dim = 0;
+    const float* gamma = nullptr;  // {head_dim}, or null
+    float eps = 0.0f;
+};
+void rms_norm_rope(Context& ctx, const NormRopeArgs& args);
 
 // The GDN block after its conv (model/gdn.cpp, conv_rows): every value of the [n_tokens x conv_dim] rows goes through
 // silu; then the first key_dim values (q) and the next key_dim (k) are l2-normalised per head of head_dim values

@@ -8,6 +8,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/norm_device.cuh"
 
 namespace strata::cuda {
 
@@ -24,7 +25,7 @@ __device__ __forceinline__ void scale_group(const GroupNormArgs& a, int64_t g, c
                                             int64_t first, int64_t step) {
     float scale;
     if constexpr (kKind == NormKind::Rms)
-        scale = static_cast<float>(1.0 / sqrt(sum / static_cast<double>(a.group) + a.eps));
+        scale = kernels::rms_scale(sum, a.group, a.eps);
     else
         scale = static_cast<float>(1.0 / sqrt(sum + a.eps));
     const float* gamma = a.gamma ? a.gamma + (a.gamma_shared ? 0 : g * a.group) : nullptr;
@@ -44,12 +45,8 @@ __global__ void __launch_bounds__(kNormThreads) group_norm_kernel(GroupNormArgs 
     const int64_t t = item / a.n_groups, g = item % a.n_groups;
     const float* x = a.x + t * row_stride + g * a.group;
     float* out = a.out + t * row_stride + g * a.group;
-    double sum = 0.0;
-    for (int64_t i = lane; i < a.group; i += 32) sum += static_cast<double>(x[i]) * x[i];
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
     // Each lane rewrites only the values it read itself, so out may equal x.
-    scale_group<kKind>(a, g, x, out, sum, lane, 32);
+    scale_group<kKind>(a, g, x, out, kernels::warp_sum_of_squares(x, a.group, lane), lane, 32);
 }
 
 // One block per (token, group), for long groups (the hyper-connection norm: 4 groups of 2,560 at Flash-Next): a warp per

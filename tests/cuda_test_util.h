@@ -22,6 +22,8 @@
 
 namespace strata::cuda_test {
 
+using strata::testing::gaussian_with_outliers;
+
 using strata::testing::expect_error;
 
 // Outputs are pre-filled with a quiet NaN no kernel produces by arithmetic, so unwritten values (and writes past the
@@ -123,19 +125,6 @@ double graph_median_us(cuda::Context& ctx, Fn record, int reps = 21) {
     cudaGraphDestroy(graph);
     std::sort(runs.begin(), runs.end());
     return runs[runs.size() / 2] * 1e3;
-}
-
-// Gaussian values with a few outliers (about one in 64 at 6..12 sigma), as weight rows have.
-inline std::vector<float> gaussian_with_outliers(int64_t n, std::mt19937& rng) {
-    std::normal_distribution<float> gauss;
-    std::uniform_real_distribution<float> big(6.0f, 12.0f);
-    std::vector<float> x(static_cast<size_t>(n));
-    for (float& v : x) v = gauss(rng);
-    for (int64_t k = 0; k < n / 64 + 1; ++k) {
-        const size_t i = rng() % x.size();
-        x[i] = std::copysign(big(rng), x[i]);
-    }
-    return x;
 }
 
 // rows x in weights of type t, each row quantized by our reference quantizer from its own random floats.

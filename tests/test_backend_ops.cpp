@@ -35,6 +35,7 @@
 #include "core/quant_blocks.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "test_util.h"
 
 // Readable parameters in gtest's and ctest's output (found by argument-dependent lookup).
 namespace strata {
@@ -52,6 +53,7 @@ namespace {
 
 using strata::DType;
 using strata::cpu::Isa;
+using strata::testing::gaussian_with_outliers;
 namespace cpu = strata::cpu;
 
 const DType kWeightTypes[] = {DType::F32,    DType::F16,    DType::BF16,   DType::Q8_0,  DType::Q4_0,   DType::Q2_K,
@@ -170,19 +172,6 @@ bool is_float(DType t) {
 // Whether a reference quantizer exists for t (the grid i-quants may dequantize only).
 bool has_quantizer(DType t) {
     return is_float(t) || t == DType::Q8_0 || strata::quant::row_functions(t).from_f32 != nullptr;
-}
-
-// Gaussian values with a few outliers (about one in 64 at 6..12 sigma), as weight rows have.
-std::vector<float> gaussian_with_outliers(int64_t n, std::mt19937& rng) {
-    std::normal_distribution<float> gauss;
-    std::uniform_real_distribution<float> big(6.0f, 12.0f);
-    std::vector<float> x(static_cast<size_t>(n));
-    for (float& v : x) v = gauss(rng);
-    for (int64_t k = 0; k < n / 64 + 1; ++k) {
-        const size_t i = rng() % x.size();
-        x[i] = std::copysign(big(rng), x[i]);
-    }
-    return x;
 }
 
 // Activations: gaussian (the kind (c)'s threshold is derived for), gaussian with outliers, and +-1 of random sign

@@ -1,4 +1,5 @@
-// Helpers the test programs share: temporary folders, error-message checks, where the transformers goldens live.
+// Helpers the test programs share: random weight rows, temporary folders, error-message checks, where the transformers
+// goldens live.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -8,9 +9,12 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -18,6 +22,19 @@
 #include "core/error.h"
 
 namespace strata::testing {
+
+// Gaussian values with a few outliers (about one in 64 at 6..12 sigma), as weight rows have.
+inline std::vector<float> gaussian_with_outliers(int64_t n, std::mt19937& rng) {
+    std::normal_distribution<float> gauss;
+    std::uniform_real_distribution<float> big(6.0f, 12.0f);
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float& v : x) v = gauss(rng);
+    for (int64_t k = 0; k < n / 64 + 1; ++k) {
+        const size_t i = rng() % x.size();
+        x[i] = std::copysign(big(rng), x[i]);
+    }
+    return x;
+}
 
 // A fresh folder under the system temp dir, removed with everything in it when the object goes.
 class TempDir {

@@ -204,7 +204,8 @@ __device__ __forceinline__ T load_activation(const T* p) {
 }
 
 // The explicit minimum of 1 block per SM lets ptxas use more registers (~120 instead of ~80 at 8 tokens): 8 tokens
-// then ran up to 2x faster on the H200 (bench/NOTES.md).
+// then ran up to 2x faster on the H200 (bench/NOTES.md). One token asks for 8 blocks (32 warps) an SM: at most 64
+// registers, which every one-token kernel fits without spilling (the 8-row IQ4_NL and IQ3_XXS ones took 76-80).
 // A warp's kRows rows are consecutive in memory (the launcher checks), so the warp walks them as one span of
 // kRows * in weights: chunk after chunk with every lane busy, each piece adding into the row it belongs to. Rows
 // shorter than a chunk (the expert down products' 640, the hyper-connection up's 320) then leave no lane idle.
@@ -212,7 +213,7 @@ __device__ __forceinline__ T load_activation(const T* p) {
 // index arithmetic stays in single instructions. kOwn: the block forms its activations itself (p.own, one token).
 // kMix: the hyper-connection mix epilogue (p.mix; see HcMix).
 template <typename F, int kTokens, int kRows, bool kOwn, bool kMix>
-__global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, 1) matvec_kernel(const MatvecParams p) {
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, kTokens == 1 ? 8 : 1) matvec_kernel(const MatvecParams p) {
     using Shape = ChunkShape<F>;
     constexpr int kG = Shape::kGranulesPerLane;
     static_assert(!kOwn || (kTokens == 1 && !F::kIsFloat && F::kBlockElems == 32), "own activations: Q8_0 readers");

@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <mutex>
+#include <set>
 #include <utility>
 
 #include "backend/cuda/cuda_backend.h"
@@ -153,6 +155,18 @@ bool programmatic_launch_supported() {
     STRATA_CUDA_CHECK(cudaGetDevice(&device));
     STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     return major >= 9;
+}
+
+void prefer_shared_memory_carveout(const void* kernel) {
+    static std::mutex mutex;
+    static std::set<std::pair<int, const void*>> done;
+    int device = 0;
+    STRATA_CUDA_CHECK(cudaGetDevice(&device));
+    const std::lock_guard lock(mutex);
+    if (done.count({device, kernel})) return;
+    STRATA_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+    done.insert({device, kernel});
 }
 
 bool clusters_supported() {

@@ -65,6 +65,7 @@ void launch_with_attributes(const char* name, unsigned cluster_blocks, void (*ke
         attributes[1].val.clusterDim.z = 1;
         config.numAttrs = 2;
     }
+    prefer_shared_memory_carveout(reinterpret_cast<const void*>(kernel));
     const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
     if (err != cudaSuccess) throw_cuda_error(err, name, __FILE__, __LINE__);
 }

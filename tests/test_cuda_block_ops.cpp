@@ -56,6 +56,13 @@ std::string str(int64_t v) {
     return std::to_string(v);
 }
 
+// The name of a rotation case: heads of head_dim values at head_stride, tokens at token_stride.
+std::string rope_case(const char* op, int64_t tokens, int64_t heads, int64_t head_dim, int64_t n_rot,
+                      int64_t head_stride, int64_t token_stride) {
+    return std::string(op) + " tokens " + str(tokens) + " heads " + str(heads) + " dim " + str(head_dim) + " n_rot " +
+           str(n_rot) + " strides " + str(head_stride) + "/" + str(token_stride);
+}
+
 // A device copy of `data` between kSentinels poisoned values on each side (for in-place ops the data is the input).
 struct Guarded {
     size_t n = 0;
@@ -260,9 +267,8 @@ TEST(CudaRope, MatchesRopeNeoxAtDevicePositions) {
                               {64, 4, 128, 128, 128, 0, 1000000.0f},   {3, 5, 38, 2, 3, 7, 10000.0f}};
     for (const RopeCase& c : cases) {
         const int64_t head_stride = c.head_dim + c.head_gap, token_stride = c.heads * head_stride + c.token_gap;
-        const std::string what = "rope_neox tokens " + str(c.tokens) + " heads " + str(c.heads) + " dim " +
-                                 str(c.head_dim) + " n_rot " + str(c.n_rot) + " strides " + str(head_stride) + "/" +
-                                 str(token_stride);
+        const std::string what =
+            rope_case("rope_neox", c.tokens, c.heads, c.head_dim, c.n_rot, head_stride, token_stride);
         SCOPED_TRACE(what);
         const std::vector<float> x = gaussian(static_cast<size_t>(c.tokens * token_stride), rng, 2.0f);
         std::vector<int32_t> positions(static_cast<size_t>(c.tokens));
@@ -310,9 +316,8 @@ TEST(CudaRope, NormRopeGivesTheSeparateOpsBits) {
                           {64, 3, 64, 32, 0, 0, true}};
     for (const Case& c : cases) {
         const int64_t head_stride = c.head_dim + c.head_gap, token_stride = c.heads * head_stride + c.token_gap;
-        const std::string what = "rms_norm_rope tokens " + str(c.tokens) + " heads " + str(c.heads) + " dim " +
-                                 str(c.head_dim) + " n_rot " + str(c.n_rot) + " strides " + str(head_stride) + "/" +
-                                 str(token_stride);
+        const std::string what =
+            rope_case("rms_norm_rope", c.tokens, c.heads, c.head_dim, c.n_rot, head_stride, token_stride);
         SCOPED_TRACE(what);
         const std::vector<float> x = gaussian(static_cast<size_t>(c.tokens * token_stride), rng, 2.0f);
         const std::vector<float> gamma = gaussian(static_cast<size_t>(c.head_dim), rng, 1.0f);

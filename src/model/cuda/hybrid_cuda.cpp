@@ -494,7 +494,7 @@ void CudaHybridModel::attention_window(const AttentionDevice& w, CudaSequence& s
                                        const float* x, float* out, int64_t T) const {
     cuda::Context& ctx = *ctx_;
     const AttentionShape& a = attention_;
-    const int64_t hd = a.head_dim, nh = a.n_head, nkv = a.n_head_kv, kvw = nkv * hd;
+    const int64_t hd = a.head_dim, nh = a.n_head, nkv = a.n_head_kv;
     mark(kAttentionProjections);
     if (w.sparse())
         cuda::matmul_shared_input(ctx, x, T,
@@ -503,29 +503,23 @@ void CudaHybridModel::attention_window(const AttentionDevice& w, CudaSequence& s
     else
         cuda::matmul_shared_input(ctx, x, T, {{w.q, w_.qg}, {w.k, w_.k_new}, {w.v, w_.v_new}});
     mark(kAttention);
-    // q and k: each head normed, then rotated (one launch each).
-    cuda::rms_norm_rope(ctx, {.rope = {.x = w_.qg,
-                                       .n_tokens = T,
-                                       .n_heads = nh,
-                                       .token_stride = 2 * hd * nh,
-                                       .head_stride = 2 * hd,
-                                       .n_rot = a.n_rot,
-                                       .positions = w_.positions,
-                                       .freq_base = a.freq_base},
-                              .head_dim = hd,
-                              .gamma = w.q_norm,
-                              .eps = a.eps});
-    cuda::rms_norm_rope(ctx, {.rope = {.x = w_.k_new,
-                                       .n_tokens = T,
-                                       .n_heads = nkv,
-                                       .token_stride = kvw,
-                                       .head_stride = hd,
-                                       .n_rot = a.n_rot,
-                                       .positions = w_.positions,
-                                       .freq_base = a.freq_base},
-                              .head_dim = hd,
-                              .gamma = w.k_norm,
-                              .eps = a.eps});
+    // Heads of head_dim values at head_stride, each normed with gamma, then rotated at the tokens' positions: one
+    // launch for q (its gate between heads), k and the indexer's q.
+    auto norm_rope = [&](float* values, int64_t heads, int64_t head_dim, int64_t head_stride, const float* gamma) {
+        cuda::rms_norm_rope(ctx, {.rope = {.x = values,
+                                           .n_tokens = T,
+                                           .n_heads = heads,
+                                           .token_stride = heads * head_stride,
+                                           .head_stride = head_stride,
+                                           .n_rot = a.n_rot,
+                                           .positions = w_.positions,
+                                           .freq_base = a.freq_base},
+                                  .head_dim = head_dim,
+                                  .gamma = gamma,
+                                  .eps = a.eps});
+    };
+    norm_rope(w_.qg, nh, hd, 2 * hd, w.q_norm);
+    norm_rope(w_.k_new, nkv, hd, hd, w.k_norm);
     const cuda::PageTable table{.pages = l.page_table.as<int32_t>(), .n_logical_pages = l.kv->shape().n_pages};
     cuda::kv_append(ctx, {.cache = l.kv->view(),
                           .table = table,
@@ -556,17 +550,7 @@ void CudaHybridModel::attention_window(const AttentionDevice& w, CudaSequence& s
                                  .freq_base = a.freq_base,
                                  .positions = w_.positions,
                                  .n_tokens = T});
-        cuda::rms_norm_rope(ctx, {.rope = {.x = w_.index_q,
-                                           .n_tokens = T,
-                                           .n_heads = ix.n_head,
-                                           .token_stride = ix.n_head * di,
-                                           .head_stride = di,
-                                           .n_rot = a.n_rot,
-                                           .positions = w_.positions,
-                                           .freq_base = a.freq_base},
-                                  .head_dim = di,
-                                  .gamma = w.index_q_norm,
-                                  .eps = a.eps});
+        norm_rope(w_.index_q, ix.n_head, di, di, w.index_q_norm);
         for (int64_t t = 0; t < T; ++t)
             cuda::qsa_select(ctx, {.n_head = ix.n_head,
                                    .head_dim = di,

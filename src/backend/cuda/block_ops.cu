@@ -215,11 +215,7 @@ __global__ void __launch_bounds__(kThreads) gated_norm_kernel(GatedNormArgs a, Q
     if (item >= a.n_tokens * a.n_heads) return;  // whole warps leave together
     float* x = a.x + item * a.head_dim;
     const float* z = a.z + item * a.head_dim;
-    double sum = 0.0;
-    for (int64_t i = lane; i < a.head_dim; i += 32) sum += static_cast<double>(x[i]) * x[i];
-    sum = warp_sum(sum);
-    const float scale =
-        static_cast<float>(1.0 / sqrt(sum / static_cast<double>(a.head_dim) + static_cast<double>(a.eps)));
+    const float scale = kernels::rms_scale(kernels::warp_sum_of_squares(x, a.head_dim, lane), a.head_dim, a.eps);
     for (int64_t i = lane; i < a.head_dim; i += 32) {
         float v = __fmul_rn(x[i], scale);
         if (a.gamma) v = __fmul_rn(v, a.gamma[i]);
@@ -266,7 +262,7 @@ __global__ void __launch_bounds__(kThreads) indexer_pool_kernel(IndexerPoolArgs 
         sum += static_cast<double>(v) * v;
     }
     sum = warp_sum(sum);
-    const float scale = static_cast<float>(1.0 / sqrt(sum / static_cast<double>(di) + static_cast<double>(a.eps)));
+    const float scale = kernels::rms_scale(sum, di, a.eps);
     for (int64_t d = lane; d < di; d += 32) {
         const float v = __fmul_rn(pooled[d], scale);
         pooled[d] = a.k_norm ? __fmul_rn(v, a.k_norm[d]) : v;
@@ -392,7 +388,7 @@ void rms_norm_rope(Context& ctx, const NormRopeArgs& a) {
         throw Error("CUDA rms_norm_rope: negative token, head or head_dim count");
     if (r.n_rot < 0 || r.n_rot % 2 != 0 || r.n_rot > a.head_dim)
         throw Error("CUDA rms_norm_rope: n_rot " + std::to_string(r.n_rot) +
-                    " must be even, not negative and at most " + "head_dim " + std::to_string(a.head_dim));
+                    " must be even, not negative and at most head_dim " + std::to_string(a.head_dim));
     if (r.n_tokens == 0 || r.n_heads == 0 || a.head_dim == 0) return;
     if (!r.x || !r.positions) throw Error("CUDA rms_norm_rope: null x or positions");
     if ((r.n_heads > 1 && r.head_stride < a.head_dim) || (r.n_tokens > 1 && r.token_stride < r.n_heads * a.head_dim))

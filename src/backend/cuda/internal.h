@@ -153,8 +153,8 @@ bool programmatic_launch_supported();
 // Whether the current device launches thread-block clusters (sm_90+; the hyper-connection read's first kernel).
 bool clusters_supported();
 // Asks, once per kernel and device, for the largest shared-memory carveout of the SM's L1/shared split. Kernels whose
-// shared memory differs (a matvec's stages, the elementwise kernels' none) then never make an SM change its split
-// between them: Flash-Next decode on the H200, +1.3% (bench/NOTES.md, session 13).
+// shared memory differs (a matvec's staged chunks, the elementwise kernels' none) then never make an SM change its
+// split between them: Flash-Next decode on the H200, +1.3% (bench/NOTES.md, session 13).
 void prefer_shared_memory_carveout(const void* kernel);
 
 // causal_conv's checks of a window (gdn.cu): throws Error on a bad one; false when there is nothing to do.

@@ -350,6 +350,13 @@ struct ScratchLayout {
     size_t total() const { return q + d + s + x + token_scale + panel + 256; }
 };
 
+// The quantized activations at the front of a scratch laid out so.
+QuantizedActivations activations_in(uint8_t* scratch, const ScratchLayout& l) {
+    return {.q = reinterpret_cast<int8_t*>(scratch),
+            .d = reinterpret_cast<float*>(scratch + l.q),
+            .s16 = reinterpret_cast<float*>(scratch + l.q + l.d)};
+}
+
 ScratchLayout scratch_layout(const Tensor& w, int64_t tokens) {
     const int64_t in = w.ne[0], rows = w.ne[1];
     const ActivationFormat format = activation_format(w.type);
@@ -426,10 +433,7 @@ void matmul_shared_input(Context& ctx, const float* x, int64_t n_tokens, std::in
             quantized_for = nullptr;
             continue;
         }
-        const ScratchLayout layout = scratch_layout(w, n_tokens);
-        const QuantizedActivations act{.q = reinterpret_cast<int8_t*>(scratch),
-                                       .d = reinterpret_cast<float*>(scratch + layout.q),
-                                       .s16 = reinterpret_cast<float*>(scratch + layout.q + layout.d)};
+        const QuantizedActivations act = activations_in(scratch, scratch_layout(w, n_tokens));
         if (pending && pending->type == w.type && pending->n_more + 1 < kMaxMatvecSegments) {
             pending->more[pending->n_more++] = {.w = static_cast<const uint8_t*>(w.data), .row_bytes = w.nb[1],
                                                 .rows = rows, .y = o.y};
@@ -450,10 +454,7 @@ void matmul_shared_input(Context& ctx, const float* x, int64_t n_tokens, std::in
 QuantizedActivations matvec_activations(Context& ctx, const Tensor& w, int64_t n_tokens) {
     check_weights(w);
     const ScratchLayout layout = scratch_layout(w, n_tokens);
-    auto* scratch = static_cast<uint8_t*>(ctx.scratch(layout.total()));
-    return {.q = reinterpret_cast<int8_t*>(scratch),
-            .d = reinterpret_cast<float*>(scratch + layout.q),
-            .s16 = reinterpret_cast<float*>(scratch + layout.q + layout.d)};
+    return activations_in(static_cast<uint8_t*>(ctx.scratch(layout.total())), layout);
 }
 
 void matvec_quantized(Context& ctx, const Tensor& w, const QuantizedActivations& act, const float* x, float* y,
@@ -489,9 +490,7 @@ void matmul(Context& ctx, const MatmulArgs& a) {
     const ScratchLayout layout = scratch_layout(w, tokens);
     const size_t q_bytes = layout.q, d_bytes = layout.d, s_bytes = layout.s, x_bytes = layout.x;
     auto* scratch = static_cast<uint8_t*>(ctx.scratch(layout.total()));
-    const QuantizedActivations act{.q = reinterpret_cast<int8_t*>(scratch),
-                                   .d = reinterpret_cast<float*>(scratch + q_bytes),
-                                   .s16 = reinterpret_cast<float*>(scratch + q_bytes + d_bytes)};
+    const QuantizedActivations act = activations_in(scratch, layout);
 
     quantize_activations(w.type, a.x, in, tokens, act, stream);
 

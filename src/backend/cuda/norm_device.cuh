@@ -1,6 +1,7 @@
 // Private to the CUDA backend: one warp's RMS norm of a group, with the CPU reference's rounding (the sum of squares in
 // double, each square exact, so only the order of the additions differs; the scale rounded to float). Shared by the
-// grouped norm (elementwise.cu) and the norm-then-rope of attention heads (block_ops.cu), which so give the same bits.
+// grouped norm (elementwise.cu) and the head norms of block_ops.cu (norm-then-rope, the gated norm, the indexer's
+// pooled keys), so that the fused and separate forms give the same bits.
 #pragma once
 
 #include <cstdint>

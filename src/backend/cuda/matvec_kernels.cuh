@@ -176,6 +176,10 @@ struct ChunkShape {
 // fast as three or four on the H200 (Flash-Next decode within 1%, bench/NOTES.md session 9): the warps of an SM, not
 // the depth of each, keep the copies in flight.
 constexpr int kMatvecStages = 2;
+// Plain launches of fewer rows than this go one row a warp: the hyper-connection down product (320 rows of 10,240)
+// then has 1,280 warps instead of 640. At one token they take kFewRowStages (launch_matvec_rows).
+constexpr int64_t kFewRows = 1024;
+constexpr int kFewRowStages = 4;
 
 __device__ __forceinline__ void copy_16_async(void* shared_dst, const void* global_src) {
     const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(shared_dst));
@@ -212,13 +216,13 @@ __device__ __forceinline__ T load_activation(const T* p) {
 // Offsets inside a span are 32-bit (a span is under 2^31 bytes and pieces: the launcher checks), so the per-piece
 // index arithmetic stays in single instructions. kOwn: the block forms its activations itself (p.own, one token).
 // kMix: the hyper-connection mix epilogue (p.mix; see HcMix).
-template <typename F, int kTokens, int kRows, bool kOwn, bool kMix>
+template <typename F, int kTokens, int kRows, bool kOwn, bool kMix, int kStages = kMatvecStages>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, kTokens == 1 ? 8 : 1) matvec_kernel(const MatvecParams p) {
     using Shape = ChunkShape<F>;
     constexpr int kG = Shape::kGranulesPerLane;
     static_assert(!kOwn || (kTokens == 1 && !F::kIsFloat && F::kBlockElems == 32), "own activations: Q8_0 readers");
     static_assert(!kMix || (kOwn && kRows == kHcMixColumns && kWarpsPerBlock == kHcMixStreams), "mix: the HC up");
-    __shared__ uint4 stage[kWarpsPerBlock][kMatvecStages][kG * kWarpSize];
+    __shared__ uint4 stage[kWarpsPerBlock][kStages][kG * kWarpSize];
     __shared__ std::conditional_t<kOwn, OwnActivationStore, char> own_store;
 
     const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
@@ -299,10 +303,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, kTokens == 1 ? 8 : 
                 for (int t = 0; t < kTokens; ++t) acc[rr][t] = __fadd_rn(acc[rr][t], v[t]);
     };
 
-    // This part's chunks are part + i * split for i < my_chunks; chunk i sits in slot i % kMatvecStages.
+    // This part's chunks are part + i * split for i < my_chunks; chunk i sits in slot i % kStages.
     const int my_chunks = part < n_chunks ? (n_chunks - part + split - 1) / split : 0;
 #pragma unroll
-    for (int i = 0; i < kMatvecStages - 1; ++i) {
+    for (int i = 0; i < kStages - 1; ++i) {
         if (i < my_chunks) copy_chunk(i, part + i * split);
         commit_async_copies();  // empty groups too, so the group count stays uniform
     }
@@ -340,13 +344,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, kTokens == 1 ? 8 : 
             return __float2int_rd((static_cast<float>(g) + 0.5f) * inv_pieces_per_row);
     };
     for (int i = 0; i < my_chunks; ++i) {
-        const int ahead = i + kMatvecStages - 1;  // refills the slot decoded in the previous iteration
-        if (ahead < my_chunks) copy_chunk(ahead % kMatvecStages, part + ahead * split);
+        const int ahead = i + kStages - 1;  // refills the slot decoded in the previous iteration
+        if (ahead < my_chunks) copy_chunk(ahead % kStages, part + ahead * split);
         commit_async_copies();
-        wait_async_copies<kMatvecStages - 1>();  // chunk i has landed (for this lane)
+        wait_async_copies<kStages - 1>();  // chunk i has landed (for this lane)
         __syncwarp();                      // ... and for every lane
         const int c = part + i * split;
-        const uint8_t* chunk = reinterpret_cast<const uint8_t*>(stage[warp][i % kMatvecStages]) +
+        const uint8_t* chunk = reinterpret_cast<const uint8_t*>(stage[warp][i % kStages]) +
                                (reinterpret_cast<uintptr_t>(span + c * Shape::kBytes) & 15);
         const int g0 = c * Shape::kPieces;
         if constexpr (!F::kIsFloat) {
@@ -512,6 +516,14 @@ void launch_matvec_rows(const MatvecLaunch& l) {
         blocks += (p.segment[i].rows + rows_per_block - 1) / rows_per_block;
     }
     const dim3 grid(static_cast<unsigned>(blocks), l.gather.ids ? static_cast<unsigned>(l.gather.n_pairs) : 1u);
+    if constexpr (kTokens == 1 && kRows == 1 && !kMix) {
+        // A one-token launch of few rows (the hyper-connection down: 320 rows of 10,240, 2.5 chunks a warp) keeps
+        // kFewRowStages - 1 chunks in flight, so a warp's weights are all requested before its wait: decode +0.5-1%
+        // in two H200 runs (bench/NOTES.md, session 14). The up product with the mix measured slower so.
+        if (!l.gather.ids && rows_per_token < kFewRows)
+            return launch_dependent("matvec_kernel", matvec_kernel<F, 1, 1, kOwn, false, kFewRowStages>, grid,
+                                    dim3(kWarpsPerBlock * kWarpSize), 0, l.stream, p);
+    }
     launch_dependent("matvec_kernel", matvec_kernel<F, kTokens, kRows, kOwn, kMix>, grid,
                      dim3(kWarpsPerBlock * kWarpSize), 0, l.stream, p);
 }
@@ -537,10 +549,6 @@ void launch_matvec_rows_any(const MatvecLaunch& l) {
     }
 }
 
-// Plain launches of fewer rows than this go one row a warp: the hyper-connection down product (320 rows of 10,240)
-// then has 1,280 warps instead of 640.
-constexpr int64_t kFewRows = 1024;
-
 template <typename F, int kTokens>
 void launch_matvec_tokens(const MatvecLaunch& l) {
     // A warp's rows are walked as one span, which needs them consecutive in memory (every weight matrix here; a
@@ -562,6 +570,11 @@ void launch_matvec_tokens(const MatvecLaunch& l) {
     // gather's pairs instead would let the token count (pairs = tokens x top-k) change the rows per warp.
     const bool short_rows = l.in <= ChunkShape<F>::kElems && (l.gather.ids || rows >= 8192);
     if (short_rows) return launch_matvec_rows_any<F, kTokens, 8>(l);
+    // Longer rows: 4 a warp in plain launches of 8,192 rows or more (Flash-Next's GDN input, attention q/k/v and
+    // output head), whose warps then walk twice the chunks and whose GDN input fits one wave of an H200 (1,030 blocks
+    // instead of 2,060): decode +1-2% (bench/NOTES.md, session 14; 8 a warp, and 4 in the expert gathers or in the
+    // 2,560-row products, measured slower). Else 2 a warp.
+    if (!l.gather.ids && rows >= 8192) return launch_matvec_rows_any<F, kTokens, 4>(l);
     launch_matvec_rows_any<F, kTokens, 2>(l);
 }
 

@@ -231,6 +231,22 @@ TEST_P(CudaMoe, MatchesMoeForward) {
             const std::vector<int32_t> ids = download<int32_t>(ws.expert_ids(), ref_ids.size());
             const std::vector<float> w = download<float>(ws.expert_weights(), ref_w.size());
             EXPECT_EQ(ids, ref_ids);
+            {
+                // The combine left to the caller (deferred_combine), then run: the same bits.
+                const cuda::DeviceBuffer dout3 = ctx.allocate(x.size() * 4, "test");
+                cuda::MoeCombine combine{};
+                cuda::moe_layer(ctx, {.shape = fx.dev_shape,
+                                      .weights = fx.dev_w,
+                                      .x = dx.as<float>(),
+                                      .out = dout3.as<float>(),
+                                      .n_tokens = T,
+                                      .workspace = ws,
+                                      .deferred_combine = &combine});
+                EXPECT_EQ(combine.out, dout3.as<float>());
+                cuda::moe_combine(ctx, combine);
+                const std::vector<float> deferred = download<float>(dout3.data(), x.size());
+                EXPECT_EQ(std::memcmp(deferred.data(), got.data(), got.size() * 4), 0) << "deferred combine differs";
+            }
             const double e_out = nmse(got, ref), e_w = nmse(w, ref_w);
             EXPECT_LE(e_out, kMoeNmse);
             EXPECT_LE(e_w, kRouteNmse);
@@ -383,6 +399,53 @@ TEST(CudaHyperConnection, ReadAndWriteMatchTheCpu) {
                                             nmse(download<float>(dinj2.data(), inj2.size()), inj2));
                 EXPECT_LE(e_p, kHcNmse);
                 worst_pending = std::max(worst_pending, e_p);
+
+                // The pending write as an MoE combine left to the read (moe_layer's deferred_combine): the bits of
+                // moe_combine followed by the read with its output pending. With and without a shared expert.
+                const int n_used = 3;
+                const std::vector<float> expert_out = gaussian(static_cast<size_t>(T * n_used * H), rng),
+                                         routing = gaussian(static_cast<size_t>(T * n_used), rng, 0.3f),
+                                         shared_gate = gaussian(static_cast<size_t>(H), rng, 0.05f),
+                                         moe_x = gaussian(static_cast<size_t>(T * H), rng),
+                                         shared = gaussian(static_cast<size_t>(T * H), rng);
+                const cuda::DeviceBuffer dexp = upload(expert_out), drouting = upload(routing),
+                                         dsg = upload(shared_gate), dmx = upload(moe_x), dshared = upload(shared),
+                                         dcombined = ctx.allocate(static_cast<size_t>(T * H) * 4, "test");
+                for (const bool with_shared : {true, false}) {
+                    const cuda::MoeCombine combine{.expert_out = dexp.as<float>(),
+                                                   .weights = drouting.as<float>(),
+                                                   .n_used = n_used,
+                                                   .shared_gate = with_shared ? dsg.as<float>() : nullptr,
+                                                   .x = dmx.as<float>(),
+                                                   .shared = dshared.as<float>(),
+                                                   .out = dcombined.as<float>(),
+                                                   .H = H,
+                                                   .n_tokens = T};
+                    std::vector<float> state[2][3];  // [folded][residual, mixed, inject]
+                    for (int folded = 0; folded < 2; ++folded) {
+                        const cuda::DeviceBuffer dres3 = upload(residual), dinj3 = upload(inj);
+                        if (!folded) cuda::moe_combine(ctx, combine);
+                        cuda::hyper_connection_read(ctx, {.shape = dims,
+                                                          .weights = dw,
+                                                          .residual = dres3.as<float>(),
+                                                          .mixed = dmixed.as<float>(),
+                                                          .inject = dinj3.as<float>(),
+                                                          .n_tokens = T,
+                                                          .workspace = dws.as<float>(),
+                                                          .pending_block_out = folded ? nullptr : dcombined.as<float>(),
+                                                          .pending_combine = folded ? &combine : nullptr});
+                        state[folded][0] = download<float>(dres3.data(), residual.size());
+                        state[folded][1] = download<float>(dmixed.data(), mixed.size());
+                        state[folded][2] = download<float>(dinj3.data(), inj.size());
+                    }
+                    for (int k = 0; k < 3; ++k)
+                        EXPECT_EQ(std::memcmp(state[0][k].data(), state[1][k].data(), state[0][k].size() * 4), 0)
+                            << (k == 0   ? "residual"
+                                : k == 1 ? "mixed"
+                                         : "inject")
+                            << " differs with the combine " << (with_shared ? "(shared expert)" : "(no shared expert)")
+                            << " left to the read";
+                }
             }
             std::printf("[ cuda     ] hyper-connection %s%s: worst NMSE mixed %.3g, inject %.3g, read after a pending "
                         "write %.3g (limit %.0g); write %.3g (bit-exact expected)\n",

@@ -19,6 +19,7 @@
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/matvec_kernels.cuh"
 #include "backend/cuda/model_ops.h"
+#include "backend/cuda/moe_combine_device.cuh"
 #include "backend/cuda/quantize_device.cuh"
 
 namespace strata::cuda {
@@ -74,7 +75,8 @@ constexpr int kPrologueValues = 4;  // values per thread: streams of up to 4,096
 struct PrologueParams {
     float* residual;          // [T x HC], updated in place by the pending write
     const float* block_out;   // [T x H] of the previous block, or null (no pending write)
-    const float* inject;      // [T x hc]: the previous block's transformed inject (read only with block_out)
+    const float* inject;      // [T x hc]: the previous block's transformed inject (read only with a pending write)
+    MoeCombine combine;       // or the pending write as an MoE combine (expert_out null: none)
     const float* gamma;       // [HC]
     float eps;
     int64_t H;
@@ -114,11 +116,16 @@ __global__ void __launch_bounds__(kPrologueThreads) hc_prologue_kernel(const Pro
     __shared__ double warp_sums[kPrologueThreads / 32];
     __shared__ float inject_sums[kPrologueThreads / 32][kStreams];
     __shared__ kernels::AbsMax best[kPrologueThreads / 32];
+    __shared__ float gate_sums[kernels::kCombineGateWarps];
     kernels::enter_dependent_grid();  // the down matvec may start loading its weights
     const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
     const int64_t t = blockIdx.x, g = blockIdx.y, H = p.H, HC = kStreams * H, first = g * H;
     float* residual = p.residual + t * HC + first;
-    const float pending_inject = p.block_out ? p.inject[t * kStreams + g] : 0.0f;
+    const bool combine = p.combine.expert_out != nullptr, pending = combine || p.block_out;
+    const float pending_inject = pending ? p.inject[t * kStreams + g] : 0.0f;
+    const float shared_gate = combine && p.combine.shared_gate
+                                  ? kernels::moe_shared_gate(p.combine.shared_gate, p.combine.x + t * H, H, gate_sums)
+                                  : 0.0f;
 
     // Every load first, in one batch: the stores below could alias them as far as the compiler knows, so loads left
     // in the loops would each wait for the stores before them (one round trip per slice).
@@ -129,7 +136,11 @@ __global__ void __launch_bounds__(kPrologueThreads) hc_prologue_kernel(const Pro
         const int i = k * kPrologueThreads + tid;
         const bool inside = i < H;
         v[k] = inside ? residual[i] : 0.0f;
-        out[k] = inside && p.block_out ? p.block_out[t * H + i] : 0.0f;
+        out[k] = !inside ? 0.0f
+                 : combine
+                     ? kernels::moe_add_shared(p.combine, t, i, kernels::moe_routed_sum(p.combine, t, i), shared_gate)
+                 : p.block_out ? p.block_out[t * H + i]
+                               : 0.0f;
         gamma[k] = inside ? p.gamma[first + i] : 0.0f;
 #pragma unroll
         for (int r = 0; r < kInjectRows; ++r) {
@@ -146,7 +157,7 @@ __global__ void __launch_bounds__(kPrologueThreads) hc_prologue_kernel(const Pro
     for (int k = 0; k < kPrologueValues; ++k) {
         const int i = k * kPrologueThreads + tid;
         if (i >= H) continue;
-        if (p.block_out) {
+        if (pending) {
             v[k] = __fadd_rn(v[k], __fmul_rn(pending_inject, out[k]));
             residual[i] = v[k];
         }
@@ -232,7 +243,9 @@ __global__ void __launch_bounds__(kPrologueThreads) hc_prologue_cluster_kernel(c
     float* residual = p.residual + t * HC + first;
 
     float v = residual[i];
-    const float out = p.block_out ? p.block_out[t * H + i] : 0.0f;
+    const bool combine = p.combine.expert_out != nullptr, pending = combine || p.block_out;
+    // The routed experts' part of a pending combine is loaded and summed before the shared gate's barrier.
+    float out = combine ? kernels::moe_routed_sum(p.combine, t, i) : p.block_out ? p.block_out[t * H + i] : 0.0f;
     const float gamma = p.gamma[e];
     constexpr int kInjectRows = std::is_void_v<InjectW> ? 1 : kStreams;
     float wi[kInjectRows];
@@ -243,7 +256,14 @@ __global__ void __launch_bounds__(kPrologueThreads) hc_prologue_cluster_kernel(c
         else
             wi[r] = load_weight<InjectW>(p.inject_w + r * p.inject_row_bytes, static_cast<int>(e));
     }
-    if (p.block_out) {
+    if (combine) {
+        __shared__ float gate_sums[kernels::kCombineGateWarps];
+        const float shared_gate =
+            p.combine.shared_gate ? kernels::moe_shared_gate(p.combine.shared_gate, p.combine.x + t * H, H, gate_sums)
+                                  : 0.0f;
+        out = kernels::moe_add_shared(p.combine, t, i, out, shared_gate);
+    }
+    if (pending) {
         v = __fadd_rn(v, __fmul_rn(p.inject[t * kStreams + g], out));
         residual[i] = v;
     }
@@ -416,6 +436,7 @@ void fused_read(Context& ctx, const HyperConnectionReadArgs& a) {
     const PrologueParams p{.residual = a.residual,
                            .block_out = a.pending_block_out,
                            .inject = a.inject,
+                           .combine = a.pending_combine ? *a.pending_combine : MoeCombine{},
                            .gamma = w.norm,
                            .eps = s.eps,
                            .H = H,
@@ -477,15 +498,24 @@ void hyper_connection_read(Context& ctx, const HyperConnectionReadArgs& a) {
     if (!a.residual || !a.mixed || !a.workspace || !w.norm || !w.down || !w.up)
         throw Error("CUDA hyper-connection read: null residual, output, workspace or weight");
     if (a.inject && !w.inject) throw Error("CUDA hyper-connection read: inject asked for without inject weights");
-    if (a.pending_block_out && !a.inject)
+    if ((a.pending_block_out || a.pending_combine) && !a.inject)
         throw Error("CUDA hyper-connection read: a pending write needs the inject buffer");
+    if (a.pending_block_out && a.pending_combine)
+        throw Error("CUDA hyper-connection read: two pending writes (a block output and an MoE combine)");
+    if (a.pending_combine && (a.pending_combine->H != H || a.pending_combine->n_tokens != T))
+        throw Error("CUDA hyper-connection read: the pending MoE combine has another width or token count");
     if (w.down->ne[0] != HC || w.down->ne[1] != R || w.up->ne[0] != R || w.up->ne[1] != HC ||
         (a.inject && (w.inject->ne[0] != HC || w.inject->ne[1] != hc)))
         throw Error("CUDA hyper-connection read: weight shapes do not match the streams, width and rank");
     STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
     if (fused_read_applies(a)) return fused_read(ctx, a);
 
-    if (a.pending_block_out) hyper_connection_write(ctx, s, a.residual, a.pending_block_out, a.inject, T);
+    if (a.pending_combine) {
+        moe_combine(ctx, *a.pending_combine);
+        hyper_connection_write(ctx, s, a.residual, a.pending_combine->out, a.inject, T);
+    } else if (a.pending_block_out) {
+        hyper_connection_write(ctx, s, a.residual, a.pending_block_out, a.inject, T);
+    }
     cudaStream_t stream = ctx.stream().handle();
     const ReadWorkspace ws = read_workspace(a.workspace, s, T);
     float *xn = ws.xn, *low = ws.low, *gate = ws.gate;

@@ -83,13 +83,33 @@ private:
     void* shared_h_act_ = nullptr;
 };
 
+// The MoE layer's last step, out[t][j] = sum_k weights[t k] * expert_out[t k][j] (k in top-k order) +
+// sigmoid(shared_gate . x[t]) * shared[t][j], as its buffers hold it after the experts: moe_combine runs it, and a
+// hyper-connection read with it as its pending write forms each value where it needs it (one launch fewer a MoE layer
+// at decode).
+struct MoeCombine {
+    const float* expert_out = nullptr;  // [n_tokens x n_used x H]
+    const float* weights = nullptr;     // [n_tokens x n_used]
+    int n_used = 0;
+    const float* shared_gate = nullptr;  // [H], or null: no shared expert
+    const float* x = nullptr;            // [n_tokens x H]: the layer's input (for the shared expert's gate)
+    const float* shared = nullptr;       // [n_tokens x H]: the shared expert's output
+    float* out = nullptr;                // [n_tokens x H]: where moe_combine writes
+    int64_t H = 0;
+    int64_t n_tokens = 0;
+};
+void moe_combine(Context& ctx, const MoeCombine& combine);
+
 struct MoeLayerArgs {
     const MoeLayerShape& shape;
     const MoeLayerWeights& weights;
-    const float* x;  // [n_tokens x H], device, 16-byte aligned
+    const float* x;  // [n_tokens x H], device, 16-byte aligned; with deferred_combine, unchanged until the combine
     float* out;      // [n_tokens x H]
     int64_t n_tokens = 1;
     MoeWorkspace& workspace;
+    // When set, the combine is not launched: *deferred_combine receives it (writing out), for the caller to run or to
+    // hand to the next hyper-connection read; the stream has joined the shared expert's branch either way.
+    MoeCombine* deferred_combine = nullptr;
 };
 void moe_layer(Context& ctx, const MoeLayerArgs& args);
 
@@ -122,6 +142,9 @@ struct HyperConnectionReadArgs {
     // The previous block's write, not yet applied: residual += inject * pending_block_out (hyper_connection_write with
     // the inject buffer as it holds now) comes first, fused into the read's first kernel where it can be.
     const float* pending_block_out = nullptr;
+    // Or the previous block's write as an MoE combine not yet run (moe_layer's deferred_combine; at most one of the
+    // two): its values are formed in the read's first kernel, with moe_combine's bits, where the read is fused.
+    const MoeCombine* pending_combine = nullptr;
 };
 int64_t hyper_connection_workspace_floats(const HyperConnectionDims& shape, int64_t n_tokens);
 void hyper_connection_read(Context& ctx, const HyperConnectionReadArgs& args);

@@ -11,6 +11,7 @@
 #include "backend/cuda/internal.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/model_ops.h"
+#include "backend/cuda/moe_combine_device.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 
 namespace strata::cuda {
@@ -181,32 +182,15 @@ void route(const float* logits, int64_t T, int n_expert, int n_used, bool normal
 
 constexpr int kCombineThreads = 256;
 
-// out[t][j] = sum_k w[t][k] * y[t k][j] (k in order) + sigmoid(shared_gate . x[t]) * shared[t][j], rounded step by
-// step as moe_forward's loop. Grid (chunks of H, tokens); every block forms its token's gate dot itself.
-__global__ void __launch_bounds__(kCombineThreads)
-    combine_kernel(const float* expert_out, const float* weights, int n_used, int64_t H, const float* shared_gate,
-                   const float* x, const float* shared, float* out) {
+// Grid (chunks of H, tokens): every block forms its token's shared-expert gate itself (moe_combine_device.cuh).
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(const MoeCombine c) {
     kernels::enter_dependent_grid();
     const int64_t t = blockIdx.y;
-    float gate = 0.0f;
-    if (shared_gate) {
-        __shared__ float partial[kCombineThreads / 32];
-        float s = 0.0f;
-        for (int64_t i = threadIdx.x; i < H; i += kCombineThreads) s = fmaf(shared_gate[i], x[t * H + i], s);
-        for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = s;
-        __syncthreads();
-        s = 0.0f;
-        for (int w = 0; w < kCombineThreads / 32; ++w) s += partial[w];
-        gate = kernels::sigmoid(s);
-    }
     const int64_t j = static_cast<int64_t>(blockIdx.x) * kCombineThreads + threadIdx.x;
-    if (j >= H) return;
-    float o = 0.0f;
-    for (int k = 0; k < n_used; ++k)
-        o = __fadd_rn(o, __fmul_rn(weights[t * n_used + k], expert_out[(t * n_used + k) * H + j]));
-    if (shared_gate) o = __fadd_rn(o, __fmul_rn(gate, shared[t * H + j]));
-    out[t * H + j] = o;
+    const float routed = j < c.H ? kernels::moe_routed_sum(c, t, j) : 0.0f;
+    __shared__ float warp_sums[kernels::kCombineGateWarps];
+    const float gate = c.shared_gate ? kernels::moe_shared_gate(c.shared_gate, c.x + t * c.H, c.H, warp_sums) : 0.0f;
+    if (j < c.H) c.out[t * c.H + j] = kernels::moe_add_shared(c, t, j, routed, gate);
 }
 
 size_t align_bytes(size_t n) {
@@ -411,11 +395,31 @@ void moe_layer(Context& ctx, const MoeLayerArgs& a) {
                      .out = h_act, .stream = main});
     gathered(*w.down, H, h_act, ws.hidden_, ws.expert_out_, pairs, 1, 0, 0);
 
-    // Join, then the weighted combine with the shared expert.
+    // Join, then the weighted combine with the shared expert (or left to the caller).
     STRATA_CUDA_CHECK(cudaStreamWaitEvent(main, ws.shared_done_, 0));
-    const dim3 grid(static_cast<unsigned>((H + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(T));
-    launch_dependent("combine_kernel", combine_kernel, grid, dim3(kCombineThreads), 0, main, ws.expert_out_,
-                     ws.weights_, static_cast<int>(K), H, FS > 0 ? w.shared_gate : nullptr, a.x, ws.shared_out_, a.out);
+    const MoeCombine combine{.expert_out = ws.expert_out_,
+                             .weights = ws.weights_,
+                             .n_used = static_cast<int>(K),
+                             .shared_gate = FS > 0 ? w.shared_gate : nullptr,
+                             .x = a.x,
+                             .shared = ws.shared_out_,
+                             .out = a.out,
+                             .H = H,
+                             .n_tokens = T};
+    if (a.deferred_combine)
+        *a.deferred_combine = combine;
+    else
+        moe_combine(ctx, combine);
+}
+
+void moe_combine(Context& ctx, const MoeCombine& c) {
+    if (c.n_tokens <= 0) return;
+    if (!c.expert_out || !c.weights || !c.out || c.H <= 0 || c.n_used <= 0 || (c.shared_gate && (!c.x || !c.shared)))
+        throw Error("CUDA MoE combine: null buffer or bad shape");
+    STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
+    const dim3 grid(static_cast<unsigned>((c.H + kCombineThreads - 1) / kCombineThreads),
+                    static_cast<unsigned>(c.n_tokens));
+    launch_dependent("combine_kernel", combine_kernel, grid, dim3(kCombineThreads), 0, ctx.stream().handle(), c);
 }
 
 }  // namespace strata::cuda

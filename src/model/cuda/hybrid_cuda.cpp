@@ -115,13 +115,20 @@ MoeDevice CudaHybridModel::upload_moe(const MoeWeights& m, const MoeShape& s) {
     return d;
 }
 
-void CudaHybridModel::moe_window(const MoeDevice& m, const float* x, float* out, int64_t T) const {
+void CudaHybridModel::moe_window(const MoeDevice& m, const float* x, float* out, int64_t T,
+                                 cuda::MoeCombine* deferred) const {
     mark(kMoe);
     const int64_t H = m.shape.n_embd;
+    STRATA_ASSERT(!deferred || T <= kWindow);
     for (int64_t start = 0, n = 0; start < T; start += n) {
         n = std::min(kWindow, T - start);
-        cuda::moe_layer(*ctx_, {.shape = m.shape, .weights = m.weights, .x = x + start * H, .out = out + start * H,
-                                .n_tokens = n, .workspace = *m.workspace});
+        cuda::moe_layer(*ctx_, {.shape = m.shape,
+                                .weights = m.weights,
+                                .x = x + start * H,
+                                .out = out + start * H,
+                                .n_tokens = n,
+                                .workspace = *m.workspace,
+                                .deferred_combine = deferred});
     }
 }
 

@@ -158,7 +158,9 @@ class CudaHybridModel : public Model {
     void gdn_window(const GdnDevice& w, LayerDeviceState& l, const float* x, float* out, int64_t T) const;
     void attention_window(const AttentionDevice& w, CudaSequence& s, LayerDeviceState& l, const float* x, float* out,
                           int64_t T) const;
-    void moe_window(const MoeDevice& m, const float* x, float* out, int64_t T) const;
+    // With `deferred` (a decode window: T <= kWindow) the combine is left out and described there (moe_layer).
+    void moe_window(const MoeDevice& m, const float* x, float* out, int64_t T,
+                    cuda::MoeCombine* deferred = nullptr) const;
     void mark(OpKind kind) const {
         if (profiler_) profiler_->mark(*ctx_, kind);
     }

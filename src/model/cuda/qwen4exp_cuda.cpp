@@ -119,11 +119,17 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
                                .out = w_.residual,
                                .staging = w_.embed_staging});
         // A block's write into the residual streams waits for the next read, whose first kernel applies it (fused
-        // read, backend/cuda/hyper_connection.cu); the PLE and the final mixer need it applied first.
+        // read, backend/cuda/hyper_connection.cu); the PLE and the final mixer need it applied first. In a decode
+        // window the MoE leaves its combine to that kernel too (pending_moe).
         const float* pending = nullptr;
+        cuda::MoeCombine moe_combine{};
+        const cuda::MoeCombine* pending_moe = nullptr;
+        const bool defer_combine = T <= kWindow;
         auto apply_pending = [&] {
+            if (pending_moe) cuda::moe_combine(ctx, *pending_moe);
             if (pending) cuda::hyper_connection_write(ctx, dims, w_.residual, pending, w_.inject, T);
             pending = nullptr;
+            pending_moe = nullptr;
         };
         auto read = [&](const cuda::HyperConnectionDeviceWeights& weights, float* mixed, float* inject) {
             cuda::hyper_connection_read(ctx, {.shape = dims,
@@ -133,8 +139,10 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
                                               .inject = inject,
                                               .n_tokens = T,
                                               .workspace = w_.hc_work,
-                                              .pending_block_out = pending});
+                                              .pending_block_out = pending_moe ? nullptr : pending,
+                                              .pending_combine = pending_moe});
             pending = nullptr;
+            pending_moe = nullptr;
         };
         for (size_t il = 0; il < blocks_.size(); ++il) {
             const BlockDevice& b = blocks_[il];
@@ -153,8 +161,9 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
             mark(kResidual);
             pending = w_.out;
             read(b.hc_ffn, w_.mixed, w_.inject);
-            moe_window(b.moe, w_.mixed, w_.out, T);
+            moe_window(b.moe, w_.mixed, w_.out, T, defer_combine ? &moe_combine : nullptr);
             pending = w_.out;
+            if (defer_combine) pending_moe = &moe_combine;
         }
         mark(kResidual);
         apply_pending();

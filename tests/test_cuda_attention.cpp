@@ -314,6 +314,73 @@ TEST(CudaAttention, FullMatchesCpuAndSplitCountDoesNotMatter) {
                 worst_split);
 }
 
+// decode_attention_matmul against decode_attention per token then matmul: the same heads and the same product, bit
+// for bit. Q8_0 and IQ4_NL weights take the fused form (the merge kernels quantize the heads); Q4_K (Q8_K
+// activations) and a window of more than 8 tokens take the separate ops.
+TEST(CudaAttention, AttentionMatmulGivesTheSeparateOpsBits) {
+    SKIP_WITHOUT_DEVICE();
+    cuda::Context& ctx = context();
+    std::mt19937 rng(52);
+    struct Case {
+        AttentionCase attention;
+        strata::DType type;
+        int64_t tokens, rows;
+    };
+    const Case cases[] = {{{24, 2, 256, KvStorage::F16, 300}, strata::DType::Q8_0, 1, 96},
+                          {{24, 2, 256, KvStorage::F16, 300}, strata::DType::Q8_0, 3, 96},
+                          {{8, 1, 128, KvStorage::Int8, 50}, strata::DType::IQ4_NL, 2, 64},
+                          {{4, 2, 64, KvStorage::F16, 20}, strata::DType::Q4_K, 1, 32},
+                          {{4, 2, 64, KvStorage::F16, 20}, strata::DType::Q8_0, 9, 32}};
+    for (const Case& k : cases) {
+        const AttentionCase& ac = k.attention;
+        const std::string what =
+            describe(ac) + ", " + strata::dtype_name(k.type) + ", " + std::to_string(k.tokens) + " tokens";
+        SCOPED_TRACE(what);
+        TestCache c(ac.nkv, ac.hd, ac.storage, ac.n_cells + 3, rng);
+        c.fill_to(ac.n_cells, rng);
+        const int64_t width = ac.nh * ac.hd, splits = 5;
+        const cuda::DeviceBuffer qd = upload(gaussian(static_cast<size_t>(k.tokens * 2 * width), rng, 1.5f));
+        const std::vector<uint8_t> bytes = random_weights(k.type, k.rows, width, rng);
+        const cuda::DeviceBuffer dw = ctx.upload(bytes.data(), bytes.size(), "test");
+        const strata::Tensor w = matrix(k.type, width, k.rows, dw.data(), strata::Device::Cuda);
+        const size_t ws = cuda::decode_attention_workspace_bytes(ac.nh, ac.hd, splits);
+        const cuda::DeviceBuffer work = ctx.allocate(ws, "test");
+        std::vector<float> heads[2], product[2];
+        for (int fused = 0; fused < 2; ++fused) {
+            const cuda::DeviceBuffer out = ctx.allocate(static_cast<size_t>(k.tokens * width) * 4, "test"),
+                                     y = ctx.allocate(static_cast<size_t>(k.tokens * k.rows) * 4, "test");
+            std::vector<cuda::DecodeAttentionArgs> per_token;
+            for (int64_t t = 0; t < k.tokens; ++t) {
+                const float* qg = qd.as<float>() + t * 2 * width;
+                per_token.push_back({.cache = c.cache->view(),
+                                     .table = c.table(),
+                                     .n_cells = c.n_cells_ptr(),
+                                     .q = qg,
+                                     .n_head = ac.nh,
+                                     .q_head_stride = 2 * ac.hd,
+                                     .gate = qg + ac.hd,
+                                     .gate_head_stride = 2 * ac.hd,
+                                     .scale = 1.0f / std::sqrt(static_cast<float>(ac.hd)),
+                                     .out = out.as<float>() + t * width,
+                                     .n_splits = splits,
+                                     .workspace = work.data(),
+                                     .workspace_bytes = ws});
+            }
+            if (fused) {
+                cuda::decode_attention_matmul(ctx, per_token, w, y.as<float>());
+            } else {
+                for (const cuda::DecodeAttentionArgs& a : per_token) cuda::decode_attention(ctx, a);
+                cuda::matmul(ctx, {.w = w, .x = out.as<float>(), .y = y.as<float>(), .n_tokens = k.tokens});
+            }
+            heads[fused] = download<float>(out.data(), static_cast<size_t>(k.tokens * width));
+            product[fused] = download<float>(y.data(), static_cast<size_t>(k.tokens * k.rows));
+        }
+        EXPECT_EQ(std::memcmp(heads[0].data(), heads[1].data(), heads[0].size() * 4), 0) << what << ": heads differ";
+        EXPECT_EQ(std::memcmp(product[0].data(), product[1].data(), product[0].size() * 4), 0)
+            << what << ": products differ";
+    }
+}
+
 // ---- QSA ------------------------------------------------------------------------------------------------------------
 
 // Pooled keys with ties on purpose: every 5th row copies an earlier one (equal scores), every 3rd is zero (score 0:

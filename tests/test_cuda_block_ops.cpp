@@ -357,6 +357,66 @@ TEST(CudaRope, NormRopeGivesTheSeparateOpsBits) {
     }
 }
 
+// Several sets in one rms_norm_rope launch (the attention block's q with its gate between heads, k, an empty set, the
+// indexer's q): each set's bits as its own launch, which the test above checks against the separate ops. More sets
+// than kMaxNormRopeSets are refused.
+TEST(CudaRope, NormRopeSetsGiveEachSetsOwnBits) {
+    SKIP_WITHOUT_DEVICE();
+    cuda::Context& ctx = context();
+    std::mt19937 rng(79);
+    struct Set {
+        int64_t heads, head_dim, head_stride;
+    };
+    const int64_t tokens = 3, n_rot = 64;
+    const Set sets[] = {{6, 256, 512}, {2, 256, 256}, {0, 128, 128}, {4, 128, 128}};
+    std::vector<int32_t> positions(static_cast<size_t>(tokens));
+    for (int32_t& p : positions) p = static_cast<int32_t>(rng() % 262144);
+    const cuda::DeviceBuffer dpos = upload(positions);
+    std::vector<std::vector<float> > x, gamma;
+    std::vector<cuda::DeviceBuffer> dgamma;
+    for (const Set& s : sets) {
+        x.push_back(gaussian(static_cast<size_t>(tokens * s.heads * s.head_stride), rng, 2.0f));
+        gamma.push_back(gaussian(static_cast<size_t>(s.head_dim), rng, 1.0f));
+        dgamma.push_back(upload(gamma.back()));
+    }
+    std::vector<float> got[2][std::size(sets)];
+    for (int together = 0; together < 2; ++together) {
+        std::vector<Guarded> dx;
+        dx.reserve(std::size(sets));
+        std::vector<cuda::NormRopeArgs> args;
+        for (size_t i = 0; i < std::size(sets); ++i) {
+            const Set& s = sets[i];
+            dx.emplace_back(x[i]);
+            args.push_back({.rope = {.x = dx.back().ptr(),
+                                     .n_tokens = tokens,
+                                     .n_heads = s.heads,
+                                     .token_stride = s.heads * s.head_stride,
+                                     .head_stride = s.head_stride,
+                                     .n_rot = n_rot,
+                                     .positions = dpos.as<int32_t>(),
+                                     .freq_base = 1000000.0f},
+                            .head_dim = s.head_dim,
+                            .gamma = dgamma[i].as<float>(),
+                            .eps = 1e-6f});
+        }
+        if (together)
+            cuda::rms_norm_rope(ctx, args);
+        else
+            for (const cuda::NormRopeArgs& a : args) cuda::rms_norm_rope(ctx, a);
+        for (size_t i = 0; i < std::size(sets); ++i) got[together][i] = dx[i].read("set " + str(int64_t(i)));
+    }
+    for (size_t i = 0; i < std::size(sets); ++i) {
+        ASSERT_EQ(got[0][i].size(), got[1][i].size());
+        EXPECT_EQ(std::memcmp(got[0][i].data(), got[1][i].data(), got[0][i].size() * sizeof(float)), 0)
+            << "set " << i << " differs between one launch and its own";
+        if (sets[i].heads > 0) {
+            EXPECT_NE(got[1][i], x[i]) << "set " << i << " was not normed";
+        }
+    }
+    std::vector<cuda::NormRopeArgs> too_many(cuda::kMaxNormRopeSets + 1);
+    EXPECT_THROW(cuda::rms_norm_rope(ctx, too_many), strata::Error);
+}
+
 // ---- GDN ------------------------------------------------------------------------------------------------------------
 
 struct GdnCase {
@@ -585,7 +645,8 @@ struct IndexerCase {
 
 // Calls in the order a sequence sees them (prefill pieces, then decode tokens), positions running on, with the last
 // ones past both the raw array and max_blocks (skipped): after each call the raw rows and the pooled blocks complete
-// so far must equal index_append's, and blocks not yet complete must still be poisoned.
+// so far must equal index_append's, and blocks not yet complete must still be poisoned. indexer_store_pool (one launch)
+// on its own buffers must give the two ops' bits.
 TEST(CudaIndexer, StoreRowsAndPoolMatchIndexAppend) {
     SKIP_WITHOUT_DEVICE();
     cuda::Context& ctx = context();
@@ -600,6 +661,9 @@ TEST(CudaIndexer, StoreRowsAndPoolMatchIndexAppend) {
         const cuda::DeviceBuffer dnorm = upload(norm);
         const Guarded raw = Guarded::poisoned(static_cast<size_t>(raw_rows * di));
         const Guarded pooled = Guarded::poisoned(static_cast<size_t>(c.max_blocks * di));
+        // The same sequence through indexer_store_pool (one launch): the bits of the two.
+        const Guarded raw1 = Guarded::poisoned(static_cast<size_t>(raw_rows * di));
+        const Guarded pooled1 = Guarded::poisoned(static_cast<size_t>(c.max_blocks * di));
         std::vector<float> ref_raw(static_cast<size_t>(raw_rows * di), poison());
         std::vector<float> ref_pooled(static_cast<size_t>(c.max_blocks * di), poison());
         int64_t pos0 = 0;
@@ -624,14 +688,37 @@ TEST(CudaIndexer, StoreRowsAndPoolMatchIndexAppend) {
                 cpu::rope_neox(p, c.n_rot, b * c.ratio, c.base);
             }
             const cuda::DeviceBuffer dsrc = upload(src), dpos = upload(positions);
-            cuda::store_rows(ctx, {.dst = raw.ptr(), .dst_rows = raw_rows, .src = dsrc.as<float>(),
-                                   .src_stride = c.src_gap ? src_stride : 0, .width = di,
-                                   .positions = dpos.as<int32_t>(), .n_tokens = T});
-            cuda::indexer_pool(ctx, {.raw = raw.ptr(), .pooled = pooled.ptr(), .max_blocks = c.max_blocks,
-                                     .head_dim = di, .ratio = c.ratio, .k_norm = dnorm.as<float>(), .eps = 1e-6f,
-                                     .n_rot = c.n_rot, .freq_base = c.base, .positions = dpos.as<int32_t>(),
-                                     .n_tokens = T});
+            for (const bool one_launch : {false, true}) {
+                const cuda::StoreRowsArgs store{.dst = (one_launch ? raw1 : raw).ptr(),
+                                                .dst_rows = raw_rows,
+                                                .src = dsrc.as<float>(),
+                                                .src_stride = c.src_gap ? src_stride : 0,
+                                                .width = di,
+                                                .positions = dpos.as<int32_t>(),
+                                                .n_tokens = T};
+                const cuda::IndexerPoolArgs pool{.raw = store.dst,
+                                                 .pooled = (one_launch ? pooled1 : pooled).ptr(),
+                                                 .max_blocks = c.max_blocks,
+                                                 .head_dim = di,
+                                                 .ratio = c.ratio,
+                                                 .k_norm = dnorm.as<float>(),
+                                                 .eps = 1e-6f,
+                                                 .n_rot = c.n_rot,
+                                                 .freq_base = c.base,
+                                                 .positions = dpos.as<int32_t>(),
+                                                 .n_tokens = T};
+                if (one_launch) {
+                    cuda::indexer_store_pool(ctx, store, pool);
+                } else {
+                    cuda::store_rows(ctx, store);
+                    cuda::indexer_pool(ctx, pool);
+                }
+            }
             const std::vector<float> got_raw = raw.read(what + " raw"), got_pooled = pooled.read(what + " pooled");
+            EXPECT_EQ(count_differing(raw1.read(what + " raw, one launch"), got_raw), 0)
+                << what << ": indexer_store_pool's raw rows differ from store_rows'";
+            EXPECT_EQ(count_differing(pooled1.read(what + " pooled, one launch"), got_pooled), 0)
+                << what << ": indexer_store_pool's pooled blocks differ from indexer_pool's";
             EXPECT_EQ(count_differing(got_raw, ref_raw), 0) << what << ": raw rows differ (a copy: bit-exact)";
             // Blocks complete so far against the reference; the rest still poisoned.
             const int64_t complete = std::min((pos0 + T) / c.ratio, c.max_blocks);

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "backend/cuda/cuda_backend.h"
 
@@ -150,5 +151,9 @@ size_t decode_attention_workspace_bytes(int64_t n_head, int64_t head_dim, int64_
 constexpr int64_t kMinCellsPerSplit = 32;
 int64_t decode_attention_splits(const Context& ctx, int64_t n_head_kv, int64_t max_cells);
 void decode_attention(Context& ctx, const DecodeAttentionArgs& args);
+// decode_attention for each token of a window, token t's heads at per_token[0].out + t * n_head * head_dim, then the
+// output product y = w . heads. At decode with weights that read Q8_0 activations the attention's last kernel writes
+// them itself (the bits of decode_attention then matmul, one launch fewer).
+void decode_attention_matmul(Context& ctx, std::span<const DecodeAttentionArgs> per_token, const Tensor& w, float* y);
 
 }  // namespace strata::cuda

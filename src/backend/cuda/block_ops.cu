@@ -114,14 +114,25 @@ __global__ void rope_kernel(RopeArgs a) {
     }
 }
 
-// One warp per (token, head): the head's RMS norm as rms_norm_grouped computes it (norm_device.cuh), then its rope as
-// rope_kernel does, once the warp's writes are visible to all its lanes.
-__global__ void __launch_bounds__(kThreads) norm_rope_kernel(NormRopeArgs a) {
+// The sets of one norm+rope launch: warps [first_warp[s], first_warp[s + 1]) take set s.
+struct NormRopeSets {
+    NormRopeArgs set[kMaxNormRopeSets];
+    int64_t first_warp[kMaxNormRopeSets + 1];
+    int n_sets;
+};
+
+// One warp per (set, token, head): the head's RMS norm as rms_norm_grouped computes it (norm_device.cuh), then its
+// rope as rope_kernel does, once the warp's writes are visible to all its lanes.
+__global__ void __launch_bounds__(kThreads) norm_rope_kernel(const NormRopeSets sets) {
     kernels::enter_dependent_grid();
-    const RopeArgs& r = a.rope;
     const int lane = static_cast<int>(threadIdx.x) % 32;
-    const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-    if (item >= r.n_tokens * r.n_heads) return;  // whole warps leave together
+    const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+    if (warp >= sets.first_warp[sets.n_sets]) return;  // whole warps leave together
+    int s = 0;
+    while (warp >= sets.first_warp[s + 1]) ++s;
+    const NormRopeArgs& a = sets.set[s];
+    const RopeArgs& r = a.rope;
+    const int64_t item = warp - sets.first_warp[s];
     const int64_t t = item / r.n_heads, h = item % r.n_heads;
     float* x = r.x + t * r.token_stride + h * r.head_stride;
     const float scale = kernels::rms_scale(kernels::warp_sum_of_squares(x, a.head_dim, lane), a.head_dim, a.eps);
@@ -238,25 +249,17 @@ __global__ void store_rows_kernel(StoreRowsArgs a, int64_t src_stride) {
     for (int64_t i = threadIdx.x; i < a.width; i += blockDim.x) dst[i] = src[i];
 }
 
-// One warp per token that completes a block: the mean of the block's raw rows (summed in order in float, divided by
-// ratio), cpu::rms_norm with k_norm, then cpu::rope_neox at the block's first position. The rope pairs values other
-// lanes wrote, hence the __syncwarp (which also orders the memory accesses of the warp).
-__global__ void __launch_bounds__(kThreads) indexer_pool_kernel(IndexerPoolArgs a) {
-    kernels::enter_dependent_grid();
-    const int lane = static_cast<int>(threadIdx.x) % 32;
-    const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-    if (t >= a.n_tokens) return;
-    const int64_t p = a.positions[t];
-    if (p < 0 || (p + 1) % a.ratio != 0) return;
-    const int64_t b = (p + 1) / a.ratio - 1;
-    if (b >= a.max_blocks) return;
+// Block b of the pooled keys by one warp: the mean of its raw rows (row(q) gives raw row q; summed in order in float,
+// divided by ratio), cpu::rms_norm with k_norm, then cpu::rope_neox at the block's first position. The rope pairs
+// values other lanes wrote, hence the __syncwarp (which also orders the memory accesses of the warp).
+template <typename RowOf>
+__device__ __forceinline__ void pool_block(const IndexerPoolArgs& a, int64_t b, int lane, RowOf row) {
     const int64_t di = a.head_dim;
-    const float* raw = a.raw + b * a.ratio * di;
     float* pooled = a.pooled + b * di;
     double sum = 0.0;
     for (int64_t d = lane; d < di; d += 32) {
         float s = 0.0f;
-        for (int64_t r = 0; r < a.ratio; ++r) s = __fadd_rn(s, raw[r * di + d]);
+        for (int64_t r = 0; r < a.ratio; ++r) s = __fadd_rn(s, row(b * a.ratio + r)[d]);
         const float v = s / static_cast<float>(a.ratio);
         pooled[d] = v;
         sum += static_cast<double>(v) * v;
@@ -270,6 +273,48 @@ __global__ void __launch_bounds__(kThreads) indexer_pool_kernel(IndexerPoolArgs 
     __syncwarp();
     for (int64_t i = lane; i < a.n_rot / 2; i += 32)
         rope_pair(pooled, i, a.n_rot, static_cast<double>(b * a.ratio), a.freq_base);
+}
+
+// The block a position completes, or -1.
+__device__ __forceinline__ int64_t completed_block(const IndexerPoolArgs& a, int64_t p) {
+    if (p < 0 || (p + 1) % a.ratio != 0) return -1;
+    const int64_t b = (p + 1) / a.ratio - 1;
+    return b < a.max_blocks ? b : -1;
+}
+
+// One warp per token that completes a block.
+__global__ void __launch_bounds__(kThreads) indexer_pool_kernel(IndexerPoolArgs a) {
+    kernels::enter_dependent_grid();
+    const int lane = static_cast<int>(threadIdx.x) % 32;
+    const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+    if (t >= a.n_tokens) return;
+    const int64_t b = completed_block(a, a.positions[t]);
+    if (b >= 0) pool_block(a, b, lane, [&](int64_t q) { return a.raw + q * a.head_dim; });
+}
+
+// One warp per token: its row stored at its position (store_rows), then the block it completes pooled as
+// indexer_pool_kernel does, reading the rows this launch stores from the window's own src (another warp may not have
+// stored them yet; they are the same values).
+__global__ void __launch_bounds__(kThreads)
+    indexer_store_pool_kernel(StoreRowsArgs s, int64_t src_stride, IndexerPoolArgs a) {
+    kernels::enter_dependent_grid();
+    const int lane = static_cast<int>(threadIdx.x) % 32;
+    const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+    if (t >= s.n_tokens) return;
+    const int64_t p = s.positions[t];
+    if (p >= 0 && p < s.dst_rows)
+        for (int64_t i = lane; i < s.width; i += 32) s.dst[p * s.width + i] = s.src[t * src_stride + i];
+    const int64_t b = completed_block(a, p);
+    if (b < 0) return;
+    const int64_t first = s.positions[0];
+    pool_block(a, b, lane, [&](int64_t q) {
+        // The window's token at position q, if any: at q - first when the positions run on, else found by a search.
+        const int64_t guess = q - first;
+        if (guess >= 0 && guess < s.n_tokens && s.positions[guess] == q) return s.src + guess * src_stride;
+        for (int64_t u = 0; u < s.n_tokens; ++u)
+            if (s.positions[u] == q) return s.src + u * src_stride;
+        return a.raw + q * a.head_dim;
+    });
 }
 
 // ---- PLE ------------------------------------------------------------------------------------------------------------
@@ -383,19 +428,37 @@ void rope_neox(Context& ctx, const RopeArgs& a) {
 }
 
 void rms_norm_rope(Context& ctx, const NormRopeArgs& a) {
-    const RopeArgs& r = a.rope;
-    if (r.n_tokens < 0 || r.n_heads < 0 || a.head_dim < 0)
-        throw Error("CUDA rms_norm_rope: negative token, head or head_dim count");
-    if (r.n_rot < 0 || r.n_rot % 2 != 0 || r.n_rot > a.head_dim)
-        throw Error("CUDA rms_norm_rope: n_rot " + std::to_string(r.n_rot) +
-                    " must be even, not negative and at most head_dim " + std::to_string(a.head_dim));
-    if (r.n_tokens == 0 || r.n_heads == 0 || a.head_dim == 0) return;
-    if (!r.x || !r.positions) throw Error("CUDA rms_norm_rope: null x or positions");
-    if ((r.n_heads > 1 && r.head_stride < a.head_dim) || (r.n_tokens > 1 && r.token_stride < r.n_heads * a.head_dim))
-        throw Error("CUDA rms_norm_rope: head or token stride shorter than the heads");
-    const unsigned blocks = warp_blocks(r.n_tokens * r.n_heads, "rms_norm_rope");
+    rms_norm_rope(ctx, std::span<const NormRopeArgs>(&a, 1));
+}
+
+void rms_norm_rope(Context& ctx, std::span<const NormRopeArgs> sets) {
+    if (sets.size() > static_cast<size_t>(kMaxNormRopeSets))
+        throw Error("CUDA rms_norm_rope: " + std::to_string(sets.size()) + " sets in one launch; at most " +
+                    std::to_string(kMaxNormRopeSets));
+    NormRopeSets p{};
+    int64_t warps = 0;
+    for (const NormRopeArgs& a : sets) {
+        const RopeArgs& r = a.rope;
+        if (r.n_tokens < 0 || r.n_heads < 0 || a.head_dim < 0)
+            throw Error("CUDA rms_norm_rope: negative token, head or head_dim count");
+        if (r.n_rot < 0 || r.n_rot % 2 != 0 || r.n_rot > a.head_dim)
+            throw Error("CUDA rms_norm_rope: n_rot " + std::to_string(r.n_rot) +
+                        " must be even, not negative and at most head_dim " + std::to_string(a.head_dim));
+        if (r.n_tokens == 0 || r.n_heads == 0 || a.head_dim == 0) continue;  // nothing to do for this set
+        if (!r.x || !r.positions) throw Error("CUDA rms_norm_rope: null x or positions");
+        if ((r.n_heads > 1 && r.head_stride < a.head_dim) ||
+            (r.n_tokens > 1 && r.token_stride < r.n_heads * a.head_dim))
+            throw Error("CUDA rms_norm_rope: head or token stride shorter than the heads");
+        p.set[p.n_sets] = a;
+        p.first_warp[p.n_sets] = warps;
+        warps += r.n_tokens * r.n_heads;
+        ++p.n_sets;
+    }
+    if (p.n_sets == 0) return;
+    p.first_warp[p.n_sets] = warps;
+    const unsigned blocks = warp_blocks(warps, "rms_norm_rope");
     select_device(ctx);
-    launch_dependent("norm_rope_kernel", norm_rope_kernel, dim3(blocks), dim3(kThreads), 0, ctx.stream().handle(), a);
+    launch_dependent("norm_rope_kernel", norm_rope_kernel, dim3(blocks), dim3(kThreads), 0, ctx.stream().handle(), p);
 }
 
 // ---- GDN ------------------------------------------------------------------------------------------------------------
@@ -518,13 +581,36 @@ void gated_norm_matmul(Context& ctx, const GatedNormArgs& a, const Tensor& w, fl
 
 // ---- rows at positions and the QSA indexer --------------------------------------------------------------------------
 
-void store_rows(Context& ctx, const StoreRowsArgs& a) {
+namespace {
+
+// store_rows' checks; false: nothing to store. The source stride goes to *src_stride.
+bool check_store_rows(const StoreRowsArgs& a, int64_t* src_stride) {
     if (a.n_tokens < 0 || a.width < 0 || a.dst_rows < 0 || a.src_stride < 0)
         throw Error("CUDA store_rows: negative token count, width, row count or stride");
-    const int64_t src_stride = a.src_stride ? a.src_stride : a.width;
-    if (a.n_tokens > 1 && src_stride < a.width) throw Error("CUDA store_rows: src_stride shorter than width");
-    if (a.n_tokens == 0 || a.width == 0) return;
+    *src_stride = a.src_stride ? a.src_stride : a.width;
+    if (a.n_tokens > 1 && *src_stride < a.width) throw Error("CUDA store_rows: src_stride shorter than width");
+    if (a.n_tokens == 0 || a.width == 0) return false;
     if (!a.dst || !a.src || !a.positions) throw Error("CUDA store_rows: null dst, src or positions");
+    return true;
+}
+
+// indexer_pool's checks; false: nothing to pool.
+bool check_indexer_pool(const IndexerPoolArgs& a) {
+    if (a.n_tokens < 0 || a.max_blocks < 0) throw Error("CUDA indexer_pool: negative token or block count");
+    if (a.head_dim <= 0 || a.ratio <= 0 || a.n_rot < 0 || a.n_rot % 2 != 0 || a.n_rot > a.head_dim)
+        throw Error("CUDA indexer_pool: bad shape (head_dim " + std::to_string(a.head_dim) + ", ratio " +
+                    std::to_string(a.ratio) + ", n_rot " + std::to_string(a.n_rot) +
+                    "): n_rot must be even and at most head_dim, ratio positive");
+    if (a.n_tokens == 0 || a.max_blocks == 0) return false;
+    if (!a.raw || !a.pooled || !a.positions) throw Error("CUDA indexer_pool: null raw, pooled or positions");
+    return true;
+}
+
+}  // namespace
+
+void store_rows(Context& ctx, const StoreRowsArgs& a) {
+    int64_t src_stride = 0;
+    if (!check_store_rows(a, &src_stride)) return;
     const unsigned blocks = one_block_each(a.n_tokens, "store_rows");
     select_device(ctx);
     launch_dependent("store_rows_kernel", store_rows_kernel, dim3(blocks), dim3(128), 0, ctx.stream().handle(), a,
@@ -532,17 +618,26 @@ void store_rows(Context& ctx, const StoreRowsArgs& a) {
 }
 
 void indexer_pool(Context& ctx, const IndexerPoolArgs& a) {
-    if (a.n_tokens < 0 || a.max_blocks < 0) throw Error("CUDA indexer_pool: negative token or block count");
-    if (a.head_dim <= 0 || a.ratio <= 0 || a.n_rot < 0 || a.n_rot % 2 != 0 || a.n_rot > a.head_dim)
-        throw Error("CUDA indexer_pool: bad shape (head_dim " + std::to_string(a.head_dim) + ", ratio " +
-                    std::to_string(a.ratio) + ", n_rot " + std::to_string(a.n_rot) +
-                    "): n_rot must be even and at most head_dim, ratio positive");
-    if (a.n_tokens == 0 || a.max_blocks == 0) return;
-    if (!a.raw || !a.pooled || !a.positions) throw Error("CUDA indexer_pool: null raw, pooled or positions");
+    if (!check_indexer_pool(a)) return;
     const unsigned blocks = warp_blocks(a.n_tokens, "indexer_pool");
     select_device(ctx);
     launch_dependent("indexer_pool_kernel", indexer_pool_kernel, dim3(blocks), dim3(kThreads), 0, ctx.stream().handle(),
                      a);
+}
+
+void indexer_store_pool(Context& ctx, const StoreRowsArgs& store, const IndexerPoolArgs& pool) {
+    if (store.n_tokens != pool.n_tokens || store.positions != pool.positions || store.dst != pool.raw ||
+        store.width != pool.head_dim)
+        throw Error(
+            "CUDA indexer_store_pool: the rows stored and the rows pooled must be the same (tokens, "
+            "positions, raw array, width)");
+    int64_t src_stride = 0;
+    if (!check_store_rows(store, &src_stride)) return;
+    if (!check_indexer_pool(pool)) return store_rows(ctx, store);
+    const unsigned blocks = warp_blocks(store.n_tokens, "indexer_store_pool");
+    select_device(ctx);
+    launch_dependent("indexer_store_pool_kernel", indexer_store_pool_kernel, dim3(blocks), dim3(kThreads), 0,
+                     ctx.stream().handle(), store, src_stride, pool);
 }
 
 // ---- PLE ------------------------------------------------------------------------------------------------------------

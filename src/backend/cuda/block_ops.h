@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "backend/cuda/cuda_backend.h"
 
@@ -55,6 +56,10 @@ struct NormRopeArgs {
     float eps = 0.0f;
 };
 void rms_norm_rope(Context& ctx, const NormRopeArgs& args);
+// Several independent sets (the attention block's q, k and indexer q heads) in one launch: each set's bits as its own
+// rms_norm_rope call. At most kMaxNormRopeSets sets.
+constexpr int kMaxNormRopeSets = 4;
+void rms_norm_rope(Context& ctx, std::span<const NormRopeArgs> sets);
 
 // The GDN block after its conv (model/gdn.cpp, conv_rows): every value of the [n_tokens x conv_dim] rows goes through
 // silu; then the first key_dim values (q) and the next key_dim (k) are l2-normalised per head of head_dim values
@@ -149,6 +154,8 @@ struct IndexerPoolArgs {
     int64_t n_tokens = 0;
 };
 void indexer_pool(Context& ctx, const IndexerPoolArgs& args);
+// store_rows then indexer_pool in one launch (the same bits): store.dst is pool.raw, the same tokens and positions.
+void indexer_store_pool(Context& ctx, const StoreRowsArgs& store, const IndexerPoolArgs& pool);
 
 // The PLE gate (model/ple.cpp, gate_and_conv): per token t and stream s, with k and q rows of n_streams * n_embd
 // (already normalised): g = dot(k_s, q_s) * (1 / sqrt(n_embd)) (the inverse rounded to float, as the CPU);

@@ -22,7 +22,9 @@
 #include "backend/cuda/activation_device.cuh"
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/internal.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/quantize_device.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 
 namespace strata::cuda {
@@ -275,9 +277,11 @@ __global__ void __launch_bounds__(kThreads, 2) attention_split_kernel(const Spli
 // (coalesced), and the eight partial sums meet in shared memory in a fixed order.
 constexpr int kMergeThreads = 256;
 constexpr int kMergeDims = 32;
+// With q8_0.q (a token's row of the output product's activations) warp 0 also quantizes its 32 values: one Q8_0
+// block, as quantize_activations forms it from the stored values.
 __global__ void __launch_bounds__(kMergeThreads)
-    attention_merge_kernel(const float* part_o, const float* part_m, const float* part_l, int n_splits,
-                           int64_t n_head, int64_t hd, const float* gate, int64_t gate_stride, float* out) {
+    attention_merge_kernel(const float* part_o, const float* part_m, const float* part_l, int n_splits, int64_t n_head,
+                           int64_t hd, const float* gate, int64_t gate_stride, float* out, QuantizedActivations q8_0) {
     kernels::enter_dependent_grid();
     extern __shared__ float w_s[];  // n_splits weights
     __shared__ float red[kMergeThreads / 32];
@@ -318,6 +322,9 @@ __global__ void __launch_bounds__(kMergeThreads)
         float r = l > 0.0f ? total / l : 0.0f;
         if (gate) r *= kernels::sigmoid(gate[h * gate_stride + d]);
         out[h * hd + d] = r;
+        if (q8_0.q)
+            (void)kernels::quantize_q8_0_value(r, h * hd + d, const_cast<int8_t*>(q8_0.q), const_cast<float*>(q8_0.d),
+                                               const_cast<float*>(q8_0.s16));
     }
 }
 
@@ -350,7 +357,10 @@ int64_t decode_attention_splits(const Context& ctx, int64_t n_head_kv, int64_t m
     return std::min({by_cells, by_device, kMaxSplits});
 }
 
-void decode_attention(Context& ctx, const DecodeAttentionArgs& a) {
+namespace {
+
+// decode_attention; with q8_0.q its merge also writes the token's row of the output product's Q8_0 activations.
+void run_decode_attention(Context& ctx, const DecodeAttentionArgs& a, const QuantizedActivations& q8_0) {
     const KvCacheShape& s = a.cache.shape;
     const bool int8 = s.storage == KvStorage::Int8;
     if (!(s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256 || (!int8 && s.head_dim == 32)))
@@ -404,7 +414,42 @@ void decode_attention(Context& ctx, const DecodeAttentionArgs& a) {
     const dim3 merge_grid(static_cast<unsigned>(a.n_head), static_cast<unsigned>(s.head_dim / kMergeDims));
     launch_dependent("attention_merge_kernel", attention_merge_kernel, merge_grid, dim3(kMergeThreads),
                      static_cast<size_t>(a.n_splits) * sizeof(float), stream, part_o, part_m, part_l,
-                     static_cast<int>(a.n_splits), a.n_head, s.head_dim, a.gate, gate_stride, a.out);
+                     static_cast<int>(a.n_splits), a.n_head, s.head_dim, a.gate, gate_stride, a.out, q8_0);
+}
+
+}  // namespace
+
+void decode_attention(Context& ctx, const DecodeAttentionArgs& a) {
+    run_decode_attention(ctx, a, {});
+}
+
+void decode_attention_matmul(Context& ctx, std::span<const DecodeAttentionArgs> per_token, const Tensor& w, float* y) {
+    const int64_t T = static_cast<int64_t>(per_token.size());
+    if (T == 0) return;
+    const DecodeAttentionArgs& first = per_token[0];
+    const int64_t width = first.n_head * first.cache.shape.head_dim;
+    if (w.ne[0] != width)
+        throw Error("CUDA decode_attention_matmul: " + w.name + " takes rows of " + std::to_string(w.ne[0]) +
+                    " values, the heads give " + std::to_string(width));
+    bool rows_follow = true;  // token t's heads at first.out + t * width, as the product reads them
+    for (int64_t t = 0; t < T; ++t)
+        rows_follow =
+            rows_follow && per_token[static_cast<size_t>(t)].out == first.out + t * width &&
+            per_token[static_cast<size_t>(t)].n_head * per_token[static_cast<size_t>(t)].cache.shape.head_dim == width;
+    if (!rows_follow) throw Error("CUDA decode_attention_matmul: the tokens' heads are not consecutive rows");
+    const bool fused = T <= kMaxMatvecTokens && first.cache.shape.head_dim % kMergeDims == 0 &&
+                       reads_quantized_activations(w.type) && !reads_q8_k_activations(w.type);
+    if (!fused) {
+        for (const DecodeAttentionArgs& a : per_token) run_decode_attention(ctx, a, {});
+        matmul(ctx, {.w = w, .x = first.out, .y = y, .n_tokens = T});
+        return;
+    }
+    const QuantizedActivations act = matvec_activations(ctx, w, T);
+    for (int64_t t = 0; t < T; ++t)
+        run_decode_attention(
+            ctx, per_token[static_cast<size_t>(t)],
+            {.q = act.q + t * width, .d = act.d + t * (width / 32), .s16 = act.s16 + t * (width / 16)});
+    matvec_quantized(ctx, w, act, first.out, y, T);
 }
 
 }  // namespace strata::cuda

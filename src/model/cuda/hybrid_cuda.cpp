@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/block_ops.h"
 #include "backend/cuda/model_ops.h"
@@ -510,10 +512,10 @@ void CudaHybridModel::attention_window(const AttentionDevice& w, CudaSequence& s
     else
         cuda::matmul_shared_input(ctx, x, T, {{w.q, w_.qg}, {w.k, w_.k_new}, {w.v, w_.v_new}});
     mark(kAttention);
-    // Heads of head_dim values at head_stride, each normed with gamma, then rotated at the tokens' positions: one
-    // launch for q (its gate between heads), k and the indexer's q.
+    // Heads of head_dim values at head_stride, each normed with gamma, then rotated at the tokens' positions: q (its
+    // gate between heads), k and the indexer's q in one launch.
     auto norm_rope = [&](float* values, int64_t heads, int64_t head_dim, int64_t head_stride, const float* gamma) {
-        cuda::rms_norm_rope(ctx, {.rope = {.x = values,
+        return cuda::NormRopeArgs{.rope = {.x = values,
                                            .n_tokens = T,
                                            .n_heads = heads,
                                            .token_stride = heads * head_stride,
@@ -523,10 +525,13 @@ void CudaHybridModel::attention_window(const AttentionDevice& w, CudaSequence& s
                                            .freq_base = a.freq_base},
                                   .head_dim = head_dim,
                                   .gamma = gamma,
-                                  .eps = a.eps});
+                                  .eps = a.eps};
     };
-    norm_rope(w_.qg, nh, hd, 2 * hd, w.q_norm);
-    norm_rope(w_.k_new, nkv, hd, hd, w.k_norm);
+    const cuda::NormRopeArgs heads[] = {
+        norm_rope(w_.qg, nh, hd, 2 * hd, w.q_norm), norm_rope(w_.k_new, nkv, hd, hd, w.k_norm),
+        norm_rope(w_.index_q, w.indexer.n_head, w.indexer.head_dim, w.indexer.head_dim, w.index_q_norm)};
+    const std::span<const cuda::NormRopeArgs> sets(heads, w.sparse() ? 3 : 2);
+    cuda::rms_norm_rope(ctx, sets);
     const cuda::PageTable table{.pages = l.page_table.as<int32_t>(), .n_logical_pages = l.kv->shape().n_pages};
     cuda::kv_append(ctx, {.cache = l.kv->view(),
                           .table = table,
@@ -539,25 +544,26 @@ void CudaHybridModel::attention_window(const AttentionDevice& w, CudaSequence& s
     if (w.sparse()) {
         const IndexerShape& ix = w.indexer;
         const int64_t di = ix.head_dim;
-        cuda::store_rows(ctx, {.dst = l.index_raw.as<float>(),
-                               .dst_rows = s.capacity_,
-                               .src = w_.index_raw,
-                               .width = di,
-                               .positions = w_.positions,
-                               .n_tokens = T});
         const int64_t max_blocks = std::max<int64_t>(s.capacity_ / ix.ratio, 1);
-        cuda::indexer_pool(ctx, {.raw = l.index_raw.as<float>(),
-                                 .pooled = l.index_pooled.as<float>(),
-                                 .max_blocks = max_blocks,
-                                 .head_dim = di,
-                                 .ratio = ix.ratio,
-                                 .k_norm = w.index_k_norm,
-                                 .eps = a.eps,
-                                 .n_rot = a.n_rot,
-                                 .freq_base = a.freq_base,
-                                 .positions = w_.positions,
-                                 .n_tokens = T});
-        norm_rope(w_.index_q, ix.n_head, di, di, w.index_q_norm);
+        // The raw key rows stored and every block they complete pooled, in one launch.
+        const cuda::StoreRowsArgs store{.dst = l.index_raw.as<float>(),
+                                        .dst_rows = s.capacity_,
+                                        .src = w_.index_raw,
+                                        .width = di,
+                                        .positions = w_.positions,
+                                        .n_tokens = T};
+        const cuda::IndexerPoolArgs pool{.raw = l.index_raw.as<float>(),
+                                         .pooled = l.index_pooled.as<float>(),
+                                         .max_blocks = max_blocks,
+                                         .head_dim = di,
+                                         .ratio = ix.ratio,
+                                         .k_norm = w.index_k_norm,
+                                         .eps = a.eps,
+                                         .n_rot = a.n_rot,
+                                         .freq_base = a.freq_base,
+                                         .positions = w_.positions,
+                                         .n_tokens = T};
+        cuda::indexer_store_pool(ctx, store, pool);
         for (int64_t t = 0; t < T; ++t)
             cuda::qsa_select(ctx, {.n_head = ix.n_head,
                                    .head_dim = di,
@@ -597,28 +603,35 @@ void CudaHybridModel::attention_window(const AttentionDevice& w, CudaSequence& s
                                         .n_splits = s.union_splits,
                                         .workspace = s.union_workspace.data(),
                                         .workspace_bytes = s.union_workspace.size()});
-    else
-        for (int64_t t = 0; t < T; ++t) {
-            float* qg = w_.qg + t * 2 * hd * nh;
-            cuda::decode_attention(ctx, {.cache = l.kv->view(),
-                                         .table = table,
-                                         .n_cells = w_.lengths + t,
-                                         .cells = w.sparse() ? w_.cells + t * w_.max_cells : nullptr,
-                                         .n_selected = w.sparse() ? w_.n_selected + t : nullptr,
-                                         .max_cells = max_cells,
-                                         .q = qg,
-                                         .n_head = nh,
-                                         .q_head_stride = 2 * hd,
-                                         .gate = qg + hd,
-                                         .gate_head_stride = 2 * hd,
-                                         .scale = 1.0f / std::sqrt(static_cast<float>(hd)),
-                                         .out = w_.heads + t * nh * hd,
-                                         .n_splits = splits,
-                                         .workspace = s.attention_workspace.data(),
-                                         .workspace_bytes = s.attention_workspace.size()});
-        }
-    mark(kAttentionProjections);
-    cuda::matmul(ctx, {.w = *w.o, .x = w_.heads, .y = out, .n_tokens = T});
+    if (by_union) {
+        mark(kAttentionProjections);
+        cuda::matmul(ctx, {.w = *w.o, .x = w_.heads, .y = out, .n_tokens = T});
+        return;
+    }
+    // Each token attends over its own cells; the output product reads the heads as the attention's last kernels
+    // quantize them (so a profile counts the product as attention).
+    std::vector<cuda::DecodeAttentionArgs> per_token(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) {
+        float* qg = w_.qg + t * 2 * hd * nh;
+        per_token[static_cast<size_t>(t)] = {.cache = l.kv->view(),
+                                             .table = table,
+                                             .n_cells = w_.lengths + t,
+                                             .cells = w.sparse() ? w_.cells + t * w_.max_cells : nullptr,
+                                             .n_selected = w.sparse() ? w_.n_selected + t : nullptr,
+                                             .max_cells = max_cells,
+                                             .q = qg,
+                                             .n_head = nh,
+                                             .q_head_stride = 2 * hd,
+                                             .gate = qg + hd,
+                                             .gate_head_stride = 2 * hd,
+                                             .scale = 1.0f / std::sqrt(static_cast<float>(hd)),
+                                             .out = w_.heads + t * nh * hd,
+                                             .n_splits = splits,
+                                             .workspace = s.attention_workspace.data(),
+                                             .workspace_bytes = s.attention_workspace.size()};
+    }
+    const std::span<const cuda::DecodeAttentionArgs> tokens(per_token);
+    cuda::decode_attention_matmul(ctx, tokens, *w.o, out);
 }
 
 }  // namespace strata::cuda_model

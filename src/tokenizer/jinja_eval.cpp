@@ -32,6 +32,30 @@ namespace {
 
 [[noreturn]] void fail_undefined(const Value& v) { throw Error(v.undefined_hint()); }
 
+// An error message on one line: names and keys from the template or its input may hold control characters (a
+// subscript's key becomes an attribute name), which are written as escapes.
+std::string one_line(const std::string& msg) {
+    std::string out;
+    for (const char c : msg) {
+        const auto u = static_cast<unsigned char>(c);
+        if (c == '\n')
+            out += "\\n";
+        else if (c == '\r')
+            out += "\\r";
+        else if (c == '\t')
+            out += "\\t";
+        else if (u < 0x20 || u == 0x7f) {
+            static const char kHex[] = "0123456789abcdef";
+            out += "\\x";
+            out += kHex[u >> 4];
+            out += kHex[u & 15];
+        } else {
+            out += c;
+        }
+    }
+    return out;
+}
+
 [[noreturn]] void fail_operands(const std::string& op, const Value& a, const Value& b) {
     throw Error("unsupported operand type(s) for " + op + ": '" + a.type_name() + "' and '" + b.type_name() + "'");
 }
@@ -309,8 +333,8 @@ std::string Interpreter::render(const StmtList& body, const Object& context) {
     try {
         exec(body, root);
     } catch (const Error& e) {
-        const std::string msg = e.what();
-        if (msg.rfind("chat template", 0) == 0) throw;
+        const std::string msg = one_line(e.what());
+        if (msg.rfind("chat template", 0) == 0) throw Error(msg);
         throw Error("chat template error at " + describe_position(source_, offset_) + ": " + msg);
     }
     return out;

@@ -566,8 +566,7 @@ void gated_norm_matmul(Context& ctx, const GatedNormArgs& a, const Tensor& w, fl
     if (w.ne[0] != width)
         throw Error("CUDA gated_norm_matmul: " + w.name + " takes rows of " + std::to_string(w.ne[0]) +
                     " values, the norm gives " + std::to_string(width));
-    const bool fused = a.n_tokens >= 1 && a.n_tokens <= kMaxMatvecTokens && a.head_dim % 32 == 0 &&
-                       reads_quantized_activations(w.type) && !reads_q8_k_activations(w.type);
+    const bool fused = a.head_dim % 32 == 0 && matvec_reads_q8_0(w, a.n_tokens);
     if (!fused) {
         gated_norm(ctx, a);
         matmul(ctx, {.w = w, .x = a.x, .y = y, .n_tokens = a.n_tokens});

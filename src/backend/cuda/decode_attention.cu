@@ -437,8 +437,7 @@ void decode_attention_matmul(Context& ctx, std::span<const DecodeAttentionArgs> 
             rows_follow && per_token[static_cast<size_t>(t)].out == first.out + t * width &&
             per_token[static_cast<size_t>(t)].n_head * per_token[static_cast<size_t>(t)].cache.shape.head_dim == width;
     if (!rows_follow) throw Error("CUDA decode_attention_matmul: the tokens' heads are not consecutive rows");
-    const bool fused = T <= kMaxMatvecTokens && first.cache.shape.head_dim % kMergeDims == 0 &&
-                       reads_quantized_activations(w.type) && !reads_q8_k_activations(w.type);
+    const bool fused = first.cache.shape.head_dim % kMergeDims == 0 && matvec_reads_q8_0(w, T);
     if (!fused) {
         for (const DecodeAttentionArgs& a : per_token) run_decode_attention(ctx, a, {});
         matmul(ctx, {.w = w, .x = first.out, .y = y, .n_tokens = T});

@@ -186,6 +186,9 @@ void quantize_activations(DType w_type, const float* x, int64_t in, int64_t n_ro
 // x for w (its context scratch), then the product of those activations (n_tokens <= kMaxMatvecTokens, rows of a
 // multiple of 16 values).
 QuantizedActivations matvec_activations(Context& ctx, const Tensor& w, int64_t n_tokens);
+// Whether a window of n_tokens against w runs as that product on Q8_0 activations (blocks of 32), which a kernel
+// before it can then write itself, block by block (gated_norm_matmul, decode_attention_matmul).
+bool matvec_reads_q8_0(const Tensor& w, int64_t n_tokens);
 void matvec_quantized(Context& ctx, const Tensor& w, const QuantizedActivations& act, const float* x, float* y,
                       int64_t n_tokens);
 // The same for the rows hidden[t] = silu(gate[t]) * up[t] (cpu::silu_mul), computed on the way: one launch instead of

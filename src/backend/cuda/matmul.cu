@@ -457,6 +457,11 @@ QuantizedActivations matvec_activations(Context& ctx, const Tensor& w, int64_t n
     return activations_in(static_cast<uint8_t*>(ctx.scratch(layout.total())), layout);
 }
 
+bool matvec_reads_q8_0(const Tensor& w, int64_t n_tokens) {
+    return n_tokens >= 1 && n_tokens <= kMaxMatvecTokens && activation_format(w.type) == ActivationFormat::Q8_0 &&
+           w.ne[0] % 32 == 0;
+}
+
 void matvec_quantized(Context& ctx, const Tensor& w, const QuantizedActivations& act, const float* x, float* y,
                       int64_t n_tokens) {
     check_weights(w);

@@ -455,6 +455,58 @@ TEST(CudaHyperConnection, ReadAndWriteMatchTheCpu) {
     }
 }
 
+// A one-token read that also writes mixed as Q8_0 activations (mixed_q8_0: the up product's mix epilogue in clusters
+// of four blocks, sm_90+): products of the three weight types that read Q8_0 activations, given them through
+// matmul_shared_input's x_q8_0, give the bits of the same products quantizing the read's mixed themselves.
+TEST(CudaHyperConnection, MixedQ8_0GivesTheQuantizersBits) {
+    SKIP_WITHOUT_DEVICE();
+    std::mt19937 rng(78);
+    cuda::Context& ctx = context();
+    const bool sm90 = ctx.info().cc_major >= 9;
+    if (!sm90)
+        std::printf("[ cuda     ] sm_%d%d: no clusters, the read leaves mixed_q8_0 alone\n", ctx.info().cc_major,
+                    ctx.info().cc_minor);
+    for (const auto& [H, r] : {std::pair<int64_t, int64_t>{96, 64}, {2560, 320}}) {
+        SCOPED_TRACE("H " + std::to_string(H));
+        const int64_t hc = 4, HC = hc * H;
+        const cuda::HyperConnectionDims dims{.n_streams = hc, .n_embd = H, .low_rank = r, .eps = 1e-6f};
+        std::vector<float> norm = gaussian(static_cast<size_t>(HC), rng, 0.2f);
+        for (float& v : norm) v += 1.0f;
+        Weight down = Weight::random(DType::Q8_0, {HC, r}, rng, 0.1f),
+               up = Weight::random(DType::Q8_0, {r, HC}, rng, 0.1f),
+               inject = Weight::random(DType::F16, {HC, hc}, rng, 0.1f);
+        const cuda::DeviceBuffer norm_dev = upload(norm);
+        const cuda::HyperConnectionDeviceWeights dw{
+            .norm = norm_dev.as<float>(), .down = &down.dev_t, .up = &up.dev_t, .inject = &inject.dev_t};
+        const cuda::DeviceBuffer dres = upload(gaussian(static_cast<size_t>(HC), rng, 2.0f)),
+                                 dmixed = ctx.allocate(static_cast<size_t>(H) * 4, "test"),
+                                 dinj = ctx.allocate(static_cast<size_t>(hc) * 4, "test"),
+                                 dws = ctx.allocate(
+                                     static_cast<size_t>(cuda::hyper_connection_workspace_floats(dims, 1)) * 4, "test"),
+                                 dq8 = ctx.allocate(cuda::q8_0_activation_bytes(H), "test");
+        const bool wrote = cuda::hyper_connection_read(ctx, {.shape = dims,
+                                                             .weights = dw,
+                                                             .residual = dres.as<float>(),
+                                                             .mixed = dmixed.as<float>(),
+                                                             .inject = dinj.as<float>(),
+                                                             .n_tokens = 1,
+                                                             .workspace = dws.as<float>(),
+                                                             .mixed_q8_0 = dq8.data()});
+        EXPECT_EQ(wrote, sm90);
+        if (!wrote) continue;
+        for (const DType t : {DType::Q8_0, DType::Q4_0, DType::IQ4_NL}) {
+            const Weight w = Weight::random(t, {H, 48}, rng);
+            const cuda::DeviceBuffer y_own = ctx.allocate(48 * 4, "test"), y_ahead = ctx.allocate(48 * 4, "test");
+            cuda::matmul_shared_input(ctx, dmixed.as<float>(), 1, {{&w.dev_t, y_own.as<float>()}});
+            cuda::matmul_shared_input(ctx, dmixed.as<float>(), 1, {{&w.dev_t, y_ahead.as<float>()}}, dq8.data());
+            EXPECT_EQ(std::memcmp(download<float>(y_own.data(), 48).data(), download<float>(y_ahead.data(), 48).data(),
+                                  48 * 4),
+                      0)
+                << strata::dtype_name(t) << ": the product on the read's Q8_0 activations differs";
+        }
+    }
+}
+
 // ---- PLE rows -------------------------------------------------------------------------------------------------------
 
 TEST(CudaPle, GatherFromMappedHostMatchesCpuRows) {

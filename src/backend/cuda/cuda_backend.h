@@ -238,7 +238,13 @@ struct MatmulOutput {
     const Tensor* w;
     float* y;
 };
-void matmul_shared_input(Context& ctx, const float* x, int64_t n_tokens, std::initializer_list<MatmulOutput> outputs);
+// x_q8_0: x already quantized to Q8_0 for one token (a buffer hyper_connection_read filled through mixed_q8_0): the
+// products of weights that read Q8_0 activations take it instead of a quantizer launch.
+void matmul_shared_input(Context& ctx, const float* x, int64_t n_tokens, std::initializer_list<MatmulOutput> outputs,
+                         const void* x_q8_0 = nullptr);
+// Whether products of w_type weights read Q8_0 activations (Q8_0, Q4_0, IQ4_NL), and the bytes of n values of them.
+bool reads_q8_0_activations(DType w_type);
+size_t q8_0_activation_bytes(int64_t n_values);
 // The context scratch one matmul of these weights over n_tokens tokens takes (to reserve it before a graph capture).
 size_t matmul_scratch_bytes(const Tensor& w, int64_t n_tokens);
 

@@ -4,6 +4,7 @@
 // (float or Q8_0 weights); then the down matvec, the silu quantized on the way into the up matvec, and the mix kernel
 // (5 launches where the plain path takes 8-9). At one token with Q8_0-reading up weights the up matvec's blocks
 // quantize the silu themselves and, with four streams, form the mix in their epilogue (matvec_kernels.cuh): 3 launches.
+// Asked to (mixed_q8_0), that epilogue also writes mixed as the Q8_0 activations of the block's input products.
 // Prompt windows and shapes the fused kernel does not cover take the plain path: the grouped norm (elementwise.cu), the
 // products (matmul), and this file's silu and mix kernels.
 #include <cooperative_groups.h>
@@ -424,7 +425,8 @@ void launch_prologue_cluster(const PrologueParams& p, DType inject_type, int clu
         launch(hc_prologue_cluster_kernel<kStreams, __nv_bfloat16>);
 }
 
-void fused_read(Context& ctx, const HyperConnectionReadArgs& a) {
+// Returns whether a.mixed_q8_0 got mixed's Q8_0 activations.
+bool fused_read(Context& ctx, const HyperConnectionReadArgs& a) {
     const HyperConnectionDims& s = a.shape;
     const HyperConnectionDeviceWeights& w = a.weights;
     const int64_t T = a.n_tokens, hc = s.n_streams, H = s.n_embd, HC = hc * H, R = s.low_rank;
@@ -475,9 +477,18 @@ void fused_read(Context& ctx, const HyperConnectionReadArgs& a) {
     // mix in their epilogue: two launches fewer on the critical path.
     if (can_form_own_activations(w.up->type, R, T)) {
         const OwnActivations own{.silu_of = low, .divisor = static_cast<float>(hc)};
-        if (hc == kHcMixStreams && H % kHcMixColumns == 0)
-            return matvec(*w.up, {}, nullptr, gate, own,
-                          {.xn = xn, .mixed = a.mixed, .inject = a.inject, .inject_partials = partials, .H = H});
+        if (hc == kHcMixStreams && H % kHcMixColumns == 0) {
+            const bool q8_0 = a.mixed_q8_0 && H % 32 == 0 && clusters_supported();  // one token (own activations)
+            const HcMix mix{
+                .xn = xn,
+                .mixed = a.mixed,
+                .inject = a.inject,
+                .inject_partials = partials,
+                .H = H,
+                .q8_0 = q8_0 ? quantized_activations_at(a.mixed_q8_0, DType::Q8_0, H) : QuantizedActivations{}};
+            matvec(*w.up, {}, nullptr, gate, own, mix);
+            return q8_0;
+        }
         matvec(*w.up, {}, nullptr, gate, own);
     } else {
         quantize_silu_scaled(w.up->type, low, static_cast<float>(hc), R, T, low_act, stream);
@@ -485,15 +496,16 @@ void fused_read(Context& ctx, const HyperConnectionReadArgs& a) {
     }
     launch_dependent("mix_kernel", mix_kernel, dim3(blocks_for(T * std::max(H, hc))), dim3(kThreads), 0, stream, gate,
                      xn, a.mixed, a.inject, T, hc, H, partials);
+    return false;
 }
 
 }  // namespace
 
-void hyper_connection_read(Context& ctx, const HyperConnectionReadArgs& a) {
+bool hyper_connection_read(Context& ctx, const HyperConnectionReadArgs& a) {
     const HyperConnectionDims& s = a.shape;
     const HyperConnectionDeviceWeights& w = a.weights;
     const int64_t T = a.n_tokens, hc = s.n_streams, H = s.n_embd, HC = hc * H, R = s.low_rank;
-    if (T <= 0) return;
+    if (T <= 0) return false;
     if (hc <= 0 || H <= 0 || R <= 0) throw Error("CUDA hyper-connection read: bad shape");
     if (!a.residual || !a.mixed || !a.workspace || !w.norm || !w.down || !w.up)
         throw Error("CUDA hyper-connection read: null residual, output, workspace or weight");
@@ -531,6 +543,7 @@ void hyper_connection_read(Context& ctx, const HyperConnectionReadArgs& a) {
     matmul(ctx, {.w = *w.up, .x = low, .y = gate, .n_tokens = T});
     launch_dependent("mix_kernel", mix_kernel, dim3(blocks_for(T * std::max(H, hc))), dim3(kThreads), 0, stream, gate,
                      xn, a.mixed, a.inject, T, hc, H, static_cast<const float*>(nullptr));
+    return false;
 }
 
 void hyper_connection_write(Context& ctx, const HyperConnectionDims& s, float* residual, const float* block_out,

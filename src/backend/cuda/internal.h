@@ -75,9 +75,14 @@ struct HcMix {
     float* inject = nullptr;    // [hc], or null: no inject
     const float* inject_partials = nullptr;  // [hc (stream) x hc (inject row)]
     int64_t H = 0;
+    // Also mixed as Q8_0 activations (q null: not asked; H a multiple of 32, clusters_supported): the launch then
+    // runs in clusters of kHcMixClusterBlocks, whose blocks hand their columns to rank 0, which quantizes the 32 as
+    // quantize_activations would. The product that reads mixed next then skips its quantizer launch.
+    QuantizedActivations q8_0 = {};
 };
 constexpr int kHcMixStreams = 4;
 constexpr int kHcMixColumns = 8;  // columns j per block (H must be a multiple)
+constexpr int kHcMixClusterBlocks = 32 / kHcMixColumns;  // blocks that hold one Q8_0 block of mixed
 // Whether a launch of w_type weights with rows of `in` values and n_tokens tokens can take OwnActivations.
 bool can_form_own_activations(DType w_type, int64_t in, int64_t n_tokens);
 

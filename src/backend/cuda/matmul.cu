@@ -317,6 +317,14 @@ bool reads_q8_k_activations(DType w_type) {
     return activation_format(w_type) == ActivationFormat::Q8_K;
 }
 
+bool reads_q8_0_activations(DType w_type) {
+    return activation_format(w_type) == ActivationFormat::Q8_0;
+}
+
+size_t q8_0_activation_bytes(int64_t n_values) {
+    return quantized_activation_bytes(DType::Q8_0, n_values).total();
+}
+
 bool supports_matmul(DType t) {
     switch (t) {
         case DType::F32:
@@ -402,8 +410,10 @@ void check_weights(const Tensor& w) {
 
 }  // namespace
 
-void matmul_shared_input(Context& ctx, const float* x, int64_t n_tokens, std::initializer_list<MatmulOutput> outputs) {
+void matmul_shared_input(Context& ctx, const float* x, int64_t n_tokens, std::initializer_list<MatmulOutput> outputs,
+                         const void* x_q8_0) {
     if (n_tokens <= 0 || outputs.size() == 0) return;
+    if (x_q8_0 && n_tokens != 1) throw Error("CUDA matmul_shared_input: x quantized ahead is for one token");
     // The matvec path quantizes x once per activation format; anything else goes through matmul on its own.
     size_t need = 0;
     for (const MatmulOutput& o : outputs) {
@@ -433,14 +443,17 @@ void matmul_shared_input(Context& ctx, const float* x, int64_t n_tokens, std::in
             quantized_for = nullptr;
             continue;
         }
-        const QuantizedActivations act = activations_in(scratch, scratch_layout(w, n_tokens));
+        const bool quantized_ahead = x_q8_0 && reads_q8_0_activations(w.type) && in % 32 == 0;
+        const QuantizedActivations act = quantized_ahead
+                                             ? quantized_activations_at(const_cast<void*>(x_q8_0), w.type, in)
+                                             : activations_in(scratch, scratch_layout(w, n_tokens));
         if (pending && pending->type == w.type && pending->n_more + 1 < kMaxMatvecSegments) {
             pending->more[pending->n_more++] = {.w = static_cast<const uint8_t*>(w.data), .row_bytes = w.nb[1],
                                                 .rows = rows, .y = o.y};
             continue;
         }
         flush();
-        if (!quantized_for || !same_activation_format(quantized_for->type, w.type)) {
+        if (!quantized_ahead && (!quantized_for || !same_activation_format(quantized_for->type, w.type))) {
             quantize_activations(w.type, x, in, n_tokens, act, stream);
             quantized_for = &w;
         }

@@ -15,6 +15,7 @@
 // 2 or 4 warps of a block, whose sums meet in shared memory.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -215,13 +216,19 @@ __device__ __forceinline__ T load_activation(const T* p) {
 // shorter than a chunk (the expert down products' 640, the hyper-connection up's 320) then leave no lane idle.
 // Offsets inside a span are 32-bit (a span is under 2^31 bytes and pieces: the launcher checks), so the per-piece
 // index arithmetic stays in single instructions. kOwn: the block forms its activations itself (p.own, one token).
-// kMix: the hyper-connection mix epilogue (p.mix; see HcMix).
-template <typename F, int kTokens, int kRows, bool kOwn, bool kMix, int kStages = kMatvecStages>
+// kMix: the hyper-connection mix epilogue (p.mix; see HcMix); kMixQ8: it also writes mixed as Q8_0 activations
+// (p.mix.q8_0; launched in clusters of kHcMixClusterBlocks).
+template <typename F, int kTokens, int kRows, bool kOwn, bool kMix, int kStages = kMatvecStages, bool kMixQ8 = false>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, kTokens == 1 ? 8 : 1) matvec_kernel(const MatvecParams p) {
     using Shape = ChunkShape<F>;
     constexpr int kG = Shape::kGranulesPerLane;
     static_assert(!kOwn || (kTokens == 1 && !F::kIsFloat && F::kBlockElems == 32), "own activations: Q8_0 readers");
     static_assert(!kMix || (kOwn && kRows == kHcMixColumns && kWarpsPerBlock == kHcMixStreams), "mix: the HC up");
+    static_assert(!kMixQ8 || kMix, "Q8_0 mixed: with the mix");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // Every block of the cluster must have started before another writes its shared memory (the epilogue's wait).
+    if constexpr (kMixQ8) cooperative_groups::this_cluster().barrier_arrive();
+#endif
     __shared__ uint4 stage[kWarpsPerBlock][kStages][kG * kWarpSize];
     __shared__ std::conditional_t<kOwn, OwnActivationStore, char> own_store;
 
@@ -446,16 +453,35 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, kTokens == 1 ? 8 : 
         __syncthreads();
         const int64_t H = p.mix.H;
         const int tid = static_cast<int>(threadIdx.x);
+        float mixed = 0.0f;
         if (tid < kRows) {
             const int64_t j = block * kRows + tid;
-            p.mix.mixed[j] = hc_mix_value(kHcMixStreams, [&](int64_t s) { return gate[s][tid]; },
-                                          [&](int64_t s) { return p.mix.xn[s * H + j]; });
+            mixed = hc_mix_value(
+                kHcMixStreams, [&](int64_t s) { return gate[s][tid]; }, [&](int64_t s) { return p.mix.xn[s * H + j]; });
+            p.mix.mixed[j] = mixed;
         }
         if (block == 0 && p.mix.inject && tid >= kWarpSize && tid < kWarpSize + kHcMixStreams) {
             const int r = tid - kWarpSize;
             p.mix.inject[r] =
                 hc_inject_value(hc_inject_from_shares(p.mix.inject_partials, kHcMixStreams, r), kHcMixStreams);
         }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        if constexpr (kMixQ8) {
+            // The cluster's 32 columns meet in rank 0's shared memory (remote stores, then the barrier: no block reads
+            // another's memory, so none waits for the others to finish); rank 0's first warp quantizes them.
+            __shared__ float cluster_mixed[kHcMixClusterBlocks * kRows];
+            const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+            const int rank = static_cast<int>(cluster.block_rank());
+            cluster.barrier_wait();
+            if (tid < kRows) *cluster.map_shared_rank(&cluster_mixed[rank * kRows + tid], 0) = mixed;
+            cluster.sync();
+            if (rank == 0 && warp == 0) {
+                const int64_t e = block / kHcMixClusterBlocks * 32 + lane;
+                (void)quantize_q8_0_value(cluster_mixed[lane], e, const_cast<int8_t*>(p.mix.q8_0.q),
+                                          const_cast<float*>(p.mix.q8_0.d), const_cast<float*>(p.mix.q8_0.s16));
+            }
+        }
+#endif
         return;
     }
     if (split > 1) {
@@ -516,6 +542,14 @@ void launch_matvec_rows(const MatvecLaunch& l) {
         blocks += (p.segment[i].rows + rows_per_block - 1) / rows_per_block;
     }
     const dim3 grid(static_cast<unsigned>(blocks), l.gather.ids ? static_cast<unsigned>(l.gather.n_pairs) : 1u);
+    if constexpr (kMix) {
+        if (l.mix.q8_0.q) {
+            STRATA_ASSERT(blocks % kHcMixClusterBlocks == 0 && clusters_supported());
+            return launch_dependent_clusters("matvec_kernel", kHcMixClusterBlocks,
+                                             matvec_kernel<F, 1, kRows, true, true, kMatvecStages, true>, grid,
+                                             dim3(kWarpsPerBlock * kWarpSize), 0, l.stream, p);
+        }
+    }
     if constexpr (kTokens == 1 && kRows == 1 && !kMix) {
         // A one-token launch of few rows (the hyper-connection down: 320 rows of 10,240, 2.5 chunks a warp) keeps
         // kFewRowStages - 1 chunks in flight, so a warp's weights are all requested before its wait: decode +0.5-1%

@@ -145,9 +145,13 @@ struct HyperConnectionReadArgs {
     // Or the previous block's write as an MoE combine not yet run (moe_layer's deferred_combine; at most one of the
     // two): its values are formed in the read's first kernel, with moe_combine's bits, where the read is fused.
     const MoeCombine* pending_combine = nullptr;
+    // A buffer of q8_0_activation_bytes(H) bytes, or null: where a one-token read may also write mixed as the Q8_0
+    // activations the next product's matvec reads (matmul_shared_input's x_q8_0), so that product needs no quantizer
+    // launch. The read returns whether it did (the fused read's up product, on sm_90+).
+    void* mixed_q8_0 = nullptr;
 };
 int64_t hyper_connection_workspace_floats(const HyperConnectionDims& shape, int64_t n_tokens);
-void hyper_connection_read(Context& ctx, const HyperConnectionReadArgs& args);
+bool hyper_connection_read(Context& ctx, const HyperConnectionReadArgs& args);
 void hyper_connection_write(Context& ctx, const HyperConnectionDims& shape, float* residual, const float* block_out,
                             const float* inject, int64_t n_tokens);
 

@@ -173,6 +173,7 @@ void CudaHybridModel::finish_loading(const WindowShape& shape, const Tensor* tok
     f32(&w_.mixed, T * H);
     f32(&w_.out, T * H);
     f32(&w_.inject, T * hc);
+    parts.push_back({&w_.mixed_q8_0, cuda::q8_0_activation_bytes(H)});
     f32(&w_.hc_work, shape.hc_work_floats);
     f32(&w_.qkv, T * g.conv_dim());
     f32(&w_.z, T * g.value_dim());
@@ -421,14 +422,14 @@ void CudaHybridModel::run_window(CudaSequence& s, std::span<const int32_t> token
 
 // Gated DeltaNet (model/gdn.cpp): projections, conv + SiLU, normalised q/k, gates, the recurrence on the sequence's
 // state, the gated norm, the output projection.
-void CudaHybridModel::gdn_window(const GdnDevice& w, LayerDeviceState& l, const float* x, float* out,
-                                 int64_t T) const {
+void CudaHybridModel::gdn_window(const GdnDevice& w, LayerDeviceState& l, const float* x, float* out, int64_t T,
+                                 const void* x_q8_0) const {
     cuda::Context& ctx = *ctx_;
     const GdnShape& g = gdn_;
     const int64_t CD = g.conv_dim(), VD = g.value_dim(), KD = g.key_dim();
     mark(kGdnProjections);
     if (w.ba) {
-        cuda::matmul_shared_input(ctx, x, T, {{w.qkv, w_.qkv}, {w.gate, w_.z}, {w.ba, w_.ba}});
+        cuda::matmul_shared_input(ctx, x, T, {{w.qkv, w_.qkv}, {w.gate, w_.z}, {w.ba, w_.ba}}, x_q8_0);
         cuda::split_beta_alpha(ctx, {.ba = w_.ba,
                                      .beta = w_.beta,
                                      .alpha = w_.alpha,
@@ -436,7 +437,8 @@ void CudaHybridModel::gdn_window(const GdnDevice& w, LayerDeviceState& l, const 
                                      .key_heads = g.n_k_heads,
                                      .per_group = g.n_v_heads / g.n_k_heads});
     } else {
-        cuda::matmul_shared_input(ctx, x, T, {{w.qkv, w_.qkv}, {w.gate, w_.z}, {w.beta, w_.beta}, {w.alpha, w_.alpha}});
+        cuda::matmul_shared_input(ctx, x, T, {{w.qkv, w_.qkv}, {w.gate, w_.z}, {w.beta, w_.beta}, {w.alpha, w_.alpha}},
+                                  x_q8_0);
     }
     mark(kGdnRecurrence);
     const cuda::ConvWindowArgs conv{.x = w_.qkv,
@@ -499,18 +501,19 @@ void CudaHybridModel::gdn_window(const GdnDevice& w, LayerDeviceState& l, const 
 // pooled keys and each token's QSA selection; then decode attention per token (its own cache length) with the output
 // gate fused, or with --qsa-union for a sparse layer's window of 2-8 tokens one kernel over the union of the tokens'
 // selections (backend/cuda/qsa_union.h; the same contract); and the output projection.
-void CudaHybridModel::attention_window(const AttentionDevice& w, CudaSequence& s, LayerDeviceState& l,
-                                       const float* x, float* out, int64_t T) const {
+void CudaHybridModel::attention_window(const AttentionDevice& w, CudaSequence& s, LayerDeviceState& l, const float* x,
+                                       float* out, int64_t T, const void* x_q8_0) const {
     cuda::Context& ctx = *ctx_;
     const AttentionShape& a = attention_;
     const int64_t hd = a.head_dim, nh = a.n_head, nkv = a.n_head_kv;
     mark(kAttentionProjections);
     if (w.sparse())
-        cuda::matmul_shared_input(ctx, x, T,
-                                  {{w.q, w_.qg}, {w.k, w_.k_new}, {w.v, w_.v_new}, {w.index_k, w_.index_raw},
-                                   {w.index_q, w_.index_q}});
+        cuda::matmul_shared_input(
+            ctx, x, T,
+            {{w.q, w_.qg}, {w.k, w_.k_new}, {w.v, w_.v_new}, {w.index_k, w_.index_raw}, {w.index_q, w_.index_q}},
+            x_q8_0);
     else
-        cuda::matmul_shared_input(ctx, x, T, {{w.q, w_.qg}, {w.k, w_.k_new}, {w.v, w_.v_new}});
+        cuda::matmul_shared_input(ctx, x, T, {{w.q, w_.qg}, {w.k, w_.k_new}, {w.v, w_.v_new}}, x_q8_0);
     mark(kAttention);
     // Heads of head_dim values at head_stride, each normed with gamma, then rotated at the tokens' positions: q (its
     // gate between heads), k and the indexer's q in one launch.

@@ -111,6 +111,7 @@ struct WindowBuffers {
     cuda::DeviceBuffer buffer;
     int32_t *tokens, *positions, *lengths;  // kPromptWindow each, consecutive: the host writes them per window
     float *residual, *mixed, *out, *inject, *hc_work;
+    void* mixed_q8_0;  // one token of mixed as Q8_0 activations, when the hyper-connection read writes them
     float *qkv, *z, *beta, *alpha, *ba, *conv, *core;          // GDN
     float *qg, *k_new, *v_new, *heads, *index_raw, *index_q;  // attention
     int32_t *cells, *n_selected;
@@ -154,10 +155,12 @@ class CudaHybridModel : public Model {
     // The work of one window: embedding to logits (w_.logits), queued on the context's stream.
     virtual void enqueue_window(CudaSequence& s, int64_t T) const = 0;
 
-    // Block pieces for enqueue_window: x is the block input [T x H], out its output [T x H].
-    void gdn_window(const GdnDevice& w, LayerDeviceState& l, const float* x, float* out, int64_t T) const;
+    // Block pieces for enqueue_window: x is the block input [T x H], out its output [T x H]; x_q8_0, when not null,
+    // holds x already quantized for the input products (one token; matmul_shared_input's x_q8_0).
+    void gdn_window(const GdnDevice& w, LayerDeviceState& l, const float* x, float* out, int64_t T,
+                    const void* x_q8_0 = nullptr) const;
     void attention_window(const AttentionDevice& w, CudaSequence& s, LayerDeviceState& l, const float* x, float* out,
-                          int64_t T) const;
+                          int64_t T, const void* x_q8_0 = nullptr) const;
     // With `deferred` (a decode window: T <= kWindow) the combine is left out and described there (moe_layer).
     void moe_window(const MoeDevice& m, const float* x, float* out, int64_t T,
                     cuda::MoeCombine* deferred = nullptr) const;

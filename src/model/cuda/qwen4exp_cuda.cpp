@@ -37,6 +37,9 @@ struct BlockDevice {
     MoeDevice moe;
     bool has_ple = false;
     PleDevice ple{};
+    // Whether the block's first input product reads Q8_0 activations: its hyper-connection read is then asked to
+    // write them (mixed_q8_0).
+    bool input_reads_q8_0 = false;
 };
 
 class Qwen4ExpCudaModel final : public CudaHybridModel {
@@ -80,6 +83,7 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
         } else {
             d.attention = upload_attention(b.attention, b.indexer);
         }
+        d.input_reads_q8_0 = cuda::reads_q8_0_activations(b.recurrent ? d.gdn.qkv->type : d.attention.q->type);
         d.moe = upload_moe(b.moe, h_.moe);
         if (b.has_ple) {
             d.has_ple = true;
@@ -131,18 +135,24 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
             pending = nullptr;
             pending_moe = nullptr;
         };
-        auto read = [&](const cuda::HyperConnectionDeviceWeights& weights, float* mixed, float* inject) {
-            cuda::hyper_connection_read(ctx, {.shape = dims,
-                                              .weights = weights,
-                                              .residual = w_.residual,
-                                              .mixed = mixed,
-                                              .inject = inject,
-                                              .n_tokens = T,
-                                              .workspace = w_.hc_work,
-                                              .pending_block_out = pending_moe ? nullptr : pending,
-                                              .pending_combine = pending_moe});
+        // mixed_q8_0: where the read may also write mixed as the Q8_0 activations the block's input products read
+        // (one launch fewer on a decode token's path); returns it when it did, else null.
+        auto read = [&](const cuda::HyperConnectionDeviceWeights& weights, float* mixed, float* inject,
+                        void* mixed_q8_0 = nullptr) -> const void* {
+            const bool quantized =
+                cuda::hyper_connection_read(ctx, {.shape = dims,
+                                                  .weights = weights,
+                                                  .residual = w_.residual,
+                                                  .mixed = mixed,
+                                                  .inject = inject,
+                                                  .n_tokens = T,
+                                                  .workspace = w_.hc_work,
+                                                  .pending_block_out = pending_moe ? nullptr : pending,
+                                                  .pending_combine = pending_moe,
+                                                  .mixed_q8_0 = mixed_q8_0});
             pending = nullptr;
             pending_moe = nullptr;
+            return quantized ? mixed_q8_0 : nullptr;
         };
         for (size_t il = 0; il < blocks_.size(); ++il) {
             const BlockDevice& b = blocks_[il];
@@ -153,11 +163,11 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
                 ple_window(b.ple, l, T);
             }
             mark(kResidual);
-            read(b.hc_attn, w_.mixed, w_.inject);
+            const void* x_q8_0 = read(b.hc_attn, w_.mixed, w_.inject, b.input_reads_q8_0 ? w_.mixed_q8_0 : nullptr);
             if (b.recurrent)
-                gdn_window(b.gdn, l, w_.mixed, w_.out, T);
+                gdn_window(b.gdn, l, w_.mixed, w_.out, T, x_q8_0);
             else
-                attention_window(b.attention, s, l, w_.mixed, w_.out, T);
+                attention_window(b.attention, s, l, w_.mixed, w_.out, T, x_q8_0);
             mark(kResidual);
             pending = w_.out;
             read(b.hc_ffn, w_.mixed, w_.inject);

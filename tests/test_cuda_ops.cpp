@@ -305,6 +305,30 @@ TEST_P(CudaMatmul, ShortRowsEightToAWarpMatchTheCpuAndTheBatch) {
     expect_tokens_independent_of_the_batch(t, w, rows, in, rng);
 }
 
+// A long product like an output head (Flash-Next's: 248,320 rows, 4 a warp, ~15,500 blocks in many waves): 65,541
+// rows of a little over one chunk (61 distinct rows tiled, so a row mix-up shows), against cpu::matmul at 1 and 2
+// tokens, and bit for bit across the batch.
+TEST_P(CudaMatmul, LongProductsMatchTheCpuAndTheBatch) {
+    SKIP_WITHOUT_DEVICE();
+    const DType t = GetParam();
+    std::mt19937 rng(55 + static_cast<unsigned>(t));
+    const int64_t in = is_float(t) ? 528 : block_of(t) == 32 ? 1056 : 1280, rows = 65541, period = 61;
+    const std::vector<uint8_t> pattern = random_weights(t, period, in, rng);
+    const size_t rb = strata::row_bytes(t, in);
+    std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(w.data() + rb * static_cast<size_t>(r), pattern.data() + rb * static_cast<size_t>(r % period), rb);
+    for (const int64_t tokens : {1, 2}) {
+        const Outcome o = run_case(t, w, rows, in, tokens, rng);
+        SCOPED_TRACE(std::string(strata::dtype_name(t)) + " tokens " + std::to_string(tokens));
+        EXPECT_EQ(o.unwritten, 0);
+        EXPECT_EQ(o.non_finite, 0);
+        EXPECT_EQ(o.clobbered, 0);
+        EXPECT_LE(o.nmse, kReassociationNmse);
+    }
+    expect_tokens_independent_of_the_batch(t, w, rows, in, rng);
+}
+
 // ---- errors and memory ----------------------------------------------------------------------------------------------
 
 TEST(CudaMemory, AccountantRefusesOverBudgetAndKeepsItsBooks) {

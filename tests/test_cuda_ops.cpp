@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <ostream>
 #include <random>
 #include <string>
@@ -285,16 +286,21 @@ TEST_P(CudaMatmul, TokenResultsDoNotDependOnTheBatch) {
     expect_tokens_independent_of_the_batch(t, random_weights(t, rows, in, rng), rows, in, rng);
 }
 
-// Many short rows (no longer than a kernel chunk) go 8 to a warp, walked as one span whose chunks cross row
-// boundaries (the expert down products' 640 weights a row, the hyper-connection up's 320): 8,197 rows leave the last
-// warp a partial span. Against cpu::matmul at 1, 3 and 8 tokens, and bit for bit across the batch.
-TEST_P(CudaMatmul, ShortRowsEightToAWarpMatchTheCpuAndTheBatch) {
-    SKIP_WITHOUT_DEVICE();
-    const DType t = GetParam();
-    std::mt19937 rng(77 + static_cast<unsigned>(t));
-    const int64_t in = is_float(t) ? 48 : block_of(t) == 32 ? 320 : 256, rows = 8197;
-    const std::vector<uint8_t> w = random_weights(t, rows, in, rng);
-    for (const int64_t tokens : {1, 3, 8}) {
+// `period` distinct quantized rows tiled over a rows x in matrix: realistic bytes without quantizing tens of millions
+// of weights.
+std::vector<uint8_t> tiled_weights(DType t, int64_t rows, int64_t in, std::mt19937& rng, int64_t period = 32) {
+    const std::vector<uint8_t> pattern = random_weights(t, period, in, rng);
+    const size_t rb = strata::row_bytes(t, in);
+    std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(w.data() + rb * static_cast<size_t>(r), pattern.data() + rb * static_cast<size_t>(r % period), rb);
+    return w;
+}
+
+// Against cpu::matmul at each token count, then bit for bit across the batch.
+void expect_cpu_parity_and_batch(DType t, const std::vector<uint8_t>& w, int64_t rows, int64_t in,
+                                 std::initializer_list<int64_t> token_counts, std::mt19937& rng) {
+    for (const int64_t tokens : token_counts) {
         const Outcome o = run_case(t, w, rows, in, tokens, rng);
         SCOPED_TRACE(std::string(strata::dtype_name(t)) + " tokens " + std::to_string(tokens));
         EXPECT_EQ(o.unwritten, 0);
@@ -305,6 +311,17 @@ TEST_P(CudaMatmul, ShortRowsEightToAWarpMatchTheCpuAndTheBatch) {
     expect_tokens_independent_of_the_batch(t, w, rows, in, rng);
 }
 
+// Many short rows (no longer than a kernel chunk) go 8 to a warp, walked as one span whose chunks cross row
+// boundaries (the expert down products' 640 weights a row, the hyper-connection up's 320): 8,197 rows leave the last
+// warp a partial span. Against cpu::matmul at 1, 3 and 8 tokens, and bit for bit across the batch.
+TEST_P(CudaMatmul, ShortRowsEightToAWarpMatchTheCpuAndTheBatch) {
+    SKIP_WITHOUT_DEVICE();
+    const DType t = GetParam();
+    std::mt19937 rng(77 + static_cast<unsigned>(t));
+    const int64_t in = is_float(t) ? 48 : block_of(t) == 32 ? 320 : 256, rows = 8197;
+    expect_cpu_parity_and_batch(t, random_weights(t, rows, in, rng), rows, in, {1, 3, 8}, rng);
+}
+
 // A long product like an output head (Flash-Next's: 248,320 rows, 4 a warp, ~15,500 blocks in many waves): 65,541
 // rows of a little over one chunk (61 distinct rows tiled, so a row mix-up shows), against cpu::matmul at 1 and 2
 // tokens, and bit for bit across the batch.
@@ -312,21 +329,8 @@ TEST_P(CudaMatmul, LongProductsMatchTheCpuAndTheBatch) {
     SKIP_WITHOUT_DEVICE();
     const DType t = GetParam();
     std::mt19937 rng(55 + static_cast<unsigned>(t));
-    const int64_t in = is_float(t) ? 528 : block_of(t) == 32 ? 1056 : 1280, rows = 65541, period = 61;
-    const std::vector<uint8_t> pattern = random_weights(t, period, in, rng);
-    const size_t rb = strata::row_bytes(t, in);
-    std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
-    for (int64_t r = 0; r < rows; ++r)
-        std::memcpy(w.data() + rb * static_cast<size_t>(r), pattern.data() + rb * static_cast<size_t>(r % period), rb);
-    for (const int64_t tokens : {1, 2}) {
-        const Outcome o = run_case(t, w, rows, in, tokens, rng);
-        SCOPED_TRACE(std::string(strata::dtype_name(t)) + " tokens " + std::to_string(tokens));
-        EXPECT_EQ(o.unwritten, 0);
-        EXPECT_EQ(o.non_finite, 0);
-        EXPECT_EQ(o.clobbered, 0);
-        EXPECT_LE(o.nmse, kReassociationNmse);
-    }
-    expect_tokens_independent_of_the_batch(t, w, rows, in, rng);
+    const int64_t in = is_float(t) ? 528 : block_of(t) == 32 ? 1056 : 1280, rows = 65541;
+    expect_cpu_parity_and_batch(t, tiled_weights(t, rows, in, rng, 61), rows, in, {1, 2}, rng);
 }
 
 // ---- errors and memory ----------------------------------------------------------------------------------------------
@@ -387,16 +391,6 @@ bool names_type(const char* list, DType t) {
 struct PerfShape {
     int64_t in, rows;
 };
-
-// 32 distinct quantized rows tiled over a rows x in matrix: realistic bytes without quantizing 40M weights.
-std::vector<uint8_t> tiled_weights(DType t, int64_t rows, int64_t in, std::mt19937& rng) {
-    const std::vector<uint8_t> pattern = random_weights(t, 32, in, rng);
-    const size_t rb = strata::row_bytes(t, in);
-    std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
-    for (int64_t r = 0; r < rows; ++r)
-        std::memcpy(w.data() + rb * static_cast<size_t>(r), pattern.data() + rb * static_cast<size_t>(r % 32), rb);
-    return w;
-}
 
 TEST(CudaPerf, MatvecBandwidth) {
     if (!std::getenv("STRATA_CUDA_PERF")) GTEST_SKIP() << "set STRATA_CUDA_PERF=1 for the CUDA timing run";

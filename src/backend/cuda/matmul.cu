@@ -443,7 +443,7 @@ void matmul_shared_input(Context& ctx, const float* x, int64_t n_tokens, std::in
             quantized_for = nullptr;
             continue;
         }
-        const bool quantized_ahead = x_q8_0 && reads_q8_0_activations(w.type) && in % 32 == 0;
+        const bool quantized_ahead = x_q8_0 && reads_q8_0_activations(w.type);  // rows of whole blocks of 32
         const QuantizedActivations act = quantized_ahead
                                              ? quantized_activations_at(const_cast<void*>(x_q8_0), w.type, in)
                                              : activations_in(scratch, scratch_layout(w, n_tokens));
@@ -471,8 +471,7 @@ QuantizedActivations matvec_activations(Context& ctx, const Tensor& w, int64_t n
 }
 
 bool matvec_reads_q8_0(const Tensor& w, int64_t n_tokens) {
-    return n_tokens >= 1 && n_tokens <= kMaxMatvecTokens && activation_format(w.type) == ActivationFormat::Q8_0 &&
-           w.ne[0] % 32 == 0;
+    return n_tokens >= 1 && n_tokens <= kMaxMatvecTokens && reads_q8_0_activations(w.type) && w.ne[0] % 32 == 0;
 }
 
 void matvec_quantized(Context& ctx, const Tensor& w, const QuantizedActivations& act, const float* x, float* y,

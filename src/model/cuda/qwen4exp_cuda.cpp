@@ -37,9 +37,6 @@ struct BlockDevice {
     MoeDevice moe;
     bool has_ple = false;
     PleDevice ple{};
-    // Whether the block's first input product reads Q8_0 activations: its hyper-connection read is then asked to
-    // write them (mixed_q8_0).
-    bool input_reads_q8_0 = false;
 };
 
 class Qwen4ExpCudaModel final : public CudaHybridModel {
@@ -83,7 +80,6 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
         } else {
             d.attention = upload_attention(b.attention, b.indexer);
         }
-        d.input_reads_q8_0 = cuda::reads_q8_0_activations(b.recurrent ? d.gdn.qkv->type : d.attention.q->type);
         d.moe = upload_moe(b.moe, h_.moe);
         if (b.has_ple) {
             d.has_ple = true;
@@ -163,7 +159,9 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
                 ple_window(b.ple, l, T);
             }
             mark(kResidual);
-            const void* x_q8_0 = read(b.hc_attn, w_.mixed, w_.inject, b.input_reads_q8_0 ? w_.mixed_q8_0 : nullptr);
+            // The read writes the block input's Q8_0 activations when its first input product reads them.
+            const bool input_q8_0 = cuda::reads_q8_0_activations(b.recurrent ? b.gdn.qkv->type : b.attention.q->type);
+            const void* x_q8_0 = read(b.hc_attn, w_.mixed, w_.inject, input_q8_0 ? w_.mixed_q8_0 : nullptr);
             if (b.recurrent)
                 gdn_window(b.gdn, l, w_.mixed, w_.out, T, x_q8_0);
             else

@@ -363,6 +363,32 @@ TEST(CudaMemory, BudgetIsEnforcedBeforeCudaMalloc) {
     EXPECT_EQ(small.memory().used(), 0u);  // the buffer gave its bytes back
 }
 
+// Context::download after queued work: into pageable memory through the staging ring (1, 3.x and 9.x chunks of
+// 256 KB: partial chunks, the ring of four wrapping) and straight into page-locked memory; every byte is the device's,
+// and a kernel queued before the download (a memset here) has landed.
+TEST(CudaContext, DownloadsGiveTheDeviceBytesAfterQueuedWork) {
+    SKIP_WITHOUT_DEVICE();
+    cuda::Context& ctx = context();
+    for (const size_t n : {size_t{1}, size_t{1000}, size_t{65536}, size_t{248320}, size_t{600001}}) {
+        SCOPED_TRACE("floats " + std::to_string(n));
+        std::vector<float> want(n);
+        for (size_t i = 0; i < n; ++i) want[i] = static_cast<float>(i) * 0.5f + 1.0f;
+        const cuda::DeviceBuffer d = ctx.upload(want.data(), n * sizeof(float), "test");
+        ctx.zero(static_cast<float*>(d.data()) + n / 2, sizeof(float));  // queued on the stream, not waited for
+        want[n / 2] = 0.0f;
+        std::vector<float> pageable(n, -1.0f);
+        ctx.download(d.data(), pageable.data(), n * sizeof(float));
+        EXPECT_EQ(std::memcmp(pageable.data(), want.data(), n * sizeof(float)), 0);
+        float* pinned = cuda::allocate_pinned_floats(n);
+        ASSERT_NE(pinned, nullptr);
+        ctx.zero(static_cast<float*>(d.data()) + n - 1, sizeof(float));
+        want[n - 1] = 0.0f;
+        ctx.download(d.data(), pinned, n * sizeof(float));
+        EXPECT_EQ(std::memcmp(pinned, want.data(), n * sizeof(float)), 0);
+        cuda::free_pinned_floats(pinned);
+    }
+}
+
 TEST(CudaErrors, SayWhatIsWrong) {
     SKIP_WITHOUT_DEVICE();
     expect_error([] { cuda::Context bad({.device = 1000}); }, "device 1000 does not exist");

@@ -114,6 +114,13 @@ private:
 
 // ---- context --------------------------------------------------------------------------------------------------------
 
+class DownloadRing;  // context.cpp
+
+// n zeroed floats of page-locked host memory (cudaHostAlloc, portable), which Context::download copies into
+// directly; null when the system will not pin that much. Freed with free_pinned_floats.
+float* allocate_pinned_floats(size_t n);
+void free_pinned_floats(float* p);
+
 struct ContextOptions {
     int device = 0;
     // Bytes strata may hold on the device; 0: the memory free when the context starts, less a 5% margin.
@@ -137,7 +144,9 @@ public:
     DeviceBuffer allocate(size_t bytes, const std::string& label);
     // A new buffer holding a copy of host bytes (synchronous).
     DeviceBuffer upload(const void* host, size_t bytes, const std::string& label);
-    // Device bytes to host after all work queued on the stream (synchronous).
+    // Device bytes to host after all work queued on the stream (synchronous). Straight into page-locked memory
+    // (allocate_pinned_floats; the bytes must lie in one allocation); into pageable memory through a ring of
+    // page-locked chunks, the host copying one chunk out while the next is on the bus.
     void download(const void* device, void* host, size_t bytes) const;
     // Host bytes into device memory, queued on the stream (the host bytes may be reused as soon as it returns).
     void copy_to_device(void* device, const void* host, size_t bytes);
@@ -158,6 +167,8 @@ private:
     std::unique_ptr<MemoryAccountant> memory_;
     std::unique_ptr<Stream> stream_;
     DeviceBuffer scratch_;
+    mutable std::unique_ptr<DownloadRing> downloads_;  // made on the first download into pageable memory
+    mutable bool unpinned_downloads_ = false;          // the ring's staging could not be pinned
 };
 
 // A CUDA graph: the work one call queues on a context's stream (and on side streams it joins back with events),

@@ -206,6 +206,30 @@ TEST(CudaModel, GraphReplayEqualsEagerLaunches) {
     }
 }
 
+// Model::host_floats (page-locked with the CUDA backend: the device copies straight into it) and a plain vector
+// (copied through the context's staging ring) receive the same logits, bit for bit, after the prompt and after each
+// decode step.
+TEST(CudaModel, PageLockedLogitsEqualPageableOnes) {
+    SKIP_WITHOUT_CUDA_DEVICE();
+    const Golden& g = golden();
+    auto model = load_model(converted(DType::F32), cuda_options());
+    const size_t V = static_cast<size_t>(model->info().n_vocab);
+    const int64_t room = static_cast<int64_t>(g.prompt.size() + g.greedy.size()) + 1;
+    auto into_pinned = model->new_sequence(room), into_vector = model->new_sequence(room);
+    const HostFloats pinned = model->host_floats(V);
+    ASSERT_EQ(pinned.size(), V);
+    std::vector<float> pageable(V);
+    model->forward(*into_pinned, g.prompt, pinned, true);
+    model->forward(*into_vector, g.prompt, pageable, true);
+    for (size_t step = 0; step <= g.greedy.size(); ++step) {
+        ASSERT_EQ(std::memcmp(pinned.data(), pageable.data(), V * sizeof(float)), 0) << "step " << step;
+        if (step == g.greedy.size()) break;
+        const int32_t next = argmax(pageable.data(), static_cast<int64_t>(V));
+        model->forward(*into_pinned, std::span<const int32_t>(&next, 1), pinned, true);
+        model->forward(*into_vector, std::span<const int32_t>(&next, 1), pageable, true);
+    }
+}
+
 // --gdn-recurrence: the column and shuffle kernels of the GDN recurrence give the same bits, so the same logits.
 TEST(CudaModel, GdnRecurrenceKernelsGiveTheSameLogits) {
     SKIP_WITHOUT_CUDA_DEVICE();

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -112,6 +113,24 @@ TEST_P(Sequence, LastOnlyIsTheLastRowAndEmptyLogitsAdvance) {
     model_->forward(*seq, std::span<const int32_t>(prompt_.data() + half, prompt_.size() - half), last, true);
     const std::vector<float> expect(all.end() - static_cast<std::ptrdiff_t>(V), all.end());
     EXPECT_LE(max_rel_diff(last, expect), 1e-4);
+}
+
+// Model::host_floats (heap memory on the CPU backend; the CUDA backend's page-locked memory is checked against a
+// vector in test_cuda_model): zeros of the size asked for, movable, and forward() fills it as it fills a vector.
+TEST_P(Sequence, HostFloatsTakeTheLogitsAVectorTakes) {
+    const size_t V = static_cast<size_t>(model_->info().n_vocab);
+    HostFloats given = model_->host_floats(V);
+    ASSERT_EQ(given.size(), V);
+    EXPECT_TRUE(std::all_of(given.data(), given.data() + V, [](float x) { return x == 0.0f; }));
+    const HostFloats logits = std::move(given);
+    EXPECT_EQ(given.size(), 0u);
+    EXPECT_EQ(given.data(), nullptr);
+    std::vector<float> expect(V);
+    auto a = model_->new_sequence(static_cast<int64_t>(prompt_.size()));
+    auto b = model_->new_sequence(static_cast<int64_t>(prompt_.size()));
+    model_->forward(*a, prompt_, logits, true);
+    model_->forward(*b, prompt_, expect, true);
+    EXPECT_EQ(std::memcmp(logits.data(), expect.data(), V * sizeof(float)), 0);
 }
 
 TEST_P(Sequence, RefusesOverflowAndBadTokens) {

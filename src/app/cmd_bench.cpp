@@ -128,7 +128,7 @@ std::vector<int32_t> pseudo_random_tokens(int64_t count, int64_t n_vocab, uint64
 class TestRunner {
   public:
     TestRunner(const Model& model, SequenceState& seq, const BenchPlan& plan)
-        : model_(model), seq_(seq), logits_(static_cast<size_t>(model.info().n_vocab)) {
+        : model_(model), seq_(seq), logits_(model.host_floats(static_cast<size_t>(model.info().n_vocab))) {
         const int64_t n_vocab = model.info().n_vocab;
         context_ = pseudo_random_tokens(plan.depth, n_vocab, kTokenSeed);
         // Another seed for the measured ids, so a prompt does not repeat its context.
@@ -171,7 +171,7 @@ class TestRunner {
 
     const Model& model_;
     SequenceState& seq_;
-    std::vector<float> logits_;
+    HostFloats logits_;  // the model's own memory for them, as a server's decode loop would take
     std::vector<int32_t> context_;
     std::vector<int32_t> measured_;
 };

@@ -287,7 +287,7 @@ GenerationResult generate(const Engine& e, Conversation& conv, std::span<const i
     GenerationResult r;
     const Model& model = *e.model;
     const auto n_vocab = static_cast<size_t>(model.info().n_vocab);
-    std::vector<float> logits(n_vocab);
+    HostFloats logits = model.host_floats(n_vocab);  // the memory the backend copies into fastest
     StreamDecoder decoder(*e.tokenizer);
     StopMatcher matcher(stops);
     auto show = [&](std::string_view piece) {

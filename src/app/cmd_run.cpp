@@ -97,7 +97,7 @@ int run_generate(const Args& args) {
                      .seed = args.get_u64("--seed").value_or(std::random_device{}())},
                     info.n_vocab);
     auto seq = model->new_sequence(static_cast<int64_t>(prompt.size()) + *n_generate);
-    std::vector<float> logits(static_cast<size_t>(info.n_vocab));
+    HostFloats logits = model->host_floats(static_cast<size_t>(info.n_vocab));
     model->forward(*seq, prompt, logits, /*last_only=*/true);
 
     std::optional<StreamDecoder> decoder;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 #include "format/gguf.h"
@@ -134,6 +135,31 @@ DecodeTraffic decode_traffic(const gguf::File& file, int64_t depth, KvCacheType 
         if (ratio > 0) d.cache += static_cast<uint64_t>((depth + 1) / ratio * di) * sizeof(float);  // pooled keys
     }
     return d;
+}
+
+HostFloats::HostFloats(size_t n)
+    : data_(n ? new float[n]() : nullptr), size_(n), release_([](float* p) { delete[] p; }) {}
+
+HostFloats::HostFloats(HostFloats&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      release_(std::exchange(other.release_, nullptr)) {}
+
+HostFloats& HostFloats::operator=(HostFloats&& other) noexcept {
+    if (this != &other) {
+        reset();
+        data_ = std::exchange(other.data_, nullptr);
+        size_ = std::exchange(other.size_, 0);
+        release_ = std::exchange(other.release_, nullptr);
+    }
+    return *this;
+}
+
+void HostFloats::reset() noexcept {
+    if (data_ && release_) release_(data_);
+    data_ = nullptr;
+    size_ = 0;
+    release_ = nullptr;
 }
 
 // Defaults for models without a batched path or checkpoints: one forward() per entry; no checkpoints.

@@ -46,6 +46,34 @@ public:
     virtual size_t memory_bytes() const = 0;
 };
 
+// Host floats a model's forward() writes logits into (Model::host_floats): plain heap memory, or memory a backend
+// copies into directly (CUDA: page-locked). Zero-initialised, move-only, freed with the object.
+class HostFloats {
+  public:
+    using Release = void (*)(float*);
+    HostFloats() = default;
+    explicit HostFloats(size_t n);  // heap memory
+    HostFloats(float* data, size_t n, Release release) : data_(data), size_(n), release_(release) {}
+    ~HostFloats() { reset(); }
+    HostFloats(HostFloats&& other) noexcept;
+    HostFloats& operator=(HostFloats&& other) noexcept;
+    HostFloats(const HostFloats&) = delete;
+    HostFloats& operator=(const HostFloats&) = delete;
+
+    float* data() const { return data_; }
+    size_t size() const { return size_; }
+    std::span<float> span() const { return {data_, size_}; }
+    operator std::span<float>() const { return span(); }
+    operator std::span<const float>() const { return {data_, size_}; }
+    float& operator[](size_t i) const { return data_[i]; }
+
+  private:
+    void reset() noexcept;
+    float* data_ = nullptr;
+    size_t size_ = 0;
+    Release release_ = nullptr;
+};
+
 // One sequence's share of a batched forward pass (Model::forward_batch).
 struct BatchEntry {
     SequenceState* seq = nullptr;
@@ -108,6 +136,11 @@ public:
     // (Hybrid models: every entry is checked before anything runs, so after an Error no sequence has moved. Entries
     // may mix prompt chunks and single tokens; an entry with no tokens is a no-op. Calls on one model are serialised.)
     virtual void forward_batch(std::span<const BatchEntry> batch) const;
+    // n floats of host memory that forward() fills fastest as its logits (zeros). The default is heap memory; the
+    // CUDA backend's is page-locked, so the device copies a decode token's logits (~1 MB) straight into it, where a
+    // copy into pageable memory goes through the driver's staging at a fraction of the bus's speed. Outlives the
+    // model if kept.
+    virtual HostFloats host_floats(size_t n) const { return HostFloats(n); }
     // The sequence's recurrent state now; restore() brings the sequence back to it, provided the sequence has only
     // been fed forward since (tokens appended, no reset). Throws Error on a checkpoint from another sequence or model,
     // or one that is ahead of the sequence.

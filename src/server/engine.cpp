@@ -103,7 +103,7 @@ struct Engine::Slot {
     std::unique_ptr<Active> active;
     size_t prompt_pos = 0;                // next prompt token to feed
     std::optional<int32_t> pending;       // sampled token to feed in the next step
-    std::vector<float> logits;            // n_vocab
+    HostFloats logits;                    // n_vocab, in the model's own memory for them
     uint64_t last_used = 0;               // for choosing among equally good idle slots
 };
 
@@ -116,7 +116,7 @@ Engine::Engine(const Model& model, const Tokenizer& tokenizer, std::vector<int32
         auto slot = std::make_unique<Slot>();
         slot->id = i;
         slot->seq = model_.new_sequence(options_.ctx_per_slot);
-        slot->logits.assign(static_cast<size_t>(n_vocab_), 0.0f);
+        slot->logits = model_.host_floats(static_cast<size_t>(n_vocab_));
         slots_.push_back(std::move(slot));
     }
     status_.resize(slots_.size());

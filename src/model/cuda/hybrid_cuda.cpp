@@ -238,6 +238,11 @@ std::unique_ptr<SequenceState> CudaHybridModel::new_sequence(int64_t max_tokens)
     return seq;
 }
 
+HostFloats CudaHybridModel::host_floats(size_t n) const {
+    if (float* pinned = cuda::allocate_pinned_floats(n)) return HostFloats(pinned, n, cuda::free_pinned_floats);
+    return HostFloats(n);
+}
+
 void CudaHybridModel::forward(SequenceState& state, std::span<const int32_t> tokens, std::span<float> logits,
                               bool last_only) const {
     auto* seq = dynamic_cast<CudaSequence*>(&state);

@@ -138,6 +138,8 @@ class CudaHybridModel : public Model {
     std::unique_ptr<SequenceState> new_sequence(int64_t max_tokens) const override;
     void forward(SequenceState& state, std::span<const int32_t> tokens, std::span<float> logits,
                  bool last_only) const override;
+    // Page-locked (heap memory when the system will not pin more).
+    HostFloats host_floats(size_t n) const override;
 
   protected:
     // Reads general.* and the sizes, starts the device, checks that the weights fit the budget.

@@ -65,7 +65,6 @@ class HostFloats {
     std::span<float> span() const { return {data_, size_}; }
     operator std::span<float>() const { return span(); }
     operator std::span<const float>() const { return {data_, size_}; }
-    float& operator[](size_t i) const { return data_[i]; }
 
   private:
     void reset() noexcept;

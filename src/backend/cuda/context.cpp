@@ -235,14 +235,14 @@ DeviceBuffer Context::upload(const void* host, size_t bytes, const std::string& 
 // (~1 MB) are on the critical path of every token.
 class DownloadRing {
   public:
-    // Null when the system will not pin the staging (downloads then take the driver's path).
-    static std::unique_ptr<DownloadRing> make() {
+    DownloadRing() {
+        for (cudaEvent_t& e : landed_) STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
         void* staging = nullptr;
         if (cudaHostAlloc(&staging, kChunkBytes * kSlots, cudaHostAllocPortable) != cudaSuccess) {
-            (void)cudaGetLastError();
-            return nullptr;
+            (void)cudaGetLastError();  // not pinned: downloads take the driver's path
+            return;
         }
-        return std::unique_ptr<DownloadRing>(new DownloadRing(static_cast<uint8_t*>(staging)));
+        staging_ = static_cast<uint8_t*>(staging);
     }
     ~DownloadRing() {
         for (cudaEvent_t e : landed_)
@@ -254,6 +254,11 @@ class DownloadRing {
 
     // Chunk i lands in slot i % kSlots; the host copies it out, then queues chunk i + kSlots into the freed slot.
     void download(cudaStream_t stream, const void* device, void* host, size_t bytes) {
+        if (!staging_) {
+            STRATA_CUDA_CHECK(cudaStreamSynchronize(stream));
+            STRATA_CUDA_CHECK(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost));
+            return;
+        }
         const size_t n = (bytes + kChunkBytes - 1) / kChunkBytes;
         const auto length = [&](size_t i) { return std::min(kChunkBytes, bytes - i * kChunkBytes); };
         const auto slot = [&](size_t i) { return staging_ + (i % kSlots) * kChunkBytes; };
@@ -271,9 +276,6 @@ class DownloadRing {
     }
 
   private:
-    explicit DownloadRing(uint8_t* staging) : staging_(staging) {
-        for (cudaEvent_t& e : landed_) STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    }
     static constexpr int kSlots = 4;
     static constexpr size_t kChunkBytes = size_t{256} << 10;  // 128 KB and 1 MB measured level (H200)
     uint8_t* staging_ = nullptr;
@@ -313,14 +315,11 @@ void Context::download(const void* device, void* host, size_t bytes) const {
         STRATA_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream_->handle()));
         return stream_->synchronize();
     }
-    if (!downloads_ && !unpinned_downloads_) {
+    if (!downloads_) {
         STRATA_CUDA_CHECK(cudaSetDevice(info_.index));  // the ring's events belong to this device
-        downloads_ = DownloadRing::make();
-        unpinned_downloads_ = !downloads_;
+        downloads_ = std::make_unique<DownloadRing>();
     }
-    if (downloads_) return downloads_->download(stream_->handle(), device, host, bytes);
-    stream_->synchronize();
-    STRATA_CUDA_CHECK(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost));
+    downloads_->download(stream_->handle(), device, host, bytes);
 }
 
 void Context::copy_to_device(void* device, const void* host, size_t bytes) {

@@ -168,7 +168,6 @@ private:
     std::unique_ptr<Stream> stream_;
     DeviceBuffer scratch_;
     mutable std::unique_ptr<DownloadRing> downloads_;  // made on the first download into pageable memory
-    mutable bool unpinned_downloads_ = false;          // the ring's staging could not be pinned
 };
 
 // A CUDA graph: the work one call queues on a context's stream (and on side streams it joins back with events),

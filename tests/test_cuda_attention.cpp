@@ -409,7 +409,7 @@ struct QsaDevice {
         q = upload(qv);
         pooled = upload(pooled_rows);
         scores = context().allocate(static_cast<size_t>(max_blocks) * 4, "test");
-        keys = context().allocate(static_cast<size_t>(max_blocks) * 4, "test");
+        keys = context().allocate(static_cast<size_t>(max_blocks) * 8, "test");
         cells = context().allocate(static_cast<size_t>(strata::qsa_max_cells(s)) * 4, "test");
         n_selected = context().allocate(4, "test");
     }
@@ -454,9 +454,9 @@ TEST(CudaQsa, SelectionIsExactlyTheCpus) {
             const std::vector<int32_t> want = strata::qsa_select(s, q.data(), pooled.data(), n - 1);
             std::vector<float> want_scores(static_cast<size_t>(n / s.ratio + 1));
             std::vector<int32_t> scratch_cells(static_cast<size_t>(strata::qsa_max_cells(s)));
-            std::vector<uint32_t> scratch_keys;
+            strata::QsaSelectScratch select_scratch;
             strata::qsa_select_into(s, q.data(), pooled.data(), n - 1, scratch_cells.data(), want_scores.data(),
-                                    scratch_keys);
+                                    select_scratch);
             const QsaDevice dev(s, max_blocks, q, pooled);
             const cuda::DeviceBuffer n_dev = upload(std::vector<int32_t>{n});
             cuda::qsa_select(context(), dev.args(n_dev.as<int32_t>()));

@@ -8,6 +8,7 @@
 
 #include "backend/cpu/ops.h"
 #include "core/error.h"
+#include "core/topk_tie_order.h"
 
 namespace strata {
 
@@ -66,12 +67,15 @@ uint32_t float_key(float f) {
     return (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
 }
 
-// Marks the k largest keys of [0, n) (ties: lower index first) by a most-significant-digit radix select: four
-// histogram passes over 8-bit digits find the k-th largest key, then one ascending scan takes every key above it and
-// the first `ties` equal to it. O(n), and the chosen indices come out in ascending order.
-int64_t top_k_ascending(const uint32_t* keys, int64_t n, int64_t k, int32_t* chosen) {
+// Marks the k largest keys of [0, n) in ascending index order, the kept set equal to torch.topk's on the CPU. A most
+// significant-digit radix select (four histogram passes over 8-bit digits) finds the k-th largest key; when every key
+// equal to it is kept, one ascending scan takes them and all keys above it. When equal keys straddle the cut (the
+// indexer's ReLU makes runs of exact zeros), which of them torch keeps depends on its algorithm's swaps, so the
+// selection is replayed exactly (core/topk_tie_order.h) and marked back in index order. O(n) either way.
+int64_t top_k_ascending(const uint32_t* keys, int64_t n, int64_t k, int32_t* chosen, QsaSelectScratch& scratch) {
     uint32_t prefix = 0, mask = 0;
     int64_t remaining = k;  // how many still to take at or below the current prefix
+    int64_t equal = 0;      // keys equal to the final prefix
     for (int shift = 24; shift >= 0; shift -= 8) {
         int64_t count[256] = {};
         for (int64_t i = 0; i < n; ++i)
@@ -80,18 +84,30 @@ int64_t top_k_ascending(const uint32_t* keys, int64_t n, int64_t k, int32_t* cho
         for (; digit > 0 && count[digit] < remaining; --digit) remaining -= count[digit];
         prefix |= static_cast<uint32_t>(digit) << shift;
         mask |= 255u << shift;
+        equal = count[digit];
     }
     int64_t m = 0;
-    for (int64_t i = 0; i < n; ++i) {
-        if (keys[i] > prefix || (keys[i] == prefix && remaining-- > 0)) chosen[m++] = static_cast<int32_t>(i);
+    if (equal <= remaining) {
+        for (int64_t i = 0; i < n; ++i)
+            if (keys[i] >= prefix) chosen[m++] = static_cast<int32_t>(i);
+        return m;
     }
+    scratch.tie_keys.assign(keys, keys + n);
+    scratch.tie_index.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) scratch.tie_index[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    topk_tie_order::select({scratch.tie_keys.data(), scratch.tie_index.data()}, k, n);
+    // The kept indices, ascending: mark them in the permuted key copy (no longer needed), then scan.
+    std::fill(scratch.tie_keys.begin(), scratch.tie_keys.end(), 0u);
+    for (int64_t j = 0; j < k; ++j) scratch.tie_keys[static_cast<size_t>(scratch.tie_index[static_cast<size_t>(j)])] = 1;
+    for (int64_t i = 0; i < n; ++i)
+        if (scratch.tie_keys[static_cast<size_t>(i)]) chosen[m++] = static_cast<int32_t>(i);
     return m;
 }
 
 }  // namespace
 
 int64_t qsa_select_into(const IndexerShape& s, const float* q, const float* pooled, int64_t pos, int32_t* cells,
-                        float* scores, std::vector<uint32_t>& keys) {
+                        float* scores, QsaSelectScratch& scratch) {
     const int64_t n_visible = pos + 1;
     const int64_t n_blocks = n_visible / s.ratio;
     int64_t n = 0;
@@ -101,6 +117,7 @@ int64_t qsa_select_into(const IndexerShape& s, const float* q, const float* pool
         if (k == n_blocks) {
             for (int64_t c = 0; c < n_blocks * s.ratio; ++c) cells[n++] = static_cast<int32_t>(c);
         } else {
+            std::vector<uint32_t>& keys = scratch.keys;
             keys.resize(static_cast<size_t>(n_blocks));
             for (int64_t b = 0; b < n_blocks; ++b) {
                 float sum = 0.0f;
@@ -112,7 +129,7 @@ int64_t qsa_select_into(const IndexerShape& s, const float* q, const float* pool
             // The chosen block ids go to the end of `cells` (room for k of them there: k * ratio >= k), then expand
             // in place from the front, which never overtakes the ids still to be read.
             int32_t* chosen = cells + k * (s.ratio - 1);
-            const int64_t m = top_k_ascending(keys.data(), n_blocks, k, chosen);
+            const int64_t m = top_k_ascending(keys.data(), n_blocks, k, chosen, scratch);
             for (int64_t j = 0; j < m; ++j) {
                 const int32_t block = chosen[j];
                 for (int64_t i = 0; i < s.ratio; ++i) cells[n++] = static_cast<int32_t>(block * s.ratio + i);
@@ -126,8 +143,8 @@ int64_t qsa_select_into(const IndexerShape& s, const float* q, const float* pool
 std::vector<int32_t> qsa_select(const IndexerShape& s, const float* q, const float* pooled, int64_t pos) {
     std::vector<int32_t> cells(static_cast<size_t>(qsa_max_cells(s)));
     std::vector<float> scores(static_cast<size_t>((pos + 1) / s.ratio + 1));
-    std::vector<uint32_t> keys;
-    cells.resize(static_cast<size_t>(qsa_select_into(s, q, pooled, pos, cells.data(), scores.data(), keys)));
+    QsaSelectScratch scratch;
+    cells.resize(static_cast<size_t>(qsa_select_into(s, q, pooled, pos, cells.data(), scores.data(), scratch)));
     return cells;
 }
 
@@ -237,13 +254,13 @@ void attention_forward(const AttentionForwardArgs& a) {
         n_cells = scratch.take<int64_t>(T);
         run(a.pool, T, [&](int64_t begin, int64_t end) {
             thread_local std::vector<float> scores;
-            thread_local std::vector<uint32_t> keys;
+            thread_local QsaSelectScratch select_scratch;
             for (int64_t t = begin; t < end; ++t) {
                 const int64_t pos = row_pos(t);
                 scores.resize(static_cast<size_t>((pos + 1) / ix.ratio + 1));
                 n_cells[t] = qsa_select_into(ix, index_q + t * ix.n_head * ix.head_dim,
                                              a.caches[static_cast<size_t>(row_seq[t])]->index_pooled.data(), pos,
-                                             cells + t * cells_stride, scores.data(), keys);
+                                             cells + t * cells_stride, scores.data(), select_scratch);
             }
         });
     } else {

@@ -80,11 +80,17 @@ void attention_forward(const AttentionForwardArgs& args);
 // sum_h relu(q_h . k_block) / sqrt(di) (at most budget / ratio of them), then the partial tail block.
 // q: ni x di (normalised, rotated); pooled: one di row per complete block.
 std::vector<int32_t> qsa_select(const IndexerShape& shape, const float* q, const float* pooled, int64_t pos);
-// The same into `cells` (room for qsa_max_cells), returning how many; scores: room for pos / ratio + 1 floats; keys:
-// working space (grown to pos / ratio + 1, so reusing one vector allocates only when a longer context comes).
-// The best blocks are found by radix select: linear in the number of blocks.
+// Working space of qsa_select_into (grown to the number of blocks, so reusing one allocates only when a longer
+// context comes): the blocks' order keys, and a copy of them with their indices for selections decided by a tie.
+struct QsaSelectScratch {
+    std::vector<uint32_t> keys, tie_keys;
+    std::vector<int32_t> tie_index;
+};
+// The same into `cells` (room for qsa_max_cells), returning how many; scores: room for pos / ratio + 1 floats.
+// The best blocks are found by radix select, linear in the number of blocks; where equal scores straddle the cut,
+// the blocks kept are the ones torch.topk keeps on the CPU (core/topk_tie_order.h), as in the transformers oracle.
 int64_t qsa_select_into(const IndexerShape& shape, const float* q, const float* pooled, int64_t pos, int32_t* cells,
-                        float* scores, std::vector<uint32_t>& keys);
+                        float* scores, QsaSelectScratch& scratch);
 inline int64_t qsa_max_cells(const IndexerShape& s) {
     return s.budget / s.ratio * s.ratio + s.ratio;
 }

@@ -110,7 +110,7 @@ struct QsaSelectArgs {
     int64_t max_blocks = 0;         // rows in pooled (the capacity in cells / ratio); longer caches are cut there
     const int32_t* n_cells = nullptr;
     float* scores = nullptr;    // max_blocks floats of workspace (written only when a selection is needed)
-    uint32_t* keys = nullptr;   // max_blocks of workspace
+    uint32_t* keys = nullptr;   // 2 x max_blocks of workspace (the second half for selections decided by a tie)
     int32_t* cells = nullptr;   // room for qsa_max_cells(args)
     int32_t* n_selected = nullptr;
 };

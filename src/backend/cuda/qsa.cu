@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/warp_reduce.cuh"
+#include "core/topk_tie_order.h"
 
 namespace strata::cuda {
 
@@ -140,10 +141,13 @@ __global__ void __launch_bounds__(kSelectThreads) qsa_select_kernel(QsaSelectArg
             mask |= 255u << shift;
             __syncthreads();
         }
-        // Every key above the prefix, and the first `remaining` equal to it (lowest index first), in ascending order:
-        // each warp owns a contiguous range and walks it 32 consecutive keys at a time (conflict-free shared reads);
-        // two block scans over the warps' counts give each warp its place among the equal keys and in the output, and
-        // ballots give each lane its place within a step.
+        // Every key above the prefix and `remaining` of those equal to it, in ascending order: each warp owns a
+        // contiguous range and walks it 32 consecutive keys at a time (conflict-free shared reads); two block scans
+        // over the warps' counts give each warp its place among the equal keys and in the output, and ballots give
+        // each lane its place within a step. When every equal key is kept the set is plain; when equal keys straddle
+        // the cut, torch.topk's choice among them (core/topk_tie_order.h, as the CPU) is replayed by one thread and
+        // the kept blocks flagged in `keys` (the global copy; the shared one, if any, is not read again), with their
+        // indices in the workspace's second half.
         const int lane = tid % 32;
         const int32_t per_warp = ((n.n_blocks + kWarpsPerSelect - 1) / kWarpsPerSelect + 31) / 32 * 32;
         const int32_t begin = min(n.n_blocks, warp * per_warp), end = min(n.n_blocks, begin + per_warp);
@@ -159,9 +163,30 @@ __global__ void __launch_bounds__(kSelectThreads) qsa_select_kernel(QsaSelectArg
         }
         // Only lane 0 of each warp enters the scans, so a lane-0 inclusive sum counts whole warps.
         const int32_t equal_in = lane == 0 ? equal : 0;
+        int32_t equal_total = 0;
         const int32_t equal_before =
-            __shfl_sync(0xffffffffu, block_inclusive_sum(equal_in, warp_sums, nullptr) - equal_in, 0);
-        const int32_t take_equal = max(0, min(equal, remaining - equal_before));
+            __shfl_sync(0xffffffffu, block_inclusive_sum(equal_in, warp_sums, &equal_total) - equal_in, 0);
+        const bool by_flag = equal_total > remaining;
+        uint32_t* flags = a.keys;
+        if (by_flag) {
+            int32_t* index = reinterpret_cast<int32_t*>(a.keys + a.max_blocks);
+            for (int32_t i = tid; i < n.n_blocks; i += kSelectThreads) {
+                flags[i] = keys[i];
+                index[i] = i;
+            }
+            __syncthreads();
+            if (tid == 0) topk_tie_order::select({flags, index}, n.k, n.n_blocks);
+            __syncthreads();
+            for (int32_t i = tid; i < n.n_blocks; i += kSelectThreads) flags[i] = 0;
+            __syncthreads();
+            for (int32_t j = tid; j < n.k; j += kSelectThreads) flags[index[j]] = 1;
+            __syncthreads();
+            above = 0;
+            for (int32_t i = begin + lane; i < end; i += 32) above += flags[i] != 0;
+#pragma unroll
+            for (int off = 16; off > 0; off /= 2) above += __shfl_xor_sync(0xffffffffu, above, off);
+        }
+        const int32_t take_equal = by_flag ? 0 : max(0, min(equal, remaining - equal_before));
         const int32_t mine = lane == 0 ? above + take_equal : 0;
         int32_t chosen_total = 0;
         int32_t out = __shfl_sync(0xffffffffu, block_inclusive_sum(mine, warp_sums, &chosen_total) - mine, 0);
@@ -170,17 +195,22 @@ __global__ void __launch_bounds__(kSelectThreads) qsa_select_kernel(QsaSelectArg
         const uint32_t below = (1u << lane) - 1u;
         for (int32_t base = begin; base < end; base += 32) {
             const int32_t i = base + lane;
-            const uint32_t key = i < end ? keys[i] : 0u;
-            const bool is_equal = i < end && key == prefix;
-            const uint32_t equal_mask = __ballot_sync(0xffffffffu, is_equal);
-            const bool take = i < end && (key > prefix ||
-                                          (is_equal && equal_seen + __popc(equal_mask & below) < remaining));
+            bool take = false;
+            if (by_flag) {
+                take = i < end && flags[i] != 0;
+            } else {
+                const uint32_t key = i < end ? keys[i] : 0u;
+                const bool is_equal = i < end && key == prefix;
+                const uint32_t equal_mask = __ballot_sync(0xffffffffu, is_equal);
+                take = i < end &&
+                       (key > prefix || (is_equal && equal_seen + __popc(equal_mask & below) < remaining));
+                equal_seen += __popc(equal_mask);
+            }
             const uint32_t take_mask = __ballot_sync(0xffffffffu, take);
             if (take) {
                 const int32_t slot = out + __popc(take_mask & below);
                 for (int32_t j = 0; j < ratio; ++j) a.cells[slot * ratio + j] = i * ratio + j;
             }
-            equal_seen += __popc(equal_mask);
             out += __popc(take_mask);
         }
         n_out = chosen_total * ratio;

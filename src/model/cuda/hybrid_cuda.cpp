@@ -342,7 +342,7 @@ void CudaHybridModel::allocate_sequence(CudaSequence& s) const {
         }
     }
     s.qsa_scores = ctx_->allocate(size_t(max_blocks) * 4, "sequence state");
-    s.qsa_keys = ctx_->allocate(size_t(max_blocks) * 4, "sequence state");
+    s.qsa_keys = ctx_->allocate(size_t(max_blocks) * 8, "sequence state");  // keys, then a tie's block indices
     s.dense_splits = any_dense ? cuda::decode_attention_splits(*ctx_, a.n_head_kv, cap) : 1;
     s.sparse_splits = any_sparse ? cuda::decode_attention_splits(*ctx_, a.n_head_kv, std::min(cap, w_.max_cells)) : 1;
     if (any_dense || any_sparse)

@@ -21,6 +21,8 @@
 #include <vector>
 
 
+#include <nlohmann/json.hpp>
+
 #include "convert/convert.h"
 #include "test_util.h"
 #include "core/dtype.h"
@@ -118,6 +120,30 @@ TEST_P(Parity, F32PrefillLogitsMatchTransformers) {
     EXPECT_EQ(agree, static_cast<int>(g.prompt.size()));
 }
 
+// The same fixture converted by llama.cpp's own converter (tools/goldens/llamacpp_convert.py, on the GPU machine): a
+// file strata did not write (llama.cpp's value-head order, norm offsets and metadata) must give the same logits.
+TEST_P(Parity, LlamaCppConvertedFileMatchesTransformers) {
+    const Golden& g = *golden_;
+    const fs::path file = g.dir / "llamacpp-f32.gguf";
+    if (!fs::exists(file)) GTEST_SKIP() << "no " << file.string() << " (tools/goldens/llamacpp_convert.py)";
+    auto model = load_model(file.string(), {.n_threads = 2});
+    const int64_t V = model->info().n_vocab;
+    ASSERT_EQ(g.logits.size(), g.prompt.size() * static_cast<size_t>(V));
+    const std::vector<float> ours = prefill(*model, g.prompt);
+    double max_diff = 0, max_ref = 0;
+    for (size_t i = 0; i < ours.size(); ++i) {
+        max_diff = std::max(max_diff, std::fabs(static_cast<double>(ours[i]) - g.logits[i]));
+        max_ref = std::max(max_ref, std::fabs(static_cast<double>(g.logits[i])));
+    }
+    std::printf("[ %s ] llama.cpp-converted: max |diff| %.3g, relative %.3g\n", GetParam().c_str(), max_diff,
+                max_diff / max_ref);
+    EXPECT_LE(max_diff, 1e-3 * max_ref);
+    int agree = 0;
+    for (size_t t = 0; t < g.prompt.size(); ++t)
+        agree += argmax(ours.data() + t * V, V) == argmax(g.logits.data() + t * V, V);
+    EXPECT_EQ(agree, static_cast<int>(g.prompt.size()));
+}
+
 TEST_P(Parity, GreedyContinuationMatchesTransformers) {
     const Golden& g = *golden_;
     auto model = load_model(converted(g, DType::F32), {.n_threads = 2});
@@ -164,9 +190,17 @@ TEST_P(Parity, Q8_0StaysCloseToF32) {
         kl_sum += kl;
     }
     const double top1 = static_cast<double>(agree) / static_cast<double>(T);
-    std::printf("[ %s ] q8_0 vs f32: top-1 agreement %.4f, mean KL %.3g\n", GetParam().c_str(), top1,
-                kl_sum / static_cast<double>(T));
-    EXPECT_GE(top1, 0.98);
+    // The bar is 98%. Fixtures drawn so that ties at zero decide QSA selections (make_qsa_goldens.py; meta.json's
+    // selection_ties) flip a selection whenever rounding moves a score across 0, so for them the bar is what
+    // transformers itself measured for a Q8_0-rounded copy (meta.json's q8_0_sensitivity), less two flips.
+    double bar = 0.98;
+    std::ifstream meta_file(g.dir / "meta.json");
+    const nlohmann::json meta = nlohmann::json::parse(meta_file, nullptr, /*allow_exceptions=*/false);
+    if (meta.is_object() && meta.value("selection_ties", 0) > 0 && meta.contains("q8_0_sensitivity"))
+        bar = std::min(bar, meta["q8_0_sensitivity"].value("top1", 1.0) - 2.0 / static_cast<double>(T));
+    std::printf("[ %s ] q8_0 vs f32: top-1 agreement %.4f (bar %.4f), mean KL %.3g\n", GetParam().c_str(), top1,
+                bar, kl_sum / static_cast<double>(T));
+    EXPECT_GE(top1, bar);
     EXPECT_LT(kl_sum / static_cast<double>(T), 0.01);
 }
 

@@ -841,19 +841,24 @@ def build_fixture(fx, out_root):
     vocab = config.vocab_size
     eos = config.eos_token_id[0] if isinstance(config.eos_token_id, list) else config.eos_token_id
     prompt = make_prompt(fx["n_prompt"], vocab, eos, fx["eos_positions"], seed + 2)
-    # The QSA indexer scores blocks by a sum of ReLUs, so blocks can tie at exactly 0, and torch.topk's order among
-    # equal values is unspecified: draw weights until no query's selection depends on a tie.
+    # The QSA indexer scores blocks by a sum of ReLUs, so blocks can tie at exactly 0, and which of them torch.topk
+    # keeps is decided by its algorithm's swaps. By default, draw weights until no query's selection depends on a tie;
+    # fixtures with selection_ties="wanted" (make_qsa_goldens.py) need the opposite: draws where ties decide some.
+    want_ties = fx.get("selection_ties") == "wanted"
     for attempt in range(20):
         init_lines = []
         reinit_weights(model, seed + 1 + 1000 * attempt, init_lines)
         align_gdn_query_key(model, init_lines)
+        if fx.get("post_init"):
+            fx["post_init"](model, init_lines)
         ties = count_selection_ties(model, prompt)
         log(f"  init attempt {attempt}: {ties} QSA selections decided by a tie")
-        if ties == 0:
+        if (ties > 0) == want_ties:
             break
     else:
-        raise RuntimeError(f"{name}: every weight draw left QSA selection ties")
+        raise RuntimeError(f"{name}: no weight draw gave {'some' if want_ties else 'no'} QSA selection ties")
     meta["init_attempt"] = attempt
+    meta["selection_ties"] = ties
     n_params = sum(p.numel() for p in model.parameters())
     meta["n_parameters"] = n_params
     buffers = {n: [str(b.dtype), list(b.shape)] for n, b in model.named_buffers()}

@@ -284,7 +284,7 @@ TEST(TokenConstraint, AnyJsonValueFollowsRfc8259) {
                       "false",
                       "null",
                       "{\"a\":[1,{\"b\":null}],\"c\":\"\\u00e9\\ud83d\\ude00\"}",
-                      " {\"a\" : 1 } ",
+                      "{\"a\" : 1 }",
                       "[1, 2 ,3]",
                       "\"\\\"\\\\\\/\\b\\f\\n\\r\\t\"",
                       "\"\xc3\xa9\xe6\x97\xa5\xe6\x9c\xac\xf0\x9f\x98\x80\"",
@@ -457,11 +457,65 @@ TEST(TokenConstraint, NumbersFollowRfc8259) {
     run_schema_case({json::parse(R"({"type": "integer"})"), {"0", "-7", "42"}, {"1.0", "1e2", "-0.0", "0.5"}});
 }
 
+// llama.cpp's json-schema-to-grammar rule (`space ::= | " " | "\n" [ \t]{0,20}`) with the indent also bounded by the
+// depth: between tokens nothing, one space, or one LF and at most 4 spaces/tabs per open object or array (20 in all);
+// nothing around the top-level value.
 TEST(TokenConstraint, WhitespaceIsBounded) {
-    const json schema = json::parse(R"({"type": "array", "items": {"type": "integer"}})");
-    run_schema_case({schema,
-                     {"[" + std::string(20, ' ') + "1]", "[\n\t1 ,\r\n 2]", " [1] ", "\n[1]\n"},
-                     {"[" + std::string(21, ' ') + "1]", "[\n\n\n1]", std::string(21, ' ') + "[1]"}});
+    const std::string four(4, ' '), five(5, ' ');
+    const json integers = json::parse(R"({"type": "array", "items": {"type": "integer"}})");
+    run_schema_case({integers,
+                     {"[1,2]", "[ 1 , 2 ]", "[\n1,\n2\n]", "[\n" + four + "1,\n" + four + "2\n]", "[\n\t\t1,\n \t2\n]",
+                      "[1\n\t\t\t\t]"},
+                     {"[  1]", "[1,  2]", "[1 ,\t2]", "[\n\n1]", "[1\n\n]", "[ \n1]", "[\t1]", "[\r\n1]", "[1\r]",
+                      "[\n" + five + "1]", "[1\n\t\t\t\t\t]", " [1]", "\n[1]", "[1] ", "[1]\n", "[1]\n  "}});
+    // The indent bound grows by 4 a level up to 20.
+    const auto depth = [](int levels, int indent) {
+        return std::string(static_cast<size_t>(levels), '[') + "\n" + std::string(static_cast<size_t>(indent), ' ') +
+               "1" + std::string(static_cast<size_t>(levels), ']');
+    };
+    run_schema_case({json::object(),
+                     {depth(2, 8), depth(3, 12), depth(5, 20), depth(6, 20), depth(8, 20)},
+                     {depth(2, 9), depth(3, 13), depth(5, 21), depth(6, 21), depth(8, 21)}});
+    // The issue's case: an object with one string property.
+    const json one_string = json::parse(
+        R"({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
+            "additionalProperties": false})");
+    run_schema_case(
+        {one_string,
+         {"{\"name\":\"Ada\"}", "{\"name\": \"Ada\"}", "{ \"name\" : \"Ada\" }", "{\n  \"name\": \"Ada\"\n}",
+          "{\n\t\"name\": \"a  b\"\n}", "{\n    \"name\"\n    : \"Ada\"\n    }"},
+         {"    {\n                   \"name\"\n                   :                    ",
+          "{\n" + std::string(20, ' ') + "\"name\": \"Ada\"}", "{\"name\":  \"Ada\"}", "{\n\n\"name\":\"Ada\"}",
+          "{\"name\":\"Ada\"}\n"}});
+    // json_object mode (response_format type json_object) is the schema {"type": "object"}: the same rule.
+    run_schema_case({json::parse(R"({"type": "object"})"),
+                     {"{\n    \"a\": [\n        1\n    ]\n}", "{\"a\": {\"b\": []}}"},
+                     {"{\n     \"a\": 1}", "{\"a\":  1}", " {}", "{}\n"}});
+}
+
+// Nested containers whose innermost items sit at an indent of depth * indent: objects and arrays in turn.
+json nested_value(int depth) {
+    if (depth == 1) return json::array({1, "x"});
+    if (depth % 2 == 0) return json{{"a", nested_value(depth - 1)}, {"b", true}};
+    return json::array({nested_value(depth - 1), nullptr});
+}
+
+// Pretty-printed JSON (nlohmann's dump(indent), the same layout as Python's json.dumps(indent=...)) is accepted while
+// its deepest indent fits the bound of 20: to a depth of 10 at an indent of 2, 5 at an indent of 4.
+TEST(TokenConstraint, PrettyPrintedJsonFitsUpToTheIndentBound) {
+    for (const int indent : {2, 4}) {
+        const int deepest = 20 / indent;
+        for (int depth = 1; depth <= deepest + 1; ++depth) {
+            const std::string text = nested_value(depth).dump(indent);
+            const bool fits = depth <= deepest;
+            for (const bool bytes_only : {true, false}) {
+                const auto v = bytes_only ? byte_vocab() : multi_vocab();
+                EXPECT_EQ(feeds(v, make_json_schema_constraint(v, json::object()), text, bytes_only, false), fits)
+                    << "indent " << indent << " depth " << depth << ":\n"
+                    << text;
+            }
+        }
+    }
 }
 
 TEST(TokenConstraint, CompleteAndMustEnd) {
@@ -490,7 +544,7 @@ TEST(TokenConstraint, CompleteAndMustEnd) {
     obj->accept('{');
     obj->accept('}');
     EXPECT_TRUE(obj->complete());
-    EXPECT_FALSE(obj->must_end());  // trailing whitespace may follow
+    EXPECT_TRUE(obj->must_end());  // nothing may follow the top-level value, not even whitespace
 }
 
 TEST(TokenConstraint, RejectedTokenLeavesStateUnchanged) {
@@ -566,6 +620,10 @@ TEST(TokenConstraint, ToolCalls) {
         EXPECT_TRUE(check(std::nullopt, true, weather));
         EXPECT_FALSE(check(std::nullopt, false, two));
         EXPECT_FALSE(check(std::nullopt, true, weather + "\n"));
+        // The arguments sit inside the call's object: pretty-printed at an indent of 4, their keys are at 8.
+        EXPECT_TRUE(check(std::nullopt, false, call_text("get_weather", "{\n        \"city\": \"Paris\"\n    }")));
+        EXPECT_FALSE(check(std::nullopt, false, call_text("get_weather", "{\n         \"city\": \"Paris\"}")));
+        EXPECT_FALSE(check(std::nullopt, false, call_text("get_weather", "{\"city\":  \"Paris\"}")));
     }
     const auto v = byte_vocab();
     auto single = make_tool_call_constraint(v, weather_tools(), std::nullopt, false);
@@ -746,7 +804,10 @@ bool validates(const json& v, const json& s, const json& root, std::string& why)
         for (const json& t : types) {
             const std::string name = t.get<std::string>();
             ok = ok || (name == "string" && v.is_string()) || (name == "number" && v.is_number()) ||
-                 (name == "integer" && (v.is_number_integer() || v.is_number_unsigned())) ||
+                 // JSON Schema's integer: any number without a fractional part (beyond uint64, nlohmann reads
+                 // a double).
+                 (name == "integer" && (v.is_number_integer() || v.is_number_unsigned() ||
+                                        (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()))) ||
                  (name == "boolean" && v.is_boolean()) || (name == "null" && v.is_null()) ||
                  (name == "object" && v.is_object()) || (name == "array" && v.is_array());
         }

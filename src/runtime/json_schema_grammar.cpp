@@ -602,7 +602,7 @@ Grammar compile_tools(const nlohmann::json& tools, const std::optional<std::stri
                          text.literal({"}\n</tool_call>"})};
     }
     g.root = text.add(std::move(call));
-    g.tool_mode = true;
+    if (!xml) g.root_depth = 1;  // the arguments sit inside the call's {"name": ..., "arguments": ...}
     if (allow_parallel) {
         Node again{.kind = NodeKind::Sequence};
         again.children = {text.literal({"\n"}), g.root};

@@ -2,8 +2,10 @@
 // byte by the recognizer in json_schema_recognizer.h.
 //
 // Language, decided here once for every schema:
-//  - Whitespace (space, tab, CR, LF) where JSON allows it, at most kMaxWhitespaceRun bytes in a row with at most
-//    kMaxWhitespaceNewlines LF among them; the same before and after the top-level value.
+//  - Whitespace where JSON allows it between tokens: nothing, one space, or one LF followed by at most
+//    min(kMaxIndent, kIndentPerLevel * depth) spaces/tabs, depth being the objects and arrays open there (1 inside the
+//    top-level one); no CR, no lone tab, no second LF. That is llama.cpp's json-schema-to-grammar rule with the indent
+//    also bounded by the depth. None before the top-level value or after it: a reply ends with its closing bracket.
 //  - Objects: keys are the exact property names (as JSON strings, written without escapes unless the name needs
 //    them), in any order, each at most once; every "required" key must appear before "}". Without
 //    "additionalProperties", an object schema that has "properties" allows no other keys (JSON Schema would allow
@@ -27,8 +29,8 @@
 
 namespace strata::constraint {
 
-inline constexpr int kMaxWhitespaceRun = 20;
-inline constexpr int kMaxWhitespaceNewlines = 2;
+inline constexpr int kMaxIndent = 20;
+inline constexpr int kIndentPerLevel = 4;
 inline constexpr int kMaxIntegerDigits = 20;
 inline constexpr int kMaxFractionDigits = 20;
 inline constexpr int kMaxExponentDigits = 4;
@@ -77,8 +79,8 @@ struct Node {
 struct Grammar {
     std::vector<Node> nodes;
     uint32_t root = kNoNode;    // the value (JSON mode) or one tool call (tool mode)
-    bool tool_mode = false;     // no whitespace around the root; `repeat` may follow it
     uint32_t repeat = kNoNode;  // tool mode with parallel calls: what may follow a whole call, again and again
+    uint8_t root_depth = 0;     // objects open around the root (1 for the JSON tool call: its arguments' indent)
 };
 
 // Throws Error naming the keyword and its path for unsupported, invalid or unsatisfiable schemas.

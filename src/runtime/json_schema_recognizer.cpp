@@ -1,6 +1,8 @@
 // The byte-level recognizer: one step per byte over a stack of frames (see json_schema_recognizer.h).
 #include "runtime/json_schema_recognizer.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace strata::constraint {
@@ -33,12 +35,21 @@ int hex_value(uint8_t b) {
 
 enum class Ws { No, Taken, Reject };
 
+// Whitespace between tokens (f is an object or array): nothing, one space, or one LF followed by an indent of spaces
+// and tabs, at most kIndentPerLevel bytes per open container and kMaxIndent in all. This is llama.cpp's
+// json-schema-to-grammar rule (`space ::= | " " | "\n" [ \t]{0,20}`) with the indent also bounded by the depth:
+// pretty-printed JSON fits (an indent of 2 to a depth of 10, 4 to a depth of 5, tabs to 20), while a small model that
+// indents 20 spaces at every line of a one-key object (10 tokens a line for the bundled model) cannot. No CR, no lone
+// tab, no second LF.
 Ws take_whitespace(Frame& f, uint8_t b) {
     if (b != ' ' && b != '\t' && b != '\n' && b != '\r') return Ws::No;
-    if (f.ws >= kMaxWhitespaceRun) return Ws::Reject;
-    if (b == '\n') {
-        if (f.ws_newlines >= kMaxWhitespaceNewlines) return Ws::Reject;
-        ++f.ws_newlines;
+    if (f.ws == 0) {
+        if (b != ' ' && b != '\n') return Ws::Reject;
+        f.ws_newline = b == '\n';
+    } else {
+        const int indent = f.ws - 1;  // the run began with LF, counted in f.ws
+        const int max_indent = std::min(kMaxIndent, kIndentPerLevel * f.depth);
+        if (!f.ws_newline || (b != ' ' && b != '\t') || indent >= max_indent) return Ws::Reject;
     }
     ++f.ws;
     return Ws::Taken;
@@ -47,7 +58,7 @@ Ws take_whitespace(Frame& f, uint8_t b) {
 void set_phase(Frame& f, uint8_t phase) {
     f.phase = phase;
     f.ws = 0;
-    f.ws_newlines = 0;
+    f.ws_newline = 0;
 }
 
 // Candidates in [lo, hi) share their first `pos` bytes and are sorted, so those whose byte `pos` is b form a range.
@@ -167,12 +178,16 @@ Stack Stepper::initial(const Grammar& grammar) {
     Stack s;
     s.top.kind = FrameKind::Root;
     s.top.node = grammar.root;
+    s.top.depth = grammar.root_depth;
     return s;
 }
 
 Stack Stepper::push(const Stack& s, const Frame& child) {
     arena_.push_back(Link{s.top, s.parent});
-    return Stack{child, static_cast<int32_t>(arena_.size() - 1)};
+    Stack out{child, static_cast<int32_t>(arena_.size() - 1)};
+    const bool container = child.kind == FrameKind::Object || child.kind == FrameKind::Array;
+    out.top.depth = static_cast<uint8_t>(std::min<int>(s.top.depth + (container ? 1 : 0), 255));
+    return out;
 }
 
 Stack Stepper::pop(const Stack& s) const {
@@ -316,14 +331,9 @@ void Stepper::step(Stack s, uint8_t b, std::vector<Stack>& out) {
         Frame& f = s.top;
         const Node& n = g_.nodes[f.node];
         switch (f.kind) {
-            case FrameKind::Root: {
-                if (!g_.tool_mode) {
-                    const Ws ws = take_whitespace(f, b);
-                    if (ws == Ws::Taken) out.push_back(s);
-                    if (ws != Ws::No) return;
-                }
+            case FrameKind::Root: {  // nothing before the value or after it: the reply is the value alone
                 if (f.phase == 0) {
-                    set_phase(f, 1);
+                    f.phase = 1;
                     start_value(g_.root, s, b, out);
                 } else if (g_.repeat != kNoNode) {
                     start_value(g_.repeat, s, b, out);

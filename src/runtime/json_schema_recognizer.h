@@ -34,14 +34,15 @@ struct Frame {
     uint32_t node = 0;
     FrameKind kind = FrameKind::Root;
     uint8_t phase = 0;
-    uint8_t ws = 0;           // whitespace bytes in the current run
-    uint8_t ws_newlines = 0;  // LF among them
-    uint32_t count = 0;       // array items, string code points, digits, or position in a literal/key
-    uint16_t lo = 0;          // candidates (literal, dispatch, object keys) still matching: [lo, hi)
+    uint8_t ws = 0;          // whitespace bytes in the current run
+    uint8_t ws_newline = 0;  // 1: the run began with LF (an indent may follow)
+    uint32_t count = 0;      // array items, string code points, digits, or position in a literal/key
+    uint16_t lo = 0;         // candidates (literal, dispatch, object keys) still matching: [lo, hi)
     uint16_t hi = 0;
     uint32_t value_node = 0;  // object: schema of the value after the current key; dispatch: the chosen child
     TextState text;           // string content, or an object key that is not a declared name
     uint8_t free_key = 0;     // object key: may still be an undeclared (additional) key
+    uint8_t depth = 0;        // objects and arrays open around and including this frame (at most 255)
     uint64_t seen = 0;        // object: declared keys already written
     bool operator==(const Frame&) const = default;
 };

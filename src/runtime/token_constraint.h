@@ -7,8 +7,9 @@
 // never allowed (give a token no bytes to ban it, e.g. control tokens that must not appear inside JSON).
 //
 // Language details (json_schema_grammar.h has the full list):
-//  - Whitespace: JSON's four whitespace bytes where JSON allows them, at most 20 in a row with at most 2 newlines, so a
-//    model cannot loop on whitespace; up to the same run before and after the top-level value.
+//  - Whitespace between tokens: nothing, one space, or one LF and an indent of at most 4 spaces/tabs per open object
+//    or array and 20 in all (llama.cpp's rule, with the indent also bounded by the depth), so a model cannot spend its
+//    tokens on whitespace; none before or after the top-level value.
 //  - Object properties may come in any order; required ones must appear, each property at most once. An object schema
 //    with "properties" and no "additionalProperties" allows no other keys (stricter than JSON Schema's default, as
 //    llama.cpp and OpenAI's strict mode do: the output is still valid against the schema).

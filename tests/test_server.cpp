@@ -42,12 +42,13 @@ const std::string& tiny_model() {
 // One `strata serve` process on a free port; SIGTERM when it goes (and the exit status must then be 0).
 class Server {
   public:
-    explicit Server(std::vector<std::string> flags, std::vector<std::string> env_extra = {}) {
+    explicit Server(std::vector<std::string> flags, std::vector<std::string> env_extra = {}, std::string model = {}) {
         // A request the server refuses early (413) may close the socket while the test still writes: that must be an
         // error the test sees, not SIGPIPE killing the test program (and leaving its servers running).
         ::signal(SIGPIPE, SIG_IGN);
         log_ = dir_ / "stderr";
-        std::vector<std::string> argv = {STRATA_BINARY, "serve", "--model", tiny_model(), "--port", "0"};
+        if (model.empty()) model = tiny_model();
+        std::vector<std::string> argv = {STRATA_BINARY, "serve", "--model", model, "--port", "0"};
         if (std::find(flags.begin(), flags.end(), "--threads") == flags.end()) flags.insert(flags.end(), {"--threads", "2"});
         argv.insert(argv.end(), flags.begin(), flags.end());
         std::vector<char*> cargv;
@@ -379,6 +380,39 @@ TEST(Server, JsonSchemaOutputParsesAndValidates) {
         EXPECT_TRUE(v["color"] == "red" || v["color"] == "green" || v["color"] == "blue") << content;
         EXPECT_TRUE(v["count"].is_number_integer()) << content;
         EXPECT_EQ(v.size(), 3u) << content;
+    }
+}
+
+// The bundled model (a 19M code model, trained weights) on the schema of issue 30: an object with one string property,
+// strict. It likes to indent by 20 spaces, which it writes as pairs of 3 + 1 spaces; with whitespace bounded only
+// loosely it ran out of tokens before the closing brace. Greedy, so the answers are reproducible; several prompts, at
+// the default max_tokens and at 64. Oracle: nlohmann's parser and the schema (one key "name", a string).
+TEST(Server, BundledModelJsonSchemaAnswersParseWithinTheirBudget) {
+    const std::string bundled = std::string(STRATA_SOURCE_DIR) + "/assets/strata-code-19m.gguf";
+    Server s({"--parallel", "2"}, {}, bundled);
+    const Json schema = Json::parse(R"({"type": "object", "properties": {"name": {"type": "string"}},
+                                        "required": ["name"], "additionalProperties": false})");
+    const Json response_format = {{"type", "json_schema"},
+                                  {"json_schema", {{"name", "named"}, {"strict", true}, {"schema", schema}}}};
+    for (const char* prompt : {"Give me a name as JSON.", "Name a programming language.",
+                               "Reply with JSON: the name of a fruit.", "Hello, who are you?",
+                               "What is the name of the function that sorts a list in Python?",
+                               "Write a Python function that adds two numbers."}) {
+        for (const int max_tokens : {0, 64}) {  // 0: the default (up to the context)
+            Json req = {{"messages", {{{"role", "user"}, {"content", prompt}}}},
+                        {"temperature", 0},
+                        {"response_format", response_format}};
+            if (max_tokens > 0) req["max_tokens"] = max_tokens;
+            const Json r = s.post_json("/v1/chat/completions", req);
+            if (r.is_null()) continue;
+            const std::string content = r["choices"][0]["message"]["content"];
+            const std::string where = std::string(prompt) + ", max_tokens " + std::to_string(max_tokens) + ": ";
+            EXPECT_EQ(r["choices"][0]["finish_reason"], "stop") << where << content;
+            const Json v = Json::parse(content, nullptr, false);
+            ASSERT_TRUE(v.is_object()) << where << content;
+            EXPECT_EQ(v.size(), 1u) << where << content;
+            EXPECT_TRUE(v.contains("name") && v["name"].is_string()) << where << content;
+        }
     }
 }
 

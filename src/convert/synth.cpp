@@ -359,6 +359,24 @@ std::vector<Preset> presets() {
     q3n["intermediate_size"] = 128;
     q3n["rope_parameters"] = {{"rope_theta", 10000000.0}, {"partial_rotary_factor", 0.5}};
     p.push_back({"qwen3next-tiny", "qwen3next: hidden 64, 4 layers, vocab 512, 8 experts top-2", q3n, DType::F32});
+    // The single-stream architectures at small-k's widths, so every quant type reaches their experts too.
+    const json widths_256 = {{"hidden_size", 256}, {"moe_intermediate_size", 256}, {"shared_expert_intermediate_size", 256}};
+    json q35_k = q35, q3n_k = q3n;
+    q35_k.update(widths_256);
+    q3n_k.update(widths_256);
+    p.push_back({"qwen35moe-small-k", "qwen35moe: qwen35moe-tiny at hidden 256 with 256-wide experts", q35_k, DType::F32});
+    p.push_back({"qwen3next-small-k", "qwen3next: qwen3next-tiny at hidden 256 with 256-wide experts", q3n_k, DType::F32});
+    // Widths that 16 does not divide (hidden 72, experts 40, shared expert 24), as small models have: float rows that
+    // the matrix-vector kernels' pieces of 16 do not cover, and rows that fall back from a quant type to f16.
+    const json odd_widths = {{"hidden_size", 72}, {"moe_intermediate_size", 40}, {"shared_expert_intermediate_size", 24}};
+    json tiny_odd = tiny, q35_odd = q35, q3n_odd = q3n;
+    tiny_odd.update(odd_widths);
+    q35_odd.update(odd_widths);
+    q3n_odd.update(odd_widths);
+    p.push_back({"tiny-odd", "qwen4exp: tiny at hidden 72 with 40-wide experts (widths 16 does not divide)",
+                 qwen4exp_config(tiny_odd), DType::F32});
+    p.push_back({"qwen35moe-odd", "qwen35moe: qwen35moe-tiny at hidden 72 with 40-wide experts", q35_odd, DType::F32});
+    p.push_back({"qwen3next-odd", "qwen3next: qwen3next-tiny at hidden 72 with 40-wide experts", q3n_odd, DType::F32});
     return p;
 }
 

@@ -188,8 +188,7 @@ QuantizedActivations quantized_activations_at(void* base, DType w_type, int64_t 
 void quantize_activations(DType w_type, const float* x, int64_t in, int64_t n_rows, const QuantizedActivations& out,
                           cudaStream_t stream);
 // The decode-window product y = w . x in two steps, for a caller that quantizes x itself: where matmul would quantize
-// x for w (its context scratch), then the product of those activations (n_tokens <= kMaxMatvecTokens, rows of a
-// multiple of 16 values).
+// x for w (its context scratch), then the product of those activations (n_tokens <= kMaxMatvecTokens).
 QuantizedActivations matvec_activations(Context& ctx, const Tensor& w, int64_t n_tokens);
 // Whether a window of n_tokens against w runs as that product on Q8_0 activations (blocks of 32), which a kernel
 // before it can then write itself, block by block (gated_norm_matmul, decode_attention_matmul).

@@ -368,7 +368,7 @@ QuantizedActivations activations_in(uint8_t* scratch, const ScratchLayout& l) {
 ScratchLayout scratch_layout(const Tensor& w, int64_t tokens) {
     const int64_t in = w.ne[0], rows = w.ne[1];
     const ActivationFormat format = activation_format(w.type);
-    const bool matvec = tokens <= kMaxMatvecTokens && in % 16 == 0;  // float rows of other lengths: GEMM path
+    const bool matvec = tokens <= kMaxMatvecTokens;
     ScratchLayout l;
     const size_t n_act = static_cast<size_t>(tokens * in);
     l.q = format == ActivationFormat::F32 ? 0 : align_up(n_act);
@@ -437,7 +437,7 @@ void matmul_shared_input(Context& ctx, const float* x, int64_t n_tokens, std::in
         const Tensor& w = *o.w;
         const int64_t in = w.ne[0], rows = w.ne[1];
         if (rows == 0) continue;
-        if (n_tokens > kMaxMatvecTokens || in % 16 != 0) {
+        if (n_tokens > kMaxMatvecTokens) {
             flush();
             matmul(ctx, {.w = w, .x = x, .y = o.y, .n_tokens = n_tokens});  // rewrites the scratch
             quantized_for = nullptr;
@@ -477,7 +477,7 @@ bool matvec_reads_q8_0(const Tensor& w, int64_t n_tokens) {
 void matvec_quantized(Context& ctx, const Tensor& w, const QuantizedActivations& act, const float* x, float* y,
                       int64_t n_tokens) {
     check_weights(w);
-    STRATA_ASSERT(n_tokens >= 1 && n_tokens <= kMaxMatvecTokens && w.ne[0] % 16 == 0);
+    STRATA_ASSERT(n_tokens >= 1 && n_tokens <= kMaxMatvecTokens);
     if (w.ne[1] == 0) return;
     STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
     const MatvecLaunch l{.type = w.type,
@@ -502,7 +502,7 @@ void matmul(Context& ctx, const MatmulArgs& a) {
     cudaStream_t stream = ctx.stream().handle();
     const auto* wdata = static_cast<const uint8_t*>(w.data);
     const ActivationFormat format = activation_format(w.type);
-    const bool matvec = tokens <= kMaxMatvecTokens && in % 16 == 0;  // float rows of other lengths: GEMM path
+    const bool matvec = tokens <= kMaxMatvecTokens;
 
     const ScratchLayout layout = scratch_layout(w, tokens);
     const size_t q_bytes = layout.q, d_bytes = layout.d, s_bytes = layout.s, x_bytes = layout.x;

@@ -206,7 +206,7 @@ void check_expert_tensor(const Tensor* t, const char* what, int64_t in, int64_t 
     if (t->device != Device::Cuda) throw Error(std::string("CUDA MoE: ") + what + " is in host memory");
     if (t->ne[0] != in || t->ne[1] != rows || t->ne[2] != n_expert)
         throw Error(std::string("CUDA MoE: ") + what + " has the wrong shape");
-    if (!supports_matmul(t->type) || in % traits(t->type).block_size != 0 || in % 16 != 0)
+    if (!supports_matmul(t->type) || in % traits(t->type).block_size != 0)
         throw Error(std::string("CUDA MoE: ") + what + " of type " + dtype_name(t->type) +
                     " cannot run as a gathered matrix-vector product");
 }
@@ -311,7 +311,7 @@ void moe_layer(Context& ctx, const MoeLayerArgs& a) {
         const Tensor* shared[] = {w.shared_gate_proj, w.shared_up, w.shared_down};
         for (const Tensor* t : shared)
             if (t->device != Device::Cuda || !supports_matmul(t->type) || t->ne[2] != 1 ||
-                t->ne[0] % traits(t->type).block_size != 0 || t->ne[0] % 16 != 0)
+                t->ne[0] % traits(t->type).block_size != 0)
                 throw Error("CUDA MoE: the shared expert's weights must be device matrices of a supported type");
         if (w.shared_gate_proj->ne[0] != H || w.shared_gate_proj->ne[1] != FS || w.shared_up->ne[0] != H ||
             w.shared_up->ne[1] != FS || w.shared_down->ne[0] != FS || w.shared_down->ne[1] != H ||

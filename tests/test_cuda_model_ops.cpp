@@ -1,6 +1,6 @@
 // CUDA parity of the model-level ops (issue 7, slice 4) against the CPU reference path of this repo:
-// - the MoE layer at decode (1..8 tokens) against model/moe.cpp's moe_forward, for IQ2_XS, Q4_K and Q8_0 experts,
-//   fused and separate gate/up, with a shared expert; the chosen experts identical to cpu::softmax + cpu::top_k's
+// - the MoE layer at decode (1..8 tokens) against model/moe.cpp's moe_forward, for experts of every type the CPU runs
+//   (float ones also at widths 16 does not divide), fused and separate gate/up, with a shared expert; the chosen experts identical to cpu::softmax + cpu::top_k's
 //   (ties forced by duplicated router rows), the routing weights and the output by NMSE; a captured graph replays to
 //   the same bits as eager launches;
 // - the hyper-connection read and write against model/hyper_connection.cpp (Q8_0 and F32 weights);
@@ -108,6 +108,7 @@ struct MoeCase {
     DType down_type;
     int64_t H, E, K, F, FS;
     bool fused;
+    DType shared_type;  // the shared expert's three matrices
 };
 
 struct MoeFixture {
@@ -150,9 +151,9 @@ struct MoeFixture {
         if (FS > 0) {
             shared_gate = gaussian(static_cast<size_t>(H), rng, 0.1f);
             shared_gate_dev = upload(shared_gate);
-            sgate_proj = std::make_unique<Weight>(Weight::random(DType::Q8_0, {H, FS}, rng));
-            sup = std::make_unique<Weight>(Weight::random(DType::Q8_0, {H, FS}, rng));
-            sdown = std::make_unique<Weight>(Weight::random(DType::Q8_0, {FS, H}, rng));
+            sgate_proj = std::make_unique<Weight>(Weight::random(c.shared_type, {H, FS}, rng));
+            sup = std::make_unique<Weight>(Weight::random(c.shared_type, {H, FS}, rng));
+            sdown = std::make_unique<Weight>(Weight::random(c.shared_type, {FS, H}, rng));
             cpu_w.shared_gate = shared_gate;
             cpu_w.shared_gate_proj = sgate_proj->host_t;
             cpu_w.shared_up = sup->host_t;
@@ -283,17 +284,35 @@ TEST_P(CudaMoe, MatchesMoeForward) {
 
 INSTANTIATE_TEST_SUITE_P(
     Types, CudaMoe,
-    ::testing::Values(MoeCase{DType::IQ2_XS, DType::IQ2_XS, 256, 37, 5, 256, 96, false},
-                      MoeCase{DType::Q4_K, DType::Q4_K, 512, 64, 8, 256, 0, true},
-                      MoeCase{DType::Q8_0, DType::Q8_0, 160, 19, 3, 96, 64, false},
-                      MoeCase{DType::IQ2_XS, DType::Q8_0, 256, 128, 10, 160, 160, false},
+    ::testing::Values(MoeCase{DType::IQ2_XS, DType::IQ2_XS, 256, 37, 5, 256, 96, false, DType::Q8_0},
+                      MoeCase{DType::Q4_K, DType::Q4_K, 512, 64, 8, 256, 0, true, DType::Q8_0},
+                      MoeCase{DType::Q8_0, DType::Q8_0, 160, 19, 3, 96, 64, false, DType::Q8_0},
+                      MoeCase{DType::IQ2_XS, DType::Q8_0, 256, 128, 10, 160, 160, false, DType::Q8_0},
                       // Flash-Next's routing (512 experts, top 10: 16 a lane of the one-warp router) and down type.
-                      MoeCase{DType::IQ2_XS, DType::IQ4_NL, 256, 512, 10, 64, 64, false},
+                      MoeCase{DType::IQ2_XS, DType::IQ4_NL, 256, 512, 10, 64, 64, false, DType::Q8_0},
                       // More experts than the one-warp router holds: the block router.
-                      MoeCase{DType::Q8_0, DType::IQ4_NL, 64, 600, 8, 64, 0, false}),
+                      MoeCase{DType::Q8_0, DType::IQ4_NL, 64, 600, 8, 64, 0, false, DType::Q8_0},
+                      // Float experts, as `convert --outtype f32/f16/bf16` writes them: the goldens' shape (hidden
+                      // 64, experts 32 wide), and widths 16 does not divide (hidden 40 or 37, experts 24 or 33, shared
+                      // expert 40 or 21), which the gathered products once refused ("down of type f32 cannot run as
+                      // a gathered matrix-vector product").
+                      MoeCase{DType::F32, DType::F32, 64, 8, 2, 32, 48, false, DType::F32},
+                      MoeCase{DType::F32, DType::F32, 40, 8, 2, 24, 40, false, DType::F32},
+                      MoeCase{DType::F16, DType::F16, 37, 6, 2, 33, 21, true, DType::F16},
+                      MoeCase{DType::BF16, DType::BF16, 40, 9, 3, 24, 40, false, DType::BF16},
+                      // Quantized gate/up over rows of 256 with a down product whose 40-wide rows hold no block:
+                      // what `strata quantize` writes then (f16 fallback).
+                      MoeCase{DType::Q4_K, DType::F16, 256, 8, 2, 40, 48, false, DType::F16},
+                      // The other expert types the CPU runs, one case each.
+                      MoeCase{DType::Q4_0, DType::Q4_0, 96, 8, 2, 64, 32, false, DType::Q4_0},
+                      MoeCase{DType::Q2_K, DType::Q3_K, 256, 8, 2, 256, 256, true, DType::Q6_K},
+                      MoeCase{DType::Q5_K, DType::Q6_K, 256, 8, 2, 256, 256, false, DType::Q5_K},
+                      MoeCase{DType::IQ4_XS, DType::IQ3_XXS, 256, 8, 3, 256, 256, false, DType::IQ4_XS},
+                      MoeCase{DType::IQ3_S, DType::IQ1_M, 256, 8, 2, 256, 256, true, DType::IQ3_S}),
     [](const ::testing::TestParamInfo<MoeCase>& case_info) {
         return std::string(strata::dtype_name(case_info.param.expert_type)) + "_" +
-               strata::dtype_name(case_info.param.down_type) + "_E" + std::to_string(case_info.param.E);
+               strata::dtype_name(case_info.param.down_type) + "_H" + std::to_string(case_info.param.H) + "_E" +
+               std::to_string(case_info.param.E);
     });
 
 // ---- hyper-connections ----------------------------------------------------------------------------------------------

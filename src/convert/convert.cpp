@@ -13,7 +13,7 @@
 
 namespace strata {
 
-void convert_hf_to_gguf(const ConvertOptions& o) {
+ConvertReport convert_hf_to_gguf(const ConvertOptions& o) {
     namespace fs = std::filesystem;
     check_output_type(o.out_type);
     if (o.hf_dir.empty()) throw Error("convert: no HF folder given (--hf DIR)");
@@ -44,6 +44,9 @@ void convert_hf_to_gguf(const ConvertOptions& o) {
     const std::unique_ptr<TensorSource> source = open_safetensors_source(o.hf_dir);
     const ConversionPlan plan = plan_conversion(config, *source, {.include_mtp = o.include_mtp});
 
+    if (const std::string warning = llama_cpp_warning(plan, "strata convert"); !warning.empty())
+        std::fprintf(stderr, "%s\n", warning.c_str());
+
     gguf::Writer writer;
     // general.name: the folder's name, or its parent's when the folder is a generic "hf"/"model" directory
     fs::path dir = fs::absolute(o.hf_dir).lexically_normal();
@@ -55,6 +58,7 @@ void convert_hf_to_gguf(const ConvertOptions& o) {
     add_vocab_keys(writer, *vocab);
     add_planned_tensors(writer, plan, {.out_type = o.out_type});
     writer.write(o.out_path, o.split_max_bytes);
+    return {.llama_cpp_unsupported = plan.llama_cpp_unsupported};
 }
 
 }  // namespace strata

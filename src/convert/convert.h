@@ -20,8 +20,13 @@ struct ConvertOptions {
     uint64_t split_max_bytes = 0;    // 0: one file
 };
 
+struct ConvertReport {
+    // Why llama.cpp cannot load the file written (one reason each; a warning on stderr says so); empty when it can.
+    std::vector<std::string> llama_cpp_unsupported;
+};
+
 // Throws Error with one line naming the problem (missing config, unknown architecture, missing tensor, shape ...).
-void convert_hf_to_gguf(const ConvertOptions& options);
+ConvertReport convert_hf_to_gguf(const ConvertOptions& options);
 
 // A copy of a GGUF without its MTP (nextn) blocks: block_count and per-block arrays shortened, nextn_predict_layers
 // dropped, tensors copied byte for byte. Throws Error when the file has no MTP block.

@@ -75,6 +75,31 @@ std::optional<int64_t> attention_interval(const std::vector<bool>& is_attention)
 
 }  // namespace
 
+std::vector<int32_t> rope_dimension_sections(const HfConfig& c) {
+    // transformers' Qwen4Exp / Qwen3.5 rotary embedding defaults to [11, 11, 10] (as llama.cpp's converter writes)
+    std::vector<int64_t> sections = c.mrope_section.empty() ? std::vector<int64_t>{11, 11, 10} : c.mrope_section;
+    sections.resize(4, 0);
+    // Rotary pair i takes the height position when i % 3 == 1 and i < 3 s1, the width one when i % 3 == 2 and
+    // i < 3 s2, else the time one (transformers' recomposition); llama.cpp's imrope applies the same tests to i modulo
+    // the sections' sum, and asserts that the sum fits the rotated head (it aborted on [11, 11, 10] with 8 rotary
+    // dims). When the sections name more pairs than there are, they are cut to the pairs: height and width keep the
+    // pairs i < n_pairs they had, time takes the rest, so the sum is n_pairs, i mod the sum is i, and every pair keeps
+    // its position (for text all three positions are equal anyway).
+    const int64_t n_pairs = c.rope_dims() / 2;
+    int64_t sum = 0;
+    for (int64_t s : sections) sum += s;
+    if (sum > n_pairs) {
+        auto pairs_at_residue = [&](int64_t k) { return k < n_pairs ? (n_pairs - 1 - k) / 3 + 1 : 0; };
+        sections[1] = std::min(sections[1], pairs_at_residue(1));
+        sections[2] = std::min(sections[2], pairs_at_residue(2));
+        sections[0] = n_pairs - sections[1] - sections[2];
+        sections[3] = 0;
+    }
+    std::vector<int32_t> out;
+    for (int64_t s : sections) out.push_back(static_cast<int32_t>(s));
+    return out;
+}
+
 void add_model_keys(gguf::Writer& w, const ConversionPlan& plan, const std::string& model_name, DType out_type) {
     const HfConfig& c = plan.config;
     const std::string A = gguf_arch_name(c.arch);
@@ -123,13 +148,14 @@ void add_model_keys(gguf::Writer& w, const ConversionPlan& plan, const std::stri
         w.set(key("attention.recurrent_layers"), Value::of_bool_array(recurrent));
     }
 
+    // What llama.cpp's keys cannot say (plan.llama_cpp_unsupported names the files it then refuses); written only
+    // when it departs from what they imply, so every file llama.cpp loads stays as its converter writes it.
+    auto strata_key = [&](const std::string& k) { return "strata." + A + "." + k; };
+    if (c.linear_value_head_dim != c.linear_key_head_dim)
+        w.set(strata_key("ssm.value_length"), Value::of_u32(u32(c.linear_value_head_dim, "linear_value_head_dim")));
+
     if (c.arch != HfArch::Qwen3Next) {
-        std::vector<int32_t> sections = {11, 11, 10, 0};  // llama.cpp's converter default when the config has none
-        if (!c.mrope_section.empty()) {
-            sections.assign(4, 0);
-            for (size_t i = 0; i < c.mrope_section.size(); ++i) sections[i] = static_cast<int32_t>(c.mrope_section[i]);
-        }
-        w.set(key("rope.dimension_sections"), Value::of_i32_array(sections));
+        w.set(key("rope.dimension_sections"), Value::of_i32_array(rope_dimension_sections(c)));
         if (plan.n_mtp_layers > 0)
             w.set(key("nextn_predict_layers"), Value::of_u32(u32(plan.n_mtp_layers, "MTP layers")));
     }
@@ -154,6 +180,8 @@ void add_model_keys(gguf::Writer& w, const ConversionPlan& plan, const std::stri
     w.set(key("ple.eos_token_id"), Value::of_u32(u32(c.eos_token_ids.at(0), "eos_token_id")));
     if (c.image_token_id) w.set(key("ple.image_token_id"), Value::of_u32(u32(*c.image_token_id, "image_token_id")));
     w.set(key("embedding_length_per_layer_input"), Value::of_u32(u32(plan.ple_row_width, "PLE row width")));
+    if (c.ple_embed_dim != c.hidden_size)
+        w.set(strata_key("ple.embedding_length"), Value::of_u32(u32(c.ple_embed_dim, "ple_embed_dim")));
     w.set(key("ple.layer_multipliers"), Value::of_u64_array(plan.ple_multipliers));
     w.set(key("ple.head_offsets"), Value::of_u64_array(plan.ple_head_offsets));
     w.set(key("ple.head_vocab_sizes"), Value::of_u64_array(plan.ple_head_vocab_sizes));

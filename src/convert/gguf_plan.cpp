@@ -269,8 +269,9 @@ void Planner::ple(int64_t bid, const std::string& p, int64_t ple_index) {
     const std::string q = p + "ple.";
     const int64_t Kp = c_.ple_conv_kernel_size;
     const int64_t n_heads = (c_.ngram_size - 1) * c_.heads_per_ngram;
-    plain(blk(bid, "ple_key.weight"), {H, HC}, q + "key_proj.weight");
-    plain(blk(bid, "ple_value.weight"), {H, H}, q + "value_proj.weight");
+    const int64_t P = c_.ple_embed_dim;  // the n-gram embedding's width: n_heads table rows side by side
+    plain(blk(bid, "ple_key.weight"), {P, HC}, q + "key_proj.weight");
+    plain(blk(bid, "ple_value.weight"), {P, H}, q + "value_proj.weight");
     norm_plus_one(blk(bid, "ple_norm_key.weight"), HC, q + "norm_key.weight");
     norm_plus_one(blk(bid, "ple_norm_query.weight"), HC, q + "norm_query.weight");
     norm_plus_one(blk(bid, "ple_norm_conv.weight"), HC, q + "norm_conv.weight");
@@ -319,9 +320,12 @@ void Planner::ple(int64_t bid, const std::string& p, int64_t ple_index) {
         throw Error("checkpoint is missing the PLE table '" + emb + "shard_0.weight' ... (layer " +
                     std::to_string(bid) + ")");
     }
-    if (width * n_heads != H)
+    // transformers gives each head ple_embed_dim / n_heads columns (rounded down); key_proj and value_proj take all
+    // ple_embed_dim, so a remainder would not run there either.
+    if (width * n_heads != P)
         throw Error("PLE table row width " + std::to_string(width) + " x " + std::to_string(n_heads) +
-                    " heads must equal hidden_size " + std::to_string(H) + " (llama.cpp's ple_key/ple_value shapes)");
+                    " heads must equal ple_embed_dim " + std::to_string(P) +
+                    " (ple_embed_dim must be a multiple of (ngram_size - 1) x heads_per_ngram)");
     plan_.ple_row_width = width;
     plan_.ple_rows = rows;
     add("per_layer_token_embd.weight", {width, rows}, true, segment_rows(&s_, segs, width));
@@ -411,8 +415,9 @@ ConversionPlan Planner::run() {
     const bool q4 = c_.arch == HfArch::Qwen4Exp;
     const int64_t L = c_.num_hidden_layers;
     if (dv != dk)
-        throw Error("config.json: linear_value_head_dim (" + std::to_string(dv) + ") must equal linear_key_head_dim (" +
-                    std::to_string(dk) + "): llama.cpp uses ssm.state_size as the value head dim");
+        plan_.llama_cpp_unsupported.push_back("linear_value_head_dim " + std::to_string(dv) +
+                                              " differs from linear_key_head_dim " + std::to_string(dk) +
+                                              " (llama.cpp takes both GDN head sizes from ssm.state_size)");
     if (q4) {
         if (!c_.indexer_n_heads || !c_.indexer_head_dim || !c_.indexer_budget || !c_.indexer_compress_ratio)
             throw Error(
@@ -429,7 +434,9 @@ ConversionPlan Planner::run() {
             throw Error("config.json: llama.cpp's qwen4exp supports exactly one PLE layer, ple_layer_ids has " +
                         std::to_string(c_.ple_layer_ids.size()));
         if (!c_.ple_layer_ids.empty() && c_.ple_embed_dim != H)
-            throw Error("config.json: ple_embed_dim must equal hidden_size for llama.cpp's qwen4exp");
+            plan_.llama_cpp_unsupported.push_back("ple_embed_dim " + std::to_string(c_.ple_embed_dim) +
+                                                  " differs from hidden_size " + std::to_string(H) +
+                                                  " (llama.cpp's ple_key and ple_value take hidden_size inputs)");
     }
 
     plain("token_embd.weight", {H, V}, "embed_tokens.weight");
@@ -483,6 +490,14 @@ ConversionPlan Planner::run() {
 
 ConversionPlan plan_conversion(const HfConfig& config, const TensorSource& source, const PlanOptions& options) {
     return Planner(config, source, options).run();
+}
+
+std::string llama_cpp_warning(const ConversionPlan& plan, const std::string& tool) {
+    if (plan.llama_cpp_unsupported.empty()) return "";
+    std::string reasons;
+    for (const std::string& r : plan.llama_cpp_unsupported) reasons += (reasons.empty() ? "" : "; ") + r;
+    return tool + ": warning: llama.cpp cannot load this file: " + reasons + "; strata reads it through its strata." +
+           gguf_arch_name(plan.config.arch) + ".* keys";
 }
 
 }  // namespace strata

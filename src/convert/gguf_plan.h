@@ -44,7 +44,18 @@ struct ConversionPlan {
     std::vector<uint64_t> ple_head_offsets;
     std::vector<uint64_t> ple_head_vocab_sizes;
     bool ple_hash_from_checkpoint = false;  // false: recomputed as transformers does
+    // Why llama.cpp cannot load the file (one reason each, e.g. a value head size other than the key head size);
+    // empty when it can. The hyperparameters its keys cannot carry go under strata.{arch}.* keys (add_model_keys).
+    std::vector<std::string> llama_cpp_unsupported;
 };
+
+// "strata convert: warning: llama.cpp cannot load this file: ...": one line, or empty when llama.cpp can.
+std::string llama_cpp_warning(const ConversionPlan& plan, const std::string& tool);
+
+// rope.dimension_sections for the config: its mrope_section (or transformers' default [11, 11, 10]) padded to four,
+// cut to the rotary pairs when it names more of them than there are (llama.cpp's rope asserts that the sections fit
+// the rotated head); the cut keeps transformers' interleaved assignment of every rotary pair.
+std::vector<int32_t> rope_dimension_sections(const HfConfig& config);
 
 // Maps every source tensor (vision tensors skipped, mtp.* dropped unless include_mtp) and checks shapes against the
 // config. Throws Error naming the tensor on a missing, misshapen or unexpected tensor.

@@ -3,6 +3,7 @@
 // through the converter's own plan, so synth files and converted files cannot drift apart.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -179,8 +180,8 @@ void add_hf_tensors(SynthSource& s, const HfConfig& c) {
         if (q4 && !c.ple_layer_ids.empty() && c.ple_layer_ids[0] == l + 1) {
             const std::string q = p + "ple.";
             const int64_t n_heads = (c.ngram_size - 1) * c.heads_per_ngram, P = c.ple_embed_dim / n_heads;
-            s.add(q + "key_proj.weight", {HC, H});
-            s.add(q + "value_proj.weight", {H, H});
+            s.add(q + "key_proj.weight", {HC, c.ple_embed_dim});
+            s.add(q + "value_proj.weight", {H, c.ple_embed_dim});
             s.add(q + "norm_key.weight", {HC}, Init::ZeroCentredNorm);
             s.add(q + "norm_query.weight", {HC}, Init::ZeroCentredNorm);
             s.add(q + "norm_conv.weight", {HC}, Init::ZeroCentredNorm);
@@ -377,6 +378,31 @@ std::vector<Preset> presets() {
                  qwen4exp_config(tiny_odd), DType::F32});
     p.push_back({"qwen35moe-odd", "qwen35moe: qwen35moe-tiny at hidden 72 with 40-wide experts", q35_odd, DType::F32});
     p.push_back({"qwen3next-odd", "qwen3next: qwen3next-tiny at hidden 72 with 40-wide experts", q3n_odd, DType::F32});
+    // Configs transformers runs and llama.cpp's keys cannot carry (the file says them in strata.* keys): GDN value
+    // heads of another size than the key heads, and a PLE embedding narrower than the hidden size.
+    json uneven = tiny;
+    uneven.update({{"linear_key_head_dim", 16}, {"linear_value_head_dim", 32}, {"ple_embed_dim", 32}});
+    p.push_back({"qwen4exp-uneven-tiny",
+                 "qwen4exp: tiny with GDN value heads 32 / key heads 16 and PLE width 32 (llama.cpp cannot load it)",
+                 qwen4exp_config(uneven), DType::F32});
+    json q35_uneven = q35;
+    q35_uneven.update({{"linear_key_head_dim", 32}, {"linear_value_head_dim", 16}});
+    p.push_back({"qwen35moe-uneven-tiny",
+                 "qwen35moe: tiny with GDN value heads 16 / key heads 32 (llama.cpp cannot load it)", q35_uneven,
+                 DType::F32});
+    json q3n_uneven = q3n;
+    q3n_uneven.update({{"linear_key_head_dim", 16}, {"linear_value_head_dim", 32}});
+    p.push_back({"qwen3next-uneven-tiny",
+                 "qwen3next: tiny with GDN value heads 32 / key heads 16 (llama.cpp cannot load it)", q3n_uneven,
+                 DType::F32});
+    // 8 rotary dims and no mrope_section: transformers' default sections [11, 11, 10] name more pairs than there are
+    // (llama.cpp's rope aborted on them, the 16-wide indexer heads being the narrowest rotated rows).
+    json rope8 = tiny;
+    rope8.update({{"rope_parameters", {{"rope_theta", 10000000.0}, {"partial_rotary_factor", 0.25}}},
+                  {"indexer_head_dim", 16}});
+    p.push_back({"qwen4exp-rope8-tiny",
+                 "qwen4exp: tiny with head 32, partial rotary 0.25 (8 dims), no mrope_section, indexer heads 16",
+                 qwen4exp_config(rope8), DType::F32});
     return p;
 }
 
@@ -513,6 +539,8 @@ void add_synth_keys(gguf::Writer& writer, const SynthModel& m) {
 void synth_model(const SynthOptions& o) {
     if (o.out_path.empty()) throw Error("synth: no output file given (--out FILE.gguf)");
     const SynthModel m = build_synth(o);
+    if (const std::string warning = llama_cpp_warning(m.plan, "strata synth"); !warning.empty())
+        std::fprintf(stderr, "%s\n", warning.c_str());
     gguf::Writer writer;
     add_synth_keys(writer, m);
     if (o.fast)

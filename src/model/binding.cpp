@@ -69,6 +69,11 @@ std::vector<int64_t> HparamReader::per_block(const std::string& suffix, int64_t 
     return out;
 }
 
+std::optional<int64_t> HparamReader::strata_u32(const std::string& suffix) const {
+    const auto v = file_.get_u32_opt(strata_key(suffix));
+    return v ? std::optional<int64_t>(*v) : std::nullopt;
+}
+
 std::vector<uint64_t> HparamReader::u64_array(const std::string& suffix) const {
     return file_.get_u64_array(key(suffix));
 }

@@ -30,6 +30,10 @@ class HparamReader {
     // A key that may be a scalar (applies to every block) or an array of n values; a missing key gives `fallback`.
     std::vector<int64_t> per_block(const std::string& suffix, int64_t n, int64_t fallback) const;
     std::vector<uint64_t> u64_array(const std::string& suffix) const;
+    // strata.{arch}.* keys: hyperparameters llama.cpp's keys cannot carry (the converter writes them only then:
+    // convert/gguf_keys.cpp). nullopt when absent.
+    std::string strata_key(const std::string& suffix) const { return "strata." + arch_ + "." + suffix; }
+    std::optional<int64_t> strata_u32(const std::string& suffix) const;
 
   private:
     const gguf::File& file_;

@@ -237,11 +237,17 @@ GdnShape read_gdn_shape(const HparamReader& hp, int64_t H, float eps) {
         throw Error("key " + hp.key("ssm.inner_size") +
                     " must be a multiple of ssm.time_step_rank, and that of "
                     "ssm.group_count");
+    // llama.cpp takes the value head size from ssm.state_size too; a file whose value heads differ from the key heads
+    // names their size in a strata key, which must agree with ssm.inner_size.
+    const int64_t dv = inner / nv;
+    if (const auto value_length = hp.strata_u32("ssm.value_length"); value_length && *value_length != dv)
+        throw Error("key " + hp.strata_key("ssm.value_length") + " is " + std::to_string(*value_length) + ", but " +
+                    hp.key("ssm.inner_size") + " / ssm.time_step_rank is " + std::to_string(dv));
     return {.n_embd = H,
             .n_k_heads = nk,
             .n_v_heads = nv,
             .k_head_dim = hp.positive("ssm.state_size"),
-            .v_head_dim = inner / nv,
+            .v_head_dim = dv,
             .conv_kernel = hp.positive("ssm.conv_kernel"),
             .eps = eps};
 }

@@ -186,6 +186,13 @@ Qwen4ExpHparams read_qwen4exp_hparams(const gguf::File& file, const ModelInfo& i
         p.sizes = hp.u64_array("ple.head_vocab_sizes");
         p.eps = h.eps;
         if (p.ngram < 2 || p.ngram > 8) throw Error(file.path() + ": ple.ngram_size must be in 2..8");
+        // The n-gram embedding (n_heads rows side by side) is hidden_size wide in every file llama.cpp loads; one
+        // of another width names it in a strata key.
+        const int64_t embedding = p.n_heads() * p.row_width;
+        if (const auto width = hp.strata_u32("ple.embedding_length"); width && *width != embedding)
+            throw Error(file.path() + ": key " + hp.strata_key("ple.embedding_length") + " is " +
+                        std::to_string(*width) + ", but " + std::to_string(p.n_heads()) + " PLE heads of " +
+                        std::to_string(p.row_width) + " make " + std::to_string(embedding));
         if (static_cast<int64_t>(p.multipliers.size()) < p.ngram ||
             static_cast<int64_t>(p.offsets.size()) < p.n_heads() || static_cast<int64_t>(p.sizes.size()) < p.n_heads())
             throw Error(file.path() + ": the PLE hash arrays are shorter than ngram_size / the number of PLE heads");

@@ -67,7 +67,8 @@ Table expected_table(const json& c, const std::string& arch, int64_t n_mtp) {
     const int64_t nh = c["num_attention_heads"], nkv = c["num_key_value_heads"], hd = c["head_dim"];
     const int64_t E = c["num_experts"], F = c["moe_intermediate_size"], Fs = c["shared_expert_intermediate_size"];
     const int64_t dk = c["linear_key_head_dim"], nk = c["linear_num_key_heads"], nv = c["linear_num_value_heads"];
-    const int64_t KD = dk * nk, VD = dk * nv, CD = 2 * KD + VD, Kc = c["linear_conv_kernel_dim"];
+    const int64_t dv = c.value("linear_value_head_dim", dk);
+    const int64_t KD = dk * nk, VD = dv * nv, CD = 2 * KD + VD, Kc = c["linear_conv_kernel_dim"];
     const bool q4 = arch == "qwen4exp";
     const int64_t hc = q4 ? c["hc_count"].get<int64_t>() : 1, HC = hc * H, r = q4 ? c["hc_lowrank"].get<int64_t>() : 0;
     Table t;
@@ -125,7 +126,7 @@ Table expected_table(const json& c, const std::string& arch, int64_t n_mtp) {
             K(blk(b, "ssm_conv1d.weight"), {Kc, CD});
             K(blk(b, "ssm_dt.bias"), {nv});
             K(blk(b, "ssm_a"), {nv});
-            K(blk(b, "ssm_norm.weight"), {dk});
+            K(blk(b, "ssm_norm.weight"), {dv});
             M(blk(b, "ssm_out.weight"), {VD, H});
             if (arch == "qwen3next") {
                 M(blk(b, "ssm_ba.weight"), {H, 2 * nv});
@@ -139,14 +140,15 @@ Table expected_table(const json& c, const std::string& arch, int64_t n_mtp) {
     for (int64_t l = 0; l < L; ++l) block(l, types[static_cast<size_t>(l)] != "linear_attention");
     if (q4 && c.contains("ple_layer_ids") && !c["ple_layer_ids"].empty()) {
         const int64_t b = c["ple_layer_ids"][0].get<int64_t>() - 1, Kp = c["ple_conv_kernel_size"];
-        M(blk(b, "ple_key.weight"), {H, HC});
-        M(blk(b, "ple_value.weight"), {H, H});
+        const int64_t P = c.value("ple_embed_dim", H);  // the n-gram embedding's width
+        M(blk(b, "ple_key.weight"), {P, HC});
+        M(blk(b, "ple_value.weight"), {P, H});
         K(blk(b, "ple_norm_key.weight"), {HC});
         K(blk(b, "ple_norm_query.weight"), {HC});
         K(blk(b, "ple_norm_conv.weight"), {HC});
         K(blk(b, "ple_conv1d.weight"), {Kp, HC});
         const int64_t heads = (c["ngram_size"].get<int64_t>() - 1) * c["heads_per_ngram"].get<int64_t>();
-        K("per_layer_token_embd.weight", {H / heads, -1});  // rows checked separately
+        K("per_layer_token_embd.weight", {P / heads, -1});  // rows checked separately
     }
     for (int64_t i = 0; i < n_mtp; ++i) block(L + i, true);
     if (n_mtp > 0) {
@@ -210,8 +212,9 @@ void check_common_keys(const gguf::File& f, const std::string& A) {
     expect_key_type(f, "tokenizer.ggml.token_type", ValueType::ARRAY, ValueType::I32);
     EXPECT_EQ(f.get_str("tokenizer.ggml.model"), "gpt2");
     EXPECT_EQ(f.get_u32(A + ".full_attention_interval"), 4u);
-    EXPECT_EQ(f.get_u32(A + ".ssm.inner_size"),
-              f.get_u32(A + ".ssm.state_size") * f.get_u32(A + ".ssm.time_step_rank"));
+    // value heads of the key heads' size unless a strata key says otherwise
+    const uint32_t dv = f.get_u32_opt("strata." + A + ".ssm.value_length").value_or(f.get_u32(A + ".ssm.state_size"));
+    EXPECT_EQ(f.get_u32(A + ".ssm.inner_size"), dv * f.get_u32(A + ".ssm.time_step_rank"));
 }
 
 // Element (row, col) of an F32 GGUF tensor viewed as rows of ne0.
@@ -252,6 +255,7 @@ int64_t hf_head(int64_t v, int64_t nk, int64_t nv) {
 // The transforms of section 3 for one GDN block with the value-head reorder.
 void check_gdn_reordered(const gguf::File& f, const SafetensorsSet& st, const json& c, int64_t l) {
     const int64_t dk = c["linear_key_head_dim"], nk = c["linear_num_key_heads"], nv = c["linear_num_value_heads"];
+    const int64_t dv = c.value("linear_value_head_dim", dk);
     const int64_t H = c["hidden_size"], KD = dk * nk;
     ASSERT_NE(nk, nv) << "fixture should have grouped GDN heads";
     const std::string p = "model.layers." + std::to_string(l) + ".linear_attn.";
@@ -273,14 +277,14 @@ void check_gdn_reordered(const gguf::File& f, const SafetensorsSet& st, const js
         for (int64_t col = 0; col < H; col += 7) ASSERT_EQ(at(g_qkv, row, col), qkv(row, col));
     for (int64_t v = 0; v < nv; ++v) {
         const int64_t s = hf_head(v, nk, nv);
-        for (int64_t d = 0; d < dk; ++d) {
+        for (int64_t d = 0; d < dv; ++d) {
             for (int64_t col = 0; col < H; ++col) {
-                ASSERT_EQ(at(g_qkv, 2 * KD + v * dk + d, col), qkv(2 * KD + s * dk + d, col)) << v << " " << d;
-                ASSERT_EQ(at(g_z, v * dk + d, col), z(s * dk + d, col));
+                ASSERT_EQ(at(g_qkv, 2 * KD + v * dv + d, col), qkv(2 * KD + s * dv + d, col)) << v << " " << d;
+                ASSERT_EQ(at(g_z, v * dv + d, col), z(s * dv + d, col));
             }
             for (int64_t k = 0; k < conv.width; ++k)
-                ASSERT_EQ(at(g_conv, 2 * KD + v * dk + d, k), conv(2 * KD + s * dk + d, k));
-            for (int64_t row = 0; row < H; ++row) ASSERT_EQ(at(g_out, row, v * dk + d), out(row, s * dk + d));
+                ASSERT_EQ(at(g_conv, 2 * KD + v * dv + d, k), conv(2 * KD + s * dv + d, k));
+            for (int64_t row = 0; row < H; ++row) ASSERT_EQ(at(g_out, row, v * dv + d), out(row, s * dv + d));
         }
         for (int64_t col = 0; col < H; ++col) {
             ASSERT_EQ(at(g_alpha, v, col), a(s, col));
@@ -292,7 +296,7 @@ void check_gdn_reordered(const gguf::File& f, const SafetensorsSet& st, const js
     }
     for (int64_t row = 0; row < 2 * KD; ++row)
         for (int64_t k = 0; k < conv.width; ++k) ASSERT_EQ(at(g_conv, row, k), conv(row, k));
-    for (int64_t d = 0; d < dk; ++d) EXPECT_EQ(at(g_norm, 0, d), norm(0, d)) << "ssm_norm must not get +1";
+    for (int64_t d = 0; d < dv; ++d) EXPECT_EQ(at(g_norm, 0, d), norm(0, d)) << "ssm_norm must not get +1";
 }
 
 void check_plus_one(const gguf::File& f, const SafetensorsSet& st, const std::string& gguf_name,
@@ -479,6 +483,26 @@ TEST(Convert, Qwen35MoeFixture) {
     EXPECT_EQ(f->get_str("tokenizer.ggml.pre"), "qwen2");
 }
 
+// in_proj_qkvz [q k v z] per key-head group -> all q, all k, all v | all z (section 3.6); no value reorder.
+void check_qkvz_split(const gguf::File& f, const SafetensorsSet& st, const json& c, int64_t l) {
+    const int64_t dk = c["linear_key_head_dim"], nk = c["linear_num_key_heads"], nv = c["linear_num_value_heads"];
+    const int64_t H = c["hidden_size"], vg = nv / nk * c.value("linear_value_head_dim", dk), group = 2 * dk + 2 * vg;
+    const HfRows qkvz = hf(st, "model.layers." + std::to_string(l) + ".linear_attn.in_proj_qkvz.weight");
+    const auto* qkv = f.find_tensor("blk." + std::to_string(l) + ".attn_qkv.weight");
+    const auto* z = f.find_tensor("blk." + std::to_string(l) + ".attn_gate.weight");
+    for (int64_t k = 0; k < nk; ++k)
+        for (int64_t col = 0; col < H; col += 3) {
+            for (int64_t d = 0; d < dk; ++d) {
+                ASSERT_EQ(at(qkv, k * dk + d, col), qkvz(k * group + d, col));
+                ASSERT_EQ(at(qkv, nk * dk + k * dk + d, col), qkvz(k * group + dk + d, col));
+            }
+            for (int64_t d = 0; d < vg; ++d) {
+                ASSERT_EQ(at(qkv, 2 * nk * dk + k * vg + d, col), qkvz(k * group + 2 * dk + d, col));
+                ASSERT_EQ(at(z, k * vg + d, col), qkvz(k * group + 2 * dk + vg + d, col));
+            }
+        }
+}
+
 TEST(Convert, Qwen3NextFixture) {
     if (!have_fixture("qwen3next")) GTEST_SKIP() << "fixture tests/data/qwen3next absent";
     TempDir tmp;
@@ -489,22 +513,7 @@ TEST(Convert, Qwen3NextFixture) {
     check_common_keys(*f, "qwen3next");
     EXPECT_EQ(f->find("qwen3next.rope.dimension_sections"), nullptr);
     EXPECT_EQ(f->get_u32("qwen3next.feed_forward_length"), 96u);
-    // in_proj_qkvz [q k v z] per key-head group -> all q, all k, all v | all z (section 3.6); no value reorder
-    const int64_t dk = 16, nk = 2, vg = 2 * 16, group = 2 * dk + 2 * vg;
-    const HfRows qkvz = hf(*st, "model.layers.0.linear_attn.in_proj_qkvz.weight");
-    const auto* qkv = f->find_tensor("blk.0.attn_qkv.weight");
-    const auto* z = f->find_tensor("blk.0.attn_gate.weight");
-    for (int64_t k = 0; k < nk; ++k)
-        for (int64_t col = 0; col < 64; col += 3) {
-            for (int64_t d = 0; d < dk; ++d) {
-                ASSERT_EQ(at(qkv, k * dk + d, col), qkvz(k * group + d, col));
-                ASSERT_EQ(at(qkv, nk * dk + k * dk + d, col), qkvz(k * group + dk + d, col));
-            }
-            for (int64_t d = 0; d < vg; ++d) {
-                ASSERT_EQ(at(qkv, 2 * nk * dk + k * vg + d, col), qkvz(k * group + 2 * dk + d, col));
-                ASSERT_EQ(at(z, k * vg + d, col), qkvz(k * group + 2 * dk + vg + d, col));
-            }
-        }
+    check_qkvz_split(*f, *st, c, 0);
     const HfRows ba = hf(*st, "model.layers.0.linear_attn.in_proj_ba.weight");
     for (int64_t r = 0; r < 8; ++r) ASSERT_EQ(at(f->find_tensor("blk.0.ssm_ba.weight"), r, 2), ba(r, 2));
     const HfRows out = hf(*st, "model.layers.0.linear_attn.out_proj.weight");
@@ -512,6 +521,93 @@ TEST(Convert, Qwen3NextFixture) {
     const HfRows alog = hf(*st, "model.layers.2.linear_attn.A_log");
     for (int64_t v = 0; v < 4; ++v) EXPECT_FLOAT_EQ(at(f->find_tensor("blk.2.ssm_a"), 0, v), -std::exp(alog(0, v)));
     check_plus_one(*f, *st, "blk.1.attn_norm.weight", "model.layers.1.input_layernorm.weight");
+}
+
+// ---- Configs transformers runs that llama.cpp's keys cannot carry (tools/goldens' *_uneven fixtures): GDN value
+// heads of another size than the key heads, a PLE embedding narrower than hidden_size. The converter writes them with
+// strata.{arch}.* keys and says llama.cpp cannot load the file. ----
+
+void check_uneven_fixture(const std::string& name, const std::string& arch) {
+    TempDir tmp;
+    const json c = read_json(fixture_dir(name) + "/config.json");
+    const auto st = SafetensorsSet::open_dir(fixture_dir(name));
+    const std::string out = tmp / (name + ".gguf");
+    const ConvertReport report =
+        convert_hf_to_gguf({.hf_dir = fixture_dir(name),
+                            .out_path = out,
+                            .out_type = DType::F32,
+                            .vocab_placeholder = !fs::exists(fixture_dir(name) + "/tokenizer.json")});
+    const auto f = gguf::File::open(out);
+    check_table(*f, expected_table(c, arch, 0), DType::F32);
+    check_common_keys(*f, arch);
+    const int64_t dk = c["linear_key_head_dim"], dv = c["linear_value_head_dim"];
+    ASSERT_NE(dk, dv) << name << " should have value heads of another size than its key heads";
+    EXPECT_EQ(f->get_u32(arch + ".ssm.state_size"), static_cast<uint32_t>(dk));  // what llama.cpp reads as both
+    EXPECT_EQ(f->get_u32("strata." + arch + ".ssm.value_length"), static_cast<uint32_t>(dv));
+    size_t reasons = 1;
+    if (arch == "qwen3next") {
+        check_qkvz_split(*f, *st, c, 0);
+    } else {
+        check_gdn_reordered(*f, *st, c, 0);
+    }
+    if (arch == "qwen4exp") {
+        const int64_t P = c["ple_embed_dim"], H = c["hidden_size"];
+        const int64_t heads = (c["ngram_size"].get<int64_t>() - 1) * c["heads_per_ngram"].get<int64_t>();
+        ASSERT_NE(P, H) << name << " should have a PLE width other than hidden_size";
+        EXPECT_EQ(f->get_u32("strata.qwen4exp.ple.embedding_length"), static_cast<uint32_t>(P));
+        EXPECT_EQ(f->get_u32("qwen4exp.embedding_length_per_layer_input"), static_cast<uint32_t>(P / heads));
+        const std::string b = "blk." + std::to_string(c["ple_layer_ids"][0].get<int64_t>() - 1) + ".";
+        const std::string q = "model.layers." + std::to_string(c["ple_layer_ids"][0].get<int64_t>() - 1) + ".ple.";
+        const HfRows key = hf(*st, q + "key_proj.weight"), value = hf(*st, q + "value_proj.weight");
+        for (int64_t row = 0; row < H; row += 5)
+            for (int64_t col = 0; col < P; ++col) {
+                ASSERT_EQ(at(f->find_tensor(b + "ple_key.weight"), row, col), key(row, col));
+                ASSERT_EQ(at(f->find_tensor(b + "ple_value.weight"), row, col), value(row, col));
+            }
+        ++reasons;
+    }
+    EXPECT_EQ(report.llama_cpp_unsupported.size(), reasons);
+    auto model = load_model(out);  // reads the strata keys back
+    EXPECT_EQ(model->info().arch, arch);
+}
+
+#define REQUIRE_CONFIG_FIXTURE(name)                                                                            \
+    if (!have_fixture(name))                                                                                    \
+    GTEST_SKIP() << "fixture tests/data/" name " absent (make it on the GPU machine: tools/goldens/make_goldens.py " \
+                    "--only " name ")"
+
+TEST(Convert, Qwen4ExpUnevenFixture) {
+    REQUIRE_CONFIG_FIXTURE("qwen4exp_uneven");
+    check_uneven_fixture("qwen4exp_uneven", "qwen4exp");
+}
+
+TEST(Convert, Qwen35MoeUnevenFixture) {
+    REQUIRE_CONFIG_FIXTURE("qwen35moe_uneven");
+    check_uneven_fixture("qwen35moe_uneven", "qwen35moe");
+}
+
+TEST(Convert, Qwen3NextUnevenFixture) {
+    REQUIRE_CONFIG_FIXTURE("qwen3next_uneven");
+    check_uneven_fixture("qwen3next_uneven", "qwen3next");
+}
+
+// No mrope_section and 8 rotary dims: transformers' default [11, 11, 10] cut to the 4 rotary pairs, so that llama.cpp's
+// rope accepts the file (test_interop loads it).
+TEST(Convert, Qwen4ExpRope8Fixture) {
+    REQUIRE_CONFIG_FIXTURE("qwen4exp_rope8");
+    TempDir tmp;
+    const json c = read_json(fixture_dir("qwen4exp_rope8") + "/config.json");
+    ASSERT_FALSE(c["rope_parameters"].contains("mrope_section"));
+    const std::string out = tmp / "rope8.gguf";
+    const ConvertReport report = convert_hf_to_gguf({.hf_dir = fixture_dir("qwen4exp_rope8"),
+                                                     .out_path = out,
+                                                     .out_type = DType::F32,
+                                                     .vocab_placeholder = true});
+    EXPECT_TRUE(report.llama_cpp_unsupported.empty());
+    const auto f = gguf::File::open(out);
+    check_table(*f, expected_table(c, "qwen4exp", 0), DType::F32);
+    EXPECT_EQ(f->get_u32("qwen4exp.rope.dimension_count"), 8u);
+    EXPECT_EQ(f->get_int_array("qwen4exp.rope.dimension_sections"), (std::vector<int64_t>{2, 1, 1, 0}));
 }
 
 TEST(Synth, TinyLoadsWithTheConverterLayout) {

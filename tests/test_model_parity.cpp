@@ -206,7 +206,12 @@ TEST_P(Parity, Q8_0StaysCloseToF32) {
 
 std::vector<std::string> fixture_names() {
     std::vector<std::string> names;
-    if (!strata::testing::fixtures_overridden()) names = {"qwen4exp", "qwen35moe", "qwen3next"};
+    // Listed so that a missing one shows as skipped: the three architectures, then issue 30's configs (GDN value
+    // heads of another size than the key heads in each, a PLE width other than hidden_size, 8 rotary dims without
+    // mrope_section), which llama.cpp's keys cannot all carry.
+    if (!strata::testing::fixtures_overridden())
+        names = {"qwen4exp", "qwen35moe", "qwen3next", "qwen4exp_uneven", "qwen35moe_uneven", "qwen3next_uneven",
+                 "qwen4exp_rope8"};
     const fs::path root = strata::testing::fixtures_root();
     if (fs::is_directory(root))
         for (const auto& e : fs::directory_iterator(root)) {

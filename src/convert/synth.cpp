@@ -485,6 +485,12 @@ uint64_t hash_name(const std::string& s) {
     return h;
 }
 
+std::unique_ptr<TensorSource> synth_hf_source(const HfConfig& config, uint64_t seed) {
+    auto source = std::make_unique<SynthSource>(seed);
+    add_hf_tensors(*source, config);
+    return source;
+}
+
 SynthModel build_synth(const SynthOptions& o) {
     const std::vector<Preset> all = presets();
     const Preset* preset = nullptr;
@@ -503,9 +509,7 @@ SynthModel build_synth(const SynthOptions& o) {
                     " (known presets: " + names + ")");
     if (o.expert_type) check_expert_type(*o.expert_type, m.config, preset->name);
 
-    auto source = std::make_unique<SynthSource>(o.seed);
-    add_hf_tensors(*source, m.config);
-    m.source = std::move(source);
+    m.source = synth_hf_source(m.config, o.seed);
     // A synth file is for llama.cpp v0.4.0 as well: no MTP block.
     m.plan = plan_conversion(m.config, *m.source, {.include_mtp = false});
     // The PLE table follows the requested (expert) type, else the dense type of a big preset; tiny keeps it F32.

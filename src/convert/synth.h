@@ -24,6 +24,10 @@ struct SynthModel {
 // FNV-1a of a tensor name: each tensor's random streams start from it and the seed.
 uint64_t hash_name(const std::string& s);
 
+// The random-weight tensors save_pretrained would write for this config (HF names and shapes; the PLE hash buffers as
+// transformers computes them), as synth draws them.
+std::unique_ptr<TensorSource> synth_hf_source(const HfConfig& config, uint64_t seed);
+
 // Throws Error on an unknown preset, an arch that does not match it, or an unsupported expert type.
 SynthModel build_synth(const SynthOptions& options);
 // general.*, {arch}.* and the placeholder vocabulary keys.

@@ -211,6 +211,61 @@ def fixtures_main():
     ]
 
 
+def fixtures_configs():
+    """Issue 30: configs transformers runs that llama.cpp's GGUF keys cannot all carry. Committed to tests/data."""
+    import copy
+
+    main = {fx["name"]: fx for fx in fixtures_main()}
+
+    def variant(base, name, seed, description, tokenizer=False, drop_rope=(), **changes):
+        fx = copy.deepcopy(main[base])
+        fx.update(name=name, seed=seed, description=description, tokenizer=tokenizer)
+        fx["config"].update(changes)
+        for key in drop_rope:
+            fx["config"]["rope_parameters"].pop(key)
+        fx["absent_rope_keys"] = list(drop_rope)
+        return fx
+
+    return [
+        variant(
+            "qwen4exp",
+            "qwen4exp_uneven",
+            1101,
+            "qwen4exp fixture with GDN value heads of 32 against key heads of 16 (linear_value_head_dim != "
+            "linear_key_head_dim) and a PLE n-gram embedding of 32 (4 heads x 8) against hidden_size 64 "
+            "(ple_embed_dim != hidden_size); no tokenizer (eos 5). strata writes strata.qwen4exp.* keys for both; "
+            "llama.cpp cannot load the file.",
+            linear_value_head_dim=32,
+            ple_embed_dim=32,
+        ),
+        variant(
+            "qwen35moe",
+            "qwen35moe_uneven",
+            2102,
+            "qwen35moe fixture with GDN value heads of 16 against key heads of 32 (linear_value_head_dim < "
+            "linear_key_head_dim). llama.cpp cannot load the converted file.",
+            linear_key_head_dim=32,
+        ),
+        variant(
+            "qwen3next",
+            "qwen3next_uneven",
+            3103,
+            "qwen3next fixture with GDN value heads of 32 against key heads of 16 (fused in_proj_qkvz with wider "
+            "v and z). llama.cpp cannot load the converted file.",
+            linear_value_head_dim=32,
+        ),
+        variant(
+            "qwen4exp",
+            "qwen4exp_rope8",
+            1104,
+            "qwen4exp fixture without mrope_section: head_dim 32, partial rotary 0.25 (8 dims), so transformers' "
+            "default sections [11, 11, 10] name more pairs than the 4 there are; indexer heads of 16. strata writes "
+            "rope.dimension_sections [2, 1, 1, 0]; [11, 11, 10, 0] aborted llama.cpp's rope. No tokenizer (eos 5).",
+            drop_rope=("mrope_section",),
+        ),
+    ]
+
+
 def fixtures_extra():
     return [
         dict(
@@ -933,6 +988,16 @@ def build_fixture(fx, out_root):
         log(f"    {key}\t{dt}\t{shape}")
     with open(os.path.join(hf_dir, "config.json")) as f:
         meta["saved_config"] = json.load(f)
+    # A fixture about an absent rope field must not have had it filled in (by the config class or save_pretrained).
+    saved_rope = meta["saved_config"].get("rope_parameters") or {}
+    for key in fx.get("absent_rope_keys", ()):
+        if key in saved_rope or key in meta["saved_config"]:
+            raise RuntimeError(f"{name}: the saved config.json has {key}, the fixture is about its absence")
+    for mod_name, mod in model.named_modules():
+        if type(mod).__name__.endswith("RotaryEmbedding") and hasattr(mod, "mrope_section"):
+            meta["rotary_mrope_section"] = list(mod.mrope_section)  # what the forward pass used
+            log(f"  {mod_name}: mrope_section {list(mod.mrope_section)}")
+            break
 
     # Round trip: load what was written and compare logits.
     try:
@@ -997,7 +1062,7 @@ def main():
 
     torch.set_num_threads(args.threads)
     log(f"python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}")
-    jobs = [(fx, args.out) for fx in fixtures_main()]
+    jobs = [(fx, args.out) for fx in fixtures_main() + fixtures_configs()]
     if args.extra:
         extra_out = args.extra_out or (args.out.rstrip("/") + "_extras")
         jobs += [(fx, extra_out) for fx in fixtures_extra()]

@@ -411,6 +411,45 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, CudaModelTypes, ::testing::ValuesIn(kCpuWeigh
                              return std::string(dtype_name(param_info.param));
                          });
 
+// Issue 30's configs on the CUDA trunks: GDN value heads of another size than the key heads (the recurrence kernels
+// split a head's state by value columns, any dv; dk 16 and 32 here), a PLE embedding narrower than hidden_size, and 8
+// rotary dims without mrope_section; against the CPU backend on the synth presets (f32 weights: the bounds of
+// expect_matches_cpu hold with room), and against transformers on the goldens once tools/goldens has made them.
+TEST(CudaModel, UnevenHeadPresetsMatchTheCpuBackend) {
+    SKIP_WITHOUT_CUDA_DEVICE();
+    for (const char* preset :
+         {"qwen4exp-uneven-tiny", "qwen35moe-uneven-tiny", "qwen3next-uneven-tiny", "qwen4exp-rope8-tiny"}) {
+        SCOPED_TRACE(preset);
+        expect_matches_cpu(synthesized_f32(preset), preset);
+    }
+}
+
+TEST(CudaModel, ConfigFixturesMatchTransformers) {
+    SKIP_WITHOUT_CUDA_DEVICE();
+    std::string missing;
+    for (const std::string name : {"qwen4exp_uneven", "qwen35moe_uneven", "qwen3next_uneven", "qwen4exp_rope8"}) {
+        SCOPED_TRACE(name);
+        if (!fs::exists(strata::testing::fixtures_root() / name / "logits.f32")) {
+            missing += " " + name;
+            continue;
+        }
+        const Golden& g = golden(name);
+        auto model = load_model(converted(DType::F32, name), cuda_options());
+        const int64_t V = model->info().n_vocab;
+        ASSERT_EQ(g.logits.size(), g.prompt.size() * static_cast<size_t>(V));
+        const std::vector<float> ours = run(*model, g.prompt, g.prompt.size());
+        const Diff d = compare(ours, g.logits);
+        std::printf("[ cuda %s ] prefill: max |diff| %.3g, max |logit| %.3g, relative %.3g\n", name.c_str(),
+                    d.max_diff, d.max_ref, d.relative());
+        EXPECT_LE(d.max_diff, 1e-3 * d.max_ref);  // the CPU parity test's bound, as for the other fixtures
+        EXPECT_EQ(agreement(ours, g.logits, V), static_cast<int>(g.prompt.size()));
+        EXPECT_LE(compare(run(*model, g.prompt, 3), ours).relative(), 1e-5);
+        EXPECT_EQ(greedy_continuation(*model, g.prompt, g.greedy.size()), g.greedy);
+    }
+    if (!missing.empty())
+        GTEST_SKIP() << "fixtures missing:" << missing << " (tools/goldens/make_goldens.py --only NAME makes them)";
+}
+
 // --qsa-union and --kv-cache int8 on the bundled model (QSA layers of head_dim 64 with a budget of 64 cells, so a
 // 300-token prompt attends to a fraction of its context), fed in windows of 8 and of 5 (ragged groups). The union
 // kernel is compared with the per-query kernel over the same cache (fp16 or int8): only its fp16 products differ, so

@@ -154,7 +154,8 @@ TEST(UnevenPresets, KeysShapesAndReadBack) {
         EXPECT_EQ(f->get_u32(A + ".ssm.inner_size"), static_cast<uint32_t>(p.dv * nv));
         EXPECT_EQ(f->find_tensor("blk.0.ssm_norm.weight")->ne[0], p.dv);
         EXPECT_EQ(f->find_tensor("blk.0.ssm_out.weight")->ne[0], p.dv * nv);
-        EXPECT_EQ(f->find_tensor("blk.0.attn_qkv.weight")->ne[1], 2 * p.dk * f->get_u32(A + ".ssm.group_count") + p.dv * nv);
+        const int64_t nk = f->get_u32(A + ".ssm.group_count");
+        EXPECT_EQ(f->find_tensor("blk.0.attn_qkv.weight")->ne[1], 2 * p.dk * nk + p.dv * nv);
         if (p.ple_width) {
             EXPECT_EQ(f->get_u32("strata.qwen4exp.ple.embedding_length"), static_cast<uint32_t>(p.ple_width));
             const int64_t H = f->get_u32("qwen4exp.embedding_length");
@@ -223,7 +224,9 @@ void write_hf_folder(const fs::path& dir, const json& config) {
             source->read_rows(i, 0, row_count(shape), v.data());
             bytes.assign(reinterpret_cast<const char*>(v.data()), v.size() * 4);
         }
-        header[name] = {{"dtype", ints ? "I64" : "F32"}, {"shape", shape}, {"data_offsets", {data.size(), data.size() + bytes.size()}}};
+        header[name] = {{"dtype", ints ? "I64" : "F32"},
+                        {"shape", shape},
+                        {"data_offsets", {data.size(), data.size() + bytes.size()}}};
         data += bytes;
     }
     std::string h = header.dump();

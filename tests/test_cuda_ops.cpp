@@ -482,6 +482,40 @@ TEST(CudaMemory, BudgetIsEnforcedBeforeCudaMalloc) {
     EXPECT_EQ(small.memory().used(), 0u);  // the buffer gave its bytes back
 }
 
+// The kernels the driver loaded, against the build's architecture list (the oracle: CMAKE_CUDA_ARCHITECTURES; CMake
+// builds SASS and PTX for each plain number): the newest entry the device runs, the same major's SASS or else PTX it
+// JIT-compiles. A 75-virtual build on an H200 reports 750: its sm_75 code runs, and the host takes no sm_90-only path.
+TEST(CudaContext, ReportsTheArchitectureOfTheLoadedKernels) {
+    SKIP_WITHOUT_DEVICE();
+    const cuda::DeviceInfo& info = context().info();
+    const int device_arch = info.cc_major * 100 + info.cc_minor * 10;
+    const std::string list = STRATA_CUDA_ARCHITECTURES;
+    std::printf("[ cuda     ] %s: compute capability %d.%d, kernels for %d (built for %s), %zu bytes of shared memory "
+                "a block\n", info.name.c_str(), info.cc_major, info.cc_minor, info.kernel_arch, list.c_str(),
+                info.max_shared_per_block);
+    EXPECT_GE(info.kernel_arch, 750);
+    EXPECT_LE(info.kernel_arch, device_arch);
+    EXPECT_GE(info.max_shared_per_block, size_t{48} << 10);
+    int expected = 0;
+    bool numbers_only = true;
+    for (size_t at = 0; at < list.size();) {
+        const size_t end = std::min(list.find(',', at), list.size());
+        const std::string entry = list.substr(at, end - at);
+        at = end + 1;
+        const size_t digits = entry.find_first_not_of("0123456789");
+        const std::string tail = digits == std::string::npos ? "" : entry.substr(digits);
+        if (digits == 0 || (tail != "" && tail != "-virtual")) {
+            numbers_only = false;  // native, all, -real entries: no exact expectation
+            continue;
+        }
+        const int arch = std::stoi(entry.substr(0, digits)) * 10;
+        if (arch <= device_arch) expected = std::max(expected, arch);
+    }
+    if (numbers_only) {
+        EXPECT_EQ(info.kernel_arch, expected) << "built for " << list;
+    }
+}
+
 // Context::download after queued work: into pageable memory through the staging ring (1, 3.x and 9.x chunks of
 // 256 KB: partial chunks, the ring of four wrapping) and straight into page-locked memory; every byte is the device's,
 // and a kernel queued before the download (a memset here) has landed.

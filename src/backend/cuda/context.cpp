@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -152,11 +154,28 @@ void Stream::synchronize() const {
 
 // ---- context --------------------------------------------------------------------------------------------------------
 
+namespace {
+
+// loaded_kernel_arch() of the current device, asked once per device (programmatic launches ask at every launch).
+int current_kernel_arch(int device) {
+    constexpr int kKnownDevices = 64;
+    static std::array<std::atomic<int>, kKnownDevices> known{};  // 0: not asked yet
+    if (device < 0 || device >= kKnownDevices) return loaded_kernel_arch();
+    int arch = known[static_cast<size_t>(device)].load(std::memory_order_relaxed);
+    if (arch == 0) {
+        arch = loaded_kernel_arch();
+        known[static_cast<size_t>(device)].store(arch, std::memory_order_relaxed);
+    }
+    return arch;
+}
+
+}  // namespace
+
 bool programmatic_launch_supported() {
     int device = 0, major = 0;
     STRATA_CUDA_CHECK(cudaGetDevice(&device));
     STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    return major >= 9;
+    return major >= 9 && current_kernel_arch(device) >= 900;
 }
 
 void prefer_shared_memory_carveout(const void* kernel) {
@@ -175,7 +194,7 @@ bool clusters_supported() {
     int device = 0, yes = 0;
     STRATA_CUDA_CHECK(cudaGetDevice(&device));
     STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&yes, cudaDevAttrClusterLaunch, device));
-    return yes != 0;
+    return yes != 0 && current_kernel_arch(device) >= 900;
 }
 
 Context::Context(const ContextOptions& options) {
@@ -193,6 +212,8 @@ Context::Context(const ContextOptions& options) {
              .name = prop.name,
              .cc_major = prop.major,
              .cc_minor = prop.minor,
+             .kernel_arch = 0,
+             .max_shared_per_block = prop.sharedMemPerBlockOptin,
              .multiprocessors = prop.multiProcessorCount,
              .l2_bytes = static_cast<size_t>(prop.l2CacheSize),
              .total_bytes = total_bytes,
@@ -201,6 +222,12 @@ Context::Context(const ContextOptions& options) {
     if (prop.major < 7 || (prop.major == 7 && prop.minor < 5))
         throw Error("CUDA backend: " + info_.name + " has compute capability " + std::to_string(prop.major) + "." +
                     std::to_string(prop.minor) + "; strata needs 7.5 or newer");
+    info_.kernel_arch = current_kernel_arch(options.device);
+    if (info_.kernel_arch == 0)
+        throw Error("CUDA backend: this build has no kernels for " + info_.name + " (compute capability " +
+                    std::to_string(prop.major) + "." + std::to_string(prop.minor) +
+                    "); rebuild with CMAKE_CUDA_ARCHITECTURES including " + std::to_string(prop.major) +
+                    std::to_string(prop.minor));
     const size_t budget = options.vram_budget ? options.vram_budget : free_bytes / 20 * 19;
     memory_ = std::make_unique<MemoryAccountant>(budget);
     stream_ = std::make_unique<Stream>();

@@ -34,6 +34,11 @@ struct DeviceInfo {
     int index = 0;
     std::string name;
     int cc_major = 0, cc_minor = 0;
+    // __CUDA_ARCH__ of the kernels the driver loaded: the newest of the build's architectures the device runs (750
+    // on an H200 when the build has only compute_75 PTX). Paths whose device code is sm_90-only need it at 900+.
+    int kernel_arch = 0;
+    // Shared memory one thread block can opt in to: 227 KB on sm_90, 99 KB on sm_86 / 89 / 120, 64 KB on sm_75.
+    size_t max_shared_per_block = 0;
     int multiprocessors = 0;
     size_t l2_bytes = 0;
     size_t total_bytes = 0;

@@ -10,9 +10,11 @@
 //                decoded after them: a decode right after its loads would stall every warp of the block on memory at
 //                the same point (decode reads type-specific fields, so "load raw, decode later" has no generic form);
 //   activations: fp16 (the Q8 activations the CPU multiplies with, d * q, times a power of two per token that keeps
-//                them inside fp16's range), copied into shared memory with cp.async one tile ahead;
-//   products:    mma.sync m16n8k16 (fp16 in, f32 sums): 8 warps, 4 along rows x 2 along tokens, 32 rows x kTokens / 2
-//                tokens each, operands read with ldmatrix from rows padded to 72 halves (conflict-free).
+//                them inside fp16's range), copied into shared memory with cp.async one tile ahead (sm_75: plain
+//                loads and stores);
+//   products:    mma.sync m16n8k16 (fp16 in, f32 sums; two m16n8k8 on sm_75): 8 warps, 4 along rows x 2 along
+//                tokens, 32 rows x kTokens / 2 tokens each, operands read with ldmatrix from rows padded to 72 halves
+//                (conflict-free).
 // Split-K (blockIdx.z) gives each block a contiguous range of k tiles and writes its partial sums to its own slice of
 // the output; the host adds the slices in a fixed order, so every run gives the same bits.
 #pragma once
@@ -34,6 +36,11 @@ constexpr int kGemmStride = kGemmTileK + 8;  // halves per shared row: 144 bytes
 constexpr int kGemmPiecesPerRow = kGemmTileK / kPieceElems;
 constexpr int kGemmPiecesPerThread = kGemmRows * kGemmPiecesPerRow / kGemmThreads;
 static_assert(kGemmRows * kGemmPiecesPerRow % kGemmThreads == 0, "whole pieces per thread");
+// Dynamic shared memory of a block of `tokens` tokens: two buffers each of weight and activation tiles (55,296 bytes at
+// 64 tokens, 73,728 at 128: more than sm_75's 64 KB).
+constexpr size_t gemm_shared_bytes(int tokens) {
+    return size_t{2} * (kGemmRows + static_cast<size_t>(tokens)) * kGemmStride * sizeof(__half);
+}
 
 struct GemmParams {
     const uint8_t* w;
@@ -56,25 +63,50 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const __half* p) {
                  : "r"(a));
 }
 
-// d += a * b for one 16 x 8 x 16 step: a 16 x 16 (row-major), b 16 x 8 (column-major), f32 sums.
+// d += a * b for one 16 x 8 x 16 step: a 16 x 16 (row-major), b 16 x 8 (column-major), f32 sums. sm_75 has only
+// m16n8k8 for fp16: two of them, k 0-7 (a[0], a[1], b0: the same fragment layout) then k 8-15 (a[2], a[3], b1). Its
+// sums are rounded to f32 after each 8 products, so they may differ from sm_80's in the last bits.
 __device__ __forceinline__ void mma_16x8x16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(b0));
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[2]), "r"(a[3]), "r"(b1));
+#else
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 
-// 16 bytes global -> shared without a register stop; zero-filled when `valid` is false (src is then not read).
+// 16 bytes global -> shared without a register stop; zero-filled when `valid` is false (src is then not read). sm_75
+// has no cp.async: a plain load (L2 only, as .cg) and store into the same place, done when the call returns, so
+// committing and waiting have nothing to do there.
 __device__ __forceinline__ void copy_16_async(__half* dst, const __half* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    *reinterpret_cast<uint4*>(dst) = valid ? __ldcg(reinterpret_cast<const uint4*>(src)) : make_uint4(0, 0, 0, 0);
+#else
     const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(src), "r"(valid ? 16 : 0));
+#endif
 }
 __device__ __forceinline__ void commit_async() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#else
     asm volatile("cp.async.commit_group;\n" ::);
+#endif
 }
 __device__ __forceinline__ void wait_async_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#else
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
 }
 
 __device__ __forceinline__ void prefetch_l1(const void* p) {
@@ -243,7 +275,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_tensor_core_kernel(const
 
 template <typename F, int kTokens>
 void launch_gemm_tiles(const GemmLaunch& l) {
-    constexpr size_t kSharedBytes = size_t{2} * (kGemmRows + kTokens) * kGemmStride * sizeof(__half);
+    constexpr size_t kSharedBytes = gemm_shared_bytes(kTokens);
     auto* kernel = gemm_tensor_core_kernel<F, kTokens>;
     // Over the 48 KB a launch gets without asking; set per call (cheap) so that every device of the process has it.
     STRATA_CUDA_CHECK(

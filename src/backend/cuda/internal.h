@@ -152,10 +152,15 @@ bool launch_gemm_basic(const GemmLaunch& l);
 bool launch_gemm_kquant(const GemmLaunch& l);
 bool launch_gemm_iq(const GemmLaunch& l);
 
-// Whether the current device takes programmatic dependent launches (compute capability 9.0+; context.cpp): the
-// launches of launch.cuh then ask for them.
+// __CUDA_ARCH__ of the kernels loaded for the current device (kernel_arch.cu): 900 for an sm_90 build on an H200, 750
+// for a 75-virtual build on the same H200 (its PTX JIT-compiled: the sm_75 code runs); 0 when the build has no code
+// the device runs.
+int loaded_kernel_arch();
+// Whether the current device takes programmatic dependent launches and the loaded kernels were compiled to use them
+// (9.0+ both; context.cpp): the launches of launch.cuh then ask for them.
 bool programmatic_launch_supported();
-// Whether the current device launches thread-block clusters (sm_90+; the hyper-connection read's first kernel).
+// Whether the current device launches thread-block clusters and the loaded kernels have their cluster code (sm_90+
+// both; the hyper-connection read's first kernel, the up product's Q8_0 epilogue).
 bool clusters_supported();
 // Asks, once per kernel and device, for the largest shared-memory carveout of the SM's L1/shared split. Kernels whose
 // shared memory differs (a matvec's staged chunks, the elementwise kernels' none) then never make an SM change its

@@ -522,9 +522,15 @@ void matmul(Context& ctx, const MatmulArgs& a) {
                                                                                                token_scale);
         STRATA_CUDA_CHECK_LAUNCH("activations_to_half_kernel");
         const GemmPlan& plan = layout.plan;
+        // A device whose blocks cannot hold 128-token tiles (sm_75: 64 KB) runs 64-token ones. The split stays the
+        // plan's, and a token's sums do not depend on the tile that holds it, so the bits stay the same.
+        const int tile_tokens =
+            plan.tile_tokens == 128 && ctx.info().max_shared_per_block < kernels::gemm_shared_bytes(128)
+                ? 64
+                : plan.tile_tokens;
         const GemmLaunch l{.type = w.type, .w = wdata, .row_bytes = w.nb[1], .rows = rows, .in = in,
                            .n_tokens = tokens, .x = xh, .token_scale = token_scale, .y = a.y, .ldy = rows,
-                           .tile_tokens = plan.tile_tokens, .splits = plan.splits,
+                           .tile_tokens = tile_tokens, .splits = plan.splits,
                            .k_tiles_per_split = plan.k_tiles_per_split, .partials = partials, .stream = stream};
         STRATA_ASSERT(launch_gemm(l));
         if (plan.splits > 1) {

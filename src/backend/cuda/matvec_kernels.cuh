@@ -7,10 +7,10 @@
 //
 // The matvec kernel (MMVQ style): each warp owns kRows consecutive weight rows (8 for many short rows, else 2) and
 // walks them as one span in chunks of 32 * kPiecesPerLane pieces. A chunk's bytes are copied into the warp's shared
-// memory by cp.async from the 16-byte granules that cover it (all coalesced, whatever the block size, which is rarely
-// a multiple of 16), the next chunks' copies are in flight while one is decoded, and each lane then decodes its
-// pieces (for quant types, pairs of adjacent pieces) from shared memory against the activations of every token,
-// adding into the row each piece belongs to.
+// memory by cp.async (plain loads on sm_75) from the 16-byte granules that cover it (all coalesced, whatever the block
+// size, which is rarely a multiple of 16), the next chunks' copies are in flight while one is decoded, and each lane
+// then decodes its pieces (for quant types, pairs of adjacent pieces) from shared memory against the activations of
+// every token, adding into the row each piece belongs to.
 // Partial sums per (row, token) are reduced across the warp with shuffles; matrices with few rows split each span over
 // 2 or 4 warps of a block, whose sums meet in shared memory.
 #pragma once
@@ -182,14 +182,28 @@ constexpr int kMatvecStages = 2;
 constexpr int64_t kFewRows = 1024;
 constexpr int kFewRowStages = 4;
 
+// sm_75 has no cp.async: there a copy is a plain load (L2 only, as cp.async.cg) and store into the same slot, done
+// when the call returns, so committing and waiting have nothing to do and the chunks are decoded from the same bytes.
 __device__ __forceinline__ void copy_16_async(void* shared_dst, const void* global_src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    *static_cast<uint4*>(shared_dst) = __ldcg(static_cast<const uint4*>(global_src));
+#else
     const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(shared_dst));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(global_src) : "memory");
+#endif
 }
-__device__ __forceinline__ void commit_async_copies() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void commit_async_copies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#else
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
 template <int kPending>
 __device__ __forceinline__ void wait_async_copies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#else
     asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+#endif
 }
 
 // A block's own Q8_0 activations (one token), in shared memory.

@@ -20,7 +20,8 @@ constexpr int64_t kMaxIndexerQ = 8192;  // n_head * head_dim floats staged in sh
 constexpr int kSelectThreads = 1024;
 constexpr int kWarpsPerSelect = kSelectThreads / 32;
 // Keys staged in shared memory for the four histogram passes and the two scans when they fit (128 KB: 32,768 blocks,
-// 131,072 cells at ratio 4); longer caches read them from global memory (L2) each pass.
+// 131,072 cells at ratio 4; fewer on devices with less shared memory); longer caches read them from global memory (L2)
+// each pass.
 constexpr int64_t kMaxSharedKeys = 32768;
 
 struct Counts {
@@ -238,15 +239,21 @@ void qsa_select(Context& ctx, const QsaSelectArgs& a) {
     launch_dependent("qsa_score_kernel", qsa_score_kernel,
                      dim3(static_cast<unsigned>((a.max_blocks + per_block - 1) / per_block)), dim3(kScoreThreads), 0,
                      stream, a);
-    const bool keys_in_shared = a.max_blocks <= kMaxSharedKeys;
-    const size_t shared = keys_in_shared ? static_cast<size_t>(a.max_blocks) * 4 : 0;
-    // Raised once to the most the keys can take (an attribute, not a stream operation: fine during graph capture).
-    static bool shared_raised = false;
-    if (!shared_raised) {
+    // Raised once to the most the keys can take (an attribute, not a stream operation: fine during graph capture):
+    // kMaxSharedKeys, or fewer where the device's blocks have less room beside the kernel's own arrays (sm_75, 64 KB).
+    static int64_t max_shared_keys = -1;
+    if (max_shared_keys < 0) {
+        cudaFuncAttributes attributes{};
+        STRATA_CUDA_CHECK(cudaFuncGetAttributes(&attributes, qsa_select_kernel));
+        const size_t room = ctx.info().max_shared_per_block - std::min(ctx.info().max_shared_per_block,
+                                                                      attributes.sharedSizeBytes);
+        const int64_t keys = std::min(kMaxSharedKeys, static_cast<int64_t>(room / 4));
         STRATA_CUDA_CHECK(cudaFuncSetAttribute(qsa_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(kMaxSharedKeys * 4)));
-        shared_raised = true;
+                                               static_cast<int>(keys * 4)));
+        max_shared_keys = keys;
     }
+    const bool keys_in_shared = a.max_blocks <= max_shared_keys;
+    const size_t shared = keys_in_shared ? static_cast<size_t>(a.max_blocks) * 4 : 0;
     launch_dependent("qsa_select_kernel", qsa_select_kernel, dim3(1), dim3(kSelectThreads), shared, stream, a,
                      keys_in_shared);
 }

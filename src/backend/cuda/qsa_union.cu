@@ -130,7 +130,6 @@ constexpr int kChunk = static_cast<int>(kQsaUnionChunk);
 constexpr int kMaxOutTilesPerWarp = 24;  // O^T tiles of 16 x 8 held in registers: 96 floats a thread
 constexpr int kScoreStride = kChunk + 4;  // f32 scores per row: the fragment writes of 8 rows x 4 lanes hit 32 banks
 constexpr int kProbStride = kChunk + 8;   // fp16 probabilities per row
-constexpr size_t kMaxSharedBytes = 227 * 1024;  // the opt-in maximum of sm_80 / sm_90
 
 // Shared memory of the attention kernel for R rows (a multiple of 8) at head dim hd, in the order of the carve-up:
 // scores (f32), max / sum / rescale (f32), the chunk's K/V row indices (int64), then fp16 Q, K, V, P, then the masks.
@@ -175,10 +174,18 @@ struct AttentionParams {
 // D = A B + D for one m16n8k16 tile (A row-major 16 x 16 fp16, B column-major 16 x 8 fp16, D 16 x 8 f32). Fragments
 // (g = lane / 4, q = lane % 4): a[0] = A[g][2q, 2q+1], a[1] = A[g+8][2q..], a[2] = A[g][2q+8..], a[3] = A[g+8][2q+8..];
 // b[0] = B[2q, 2q+1][g], b[1] = B[2q+8, 2q+9][g]; d[0], d[1] = D[g][2q, 2q+1], d[2], d[3] = D[g+8][2q, 2q+1].
+// sm_75 has only m16n8k8 for fp16: two of them with the same fragments, k 0-7 (a[0], a[1], b[0]) then k 8-15 (a[2],
+// a[3], b[1]); the sums are rounded to f32 after each 8 products, so they may differ from sm_80's in the last bits.
 __device__ __forceinline__ void mma_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-    (void)d, (void)a, (void)b;
-    __trap();  // the host refuses devices below compute capability 8.0 (qsa_union_unsupported)
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(b[0]));
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[2]), "r"(a[3]), "r"(b[1]));
 #else
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -487,9 +494,6 @@ void launch_attention(const AttentionParams& p, dim3 grid, size_t shared, cudaSt
 }  // namespace
 
 std::string qsa_union_unsupported(const Context& ctx, const KvCacheShape& s, int64_t n_head) {
-    if (ctx.info().cc_major < 8)
-        return "compute capability " + std::to_string(ctx.info().cc_major) + "." +
-               std::to_string(ctx.info().cc_minor) + " (the union kernel's mma.sync m16n8k16 needs 8.0 or newer)";
     if (!(s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256))
         return "head_dim " + std::to_string(s.head_dim) + " (the union kernel takes 64, 128 or 256)";
     if (s.n_head_kv <= 0 || n_head <= 0 || n_head % s.n_head_kv != 0)
@@ -500,9 +504,11 @@ std::string qsa_union_unsupported(const Context& ctx, const KvCacheShape& s, int
         return std::to_string(group) + " query heads per kv head at head_dim " + std::to_string(s.head_dim) +
                " (the union kernel's registers hold at most " +
                std::to_string(kWarps * kMaxOutTilesPerWarp * 8 / (s.head_dim / 16) / kQsaUnionGroup) + ")";
-    if (shared_layout(static_cast<int>(rows), static_cast<int>(s.head_dim)).total > kMaxSharedBytes)
+    if (const size_t need = shared_layout(static_cast<int>(rows), static_cast<int>(s.head_dim)).total;
+        need > ctx.info().max_shared_per_block)
         return std::to_string(group) + " query heads per kv head at head_dim " + std::to_string(s.head_dim) +
-               " need more shared memory than a thread block gets";
+               " need " + std::to_string(need) + " bytes of shared memory; a thread block of " + ctx.info().name +
+               " gets " + std::to_string(ctx.info().max_shared_per_block);
     return "";
 }
 

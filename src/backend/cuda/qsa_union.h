@@ -58,8 +58,8 @@ struct QsaUnionAttentionArgs {
 };
 
 // Why the union kernels cannot run a cache of this shape with n_head query heads on this device ("" when they can):
-// compute capability 8.0 or newer, head_dim 64, 128 or 256, and the 8 positions' query heads of one kv head must fit
-// the kernel's registers and shared memory.
+// head_dim 64, 128 or 256, and the 8 positions' query heads of one kv head must fit the kernel's registers and the
+// device's shared memory (227 KB a block on sm_90, 99 KB on sm_86 / 89 / 120, 64 KB on sm_75).
 std::string qsa_union_unsupported(const Context& ctx, const KvCacheShape& shape, int64_t n_head);
 // Scratch for n_tokens positions: the unions (cells, masks, counts) and the splits' partial results.
 size_t qsa_union_workspace_bytes(int64_t n_tokens, int64_t max_cells, int64_t n_head, int64_t head_dim,

@@ -14,7 +14,9 @@
 #   STRATA_CUDA_ONLY_TESTS  1 for the op tests alone (default 0: the whole project)
 #   STRATA_CUDA_CTEST     1 to also run the whole ctest (full build only): the CPU tests too, not the Cuda* ones (they
 #                         ran above); those that need node or llama.cpp skip themselves with a message. Log: ctest.log
-#   STRATA_CUDA_ARCH      CMAKE_CUDA_ARCHITECTURES (default 90: the H200; `native` works too)
+#   STRATA_CUDA_ARCH      CMAKE_CUDA_ARCHITECTURES (default 90: the H200; `native` works too; 75-virtual runs the
+#                         sm_75 (Turing) code on the H200, its PTX JIT-compiled by the driver: use another
+#                         STRATA_CUDA_BUILD, and the first run of each kernel waits for its JIT)
 #   STRATA_CUDA_BUILD     build folder (default build-cuda)
 #   STRATA_CUDA_PERF      0 to skip the timing run (default 1)
 #   STRATA_CUDA_SANITIZE  1 to also run the parity tests under compute-sanitizer's memcheck

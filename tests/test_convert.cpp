@@ -581,33 +581,9 @@ TEST(Convert, Qwen4ExpUnevenFixture) {
     check_uneven_fixture("qwen4exp_uneven", "qwen4exp");
 }
 
-TEST(Convert, Qwen35MoeUnevenFixture) {
-    REQUIRE_CONFIG_FIXTURE("qwen35moe_uneven");
-    check_uneven_fixture("qwen35moe_uneven", "qwen35moe");
-}
-
 TEST(Convert, Qwen3NextUnevenFixture) {
     REQUIRE_CONFIG_FIXTURE("qwen3next_uneven");
     check_uneven_fixture("qwen3next_uneven", "qwen3next");
-}
-
-// No mrope_section and 8 rotary dims: transformers' default [11, 11, 10] cut to the 4 rotary pairs, so that llama.cpp's
-// rope accepts the file (test_interop loads it).
-TEST(Convert, Qwen4ExpRope8Fixture) {
-    REQUIRE_CONFIG_FIXTURE("qwen4exp_rope8");
-    TempDir tmp;
-    const json c = read_json(fixture_dir("qwen4exp_rope8") + "/config.json");
-    ASSERT_FALSE(c["rope_parameters"].contains("mrope_section"));
-    const std::string out = tmp / "rope8.gguf";
-    const ConvertReport report = convert_hf_to_gguf({.hf_dir = fixture_dir("qwen4exp_rope8"),
-                                                     .out_path = out,
-                                                     .out_type = DType::F32,
-                                                     .vocab_placeholder = true});
-    EXPECT_TRUE(report.llama_cpp_unsupported.empty());
-    const auto f = gguf::File::open(out);
-    check_table(*f, expected_table(c, "qwen4exp", 0), DType::F32);
-    EXPECT_EQ(f->get_u32("qwen4exp.rope.dimension_count"), 8u);
-    EXPECT_EQ(f->get_int_array("qwen4exp.rope.dimension_sections"), (std::vector<int64_t>{2, 1, 1, 0}));
 }
 
 TEST(Synth, TinyLoadsWithTheConverterLayout) {

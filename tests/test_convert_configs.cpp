@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model_test_util.h"
 #include "test_util.h"
 #include "convert/convert.h"
 #include "convert/gguf_plan.h"
@@ -104,17 +105,7 @@ TEST(RopeSections, FitTheRotaryPairsAndKeepTransformersAssignment) {
 
 // ---- the uneven synth presets ---------------------------------------------------------------------------------------
 
-std::vector<float> logits_fed(const Model& m, const std::vector<int32_t>& tokens, size_t per_call) {
-    auto seq = m.new_sequence(static_cast<int64_t>(tokens.size()));
-    const size_t V = static_cast<size_t>(m.info().n_vocab);
-    std::vector<float> logits(tokens.size() * V);
-    for (size_t start = 0; start < tokens.size(); start += per_call) {
-        const size_t n = std::min(per_call, tokens.size() - start);
-        m.forward(*seq, std::span<const int32_t>(tokens).subspan(start, n),
-                  std::span<float>(logits).subspan(start * V, n * V));
-    }
-    return logits;
-}
+using strata::testing::logits_fed;
 
 double relative_diff(const std::vector<float>& a, const std::vector<float>& b) {
     double diff = 0, ref = 0;

@@ -59,7 +59,7 @@ namespace cpu = strata::cpu;
 const DType kWeightTypes[] = {DType::F32,    DType::F16,    DType::BF16,   DType::Q8_0,  DType::Q4_0,   DType::Q2_K,
                               DType::Q3_K,   DType::Q4_K,   DType::Q5_K,   DType::Q6_K,  DType::IQ4_NL, DType::IQ4_XS,
                               DType::IQ2_XS, DType::IQ3_XXS, DType::IQ3_S, DType::IQ1_M};
-const Isa kIsas[] = {Isa::Scalar, Isa::Avx2, Isa::Avx512};
+const Isa kIsas[] = {Isa::Scalar, Isa::Avx2, Isa::Avx2Vnni, Isa::Avx512};
 
 // ---- thresholds (NMSE = sum (got - ref)^2 / sum ref^2 over all dots of one row length) ----------------------------
 
@@ -138,7 +138,7 @@ public:
     explicit CpuBackend(Isa isa) : isa_(isa) {}
     std::string name() const override { return std::string("cpu-") + cpu::isa_name(isa_); }
     std::string unsupported(Op op, DType t) const override {
-        if (static_cast<int>(isa_) > static_cast<int>(cpu::detected_isa()))
+        if (!cpu::supports_isa(isa_))
             return std::string("this CPU has no ") + cpu::isa_name(isa_) + " (detected: " +
                    cpu::isa_name(cpu::detected_isa()) + ")";
         if (op == Op::Dot && !cpu::has_native_dot(t, isa_))
@@ -353,7 +353,9 @@ std::string case_name(const OpCase& c) {
 using TypeIsa = std::tuple<DType, Isa>;
 
 std::string type_isa_name(const ::testing::TestParamInfo<TypeIsa>& info) {
-    return std::string(strata::dtype_name(std::get<0>(info.param))) + "_" + cpu::isa_name(std::get<1>(info.param));
+    std::string name = std::string(strata::dtype_name(std::get<0>(info.param))) + "_" + cpu::isa_name(std::get<1>(info.param));
+    std::replace(name.begin(), name.end(), '-', '_');  // gtest names: letters, digits and underscores
+    return name;
 }
 
 struct CaseResult {

@@ -18,6 +18,7 @@
 #include <span>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/cpu/gemm_packed.h"
@@ -131,9 +132,16 @@ strata::ThreadPool* pool_of(int threads) {
     return threads <= 1 ? nullptr : threads == 2 ? &pool2 : &pool3;
 }
 
+// The AVX-512 quantizers where the CPU has them, and the portable ones the AVX2 GEMMs read.
+template <typename Fn>
+std::vector<Fn> quantizers(Fn avx512, Fn portable) {
+    if (cpu::detected_isa() == cpu::Isa::Avx512) return {avx512, portable};
+    return {portable};
+}
+
 TEST(PackedGemm, BiasedActivationsAreTheReferenceQuantsPlus128) {
-    SKIP_WITHOUT_AVX512();
     std::mt19937 rng(1);
+    for (auto quantize : quantizers(cpu::quantize_q8_0_biased, cpu::quantize_q8_0_biased_portable))
     for (int64_t n : {32, 96, 4096}) {
         std::vector<float> x = gaussian(n, rng);
         x[static_cast<size_t>(n / 3)] = 40.0f;  // an outlier block
@@ -142,7 +150,7 @@ TEST(PackedGemm, BiasedActivationsAreTheReferenceQuantsPlus128) {
         std::vector<uint8_t> ref(strata::row_bytes(DType::Q8_0, n));
         strata::quantize_row(DType::Q8_0, x.data(), ref.data(), n);
         std::vector<uint8_t> biased(static_cast<size_t>(n / 32) * cpu::kBiasedBlockBytes);
-        cpu::quantize_q8_0_biased(x.data(), biased.data(), n);
+        quantize(x.data(), biased.data(), n);
         const auto* blocks = reinterpret_cast<const strata::BlockQ8_0*>(ref.data());
         for (int64_t b = 0; b < n / 32; ++b) {
             const uint8_t* got = biased.data() + static_cast<size_t>(b) * cpu::kBiasedBlockBytes;
@@ -155,14 +163,24 @@ TEST(PackedGemm, BiasedActivationsAreTheReferenceQuantsPlus128) {
     }
 }
 
-class PackedType : public ::testing::TestWithParam<DType> {
+// Every packed GEMM: each type on each instruction set that has one (AVX2 alone, AVX2 + AVX-VNNI, AVX-512), the
+// matmul held on that set for the whole test.
+class PackedType : public ::testing::TestWithParam<std::tuple<DType, cpu::Isa>> {
   protected:
-    int64_t block() const { return strata::traits(GetParam()).block_size; }
+    void SetUp() override {
+        if (!cpu::supports_isa(isa()))
+            GTEST_SKIP() << "this CPU has no " << cpu::isa_name(isa()) << " (detected: "
+                         << cpu::isa_name(cpu::detected_isa()) << ")";
+        cpu::override_active_isa(isa());
+    }
+    void TearDown() override { cpu::override_active_isa(std::nullopt); }
+    DType type() const { return std::get<0>(GetParam()); }
+    cpu::Isa isa() const { return std::get<1>(GetParam()); }
+    int64_t block() const { return strata::traits(type()).block_size; }
 };
 
 TEST_P(PackedType, MatmulEqualsTheDefinitionForAnyThreadsAndGrouping) {
-    SKIP_WITHOUT_AVX512();
-    const DType type = GetParam();
+    const DType type = this->type();
     std::mt19937 rng(2);
     cpu::PackedWeights packer;
     // Row counts below, at and around the 16-row group; block counts 1, odd, and a model's width.
@@ -193,12 +211,11 @@ TEST_P(PackedType, MatmulEqualsTheDefinitionForAnyThreadsAndGrouping) {
 }
 
 TEST_P(PackedType, ViewsOfSlicesAndRowRangesReadTheirRows) {
-    SKIP_WITHOUT_AVX512();
     std::mt19937 rng(3);
     const int64_t n = 2 * block(), rows = 48, slices = 3;
-    const std::vector<uint8_t> bytes = weights(GetParam(), n, rows, slices, rng);
+    const std::vector<uint8_t> bytes = weights(type(), n, rows, slices, rng);
     const int64_t ne[3] = {n, rows, slices};
-    Tensor w = strata::make_tensor("experts", GetParam(), 3, ne, bytes.data());
+    Tensor w = strata::make_tensor("experts", type(), 3, ne, bytes.data());
     cpu::PackedWeights packer;
     ASSERT_TRUE(packer.pack(w));
     const std::vector<float> x = gaussian(n * 9, rng);
@@ -223,39 +240,43 @@ TEST_P(PackedType, ViewsOfSlicesAndRowRangesReadTheirRows) {
         }
 }
 
-TEST_P(PackedType, AnotherInstructionSetReadsTheUnpackedRows) {
-    SKIP_WITHOUT_AVX512();
+TEST_P(PackedType, ScalarCodeReadsTheUnpackedRows) {
     std::mt19937 rng(4);
     const int64_t n = 2 * block(), rows = 33;
-    const std::vector<uint8_t> bytes = weights(GetParam(), n, rows, 1, rng);
+    const std::vector<uint8_t> bytes = weights(type(), n, rows, 1, rng);
     const int64_t ne[2] = {n, rows};
-    Tensor w = strata::make_tensor("w", GetParam(), 2, ne, bytes.data());
+    Tensor w = strata::make_tensor("w", type(), 2, ne, bytes.data());
     Tensor plain = w;
     cpu::PackedWeights packer;
     ASSERT_TRUE(packer.pack(w));
     const std::vector<float> x = gaussian(n * 4, rng);
     std::vector<float> got(static_cast<size_t>(rows * 4)), want(got.size());
-    cpu::override_active_isa(cpu::Isa::Avx2);
+    cpu::override_active_isa(cpu::Isa::Scalar);
     cpu::matmul({.w = w, .x = x.data(), .y = got.data(), .n_tokens = 4});
     cpu::matmul({.w = plain, .x = x.data(), .y = want.data(), .n_tokens = 4});
     cpu::override_active_isa(std::nullopt);
     EXPECT_TRUE(same_bits(got, want));
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, PackedType, ::testing::Values(DType::Q8_0, DType::Q4_K),
-                         [](const ::testing::TestParamInfo<DType>& param) {
-                             return std::string(strata::dtype_name(param.param));
+INSTANTIATE_TEST_SUITE_P(Types, PackedType,
+                         ::testing::Combine(::testing::Values(DType::Q8_0, DType::Q4_K),
+                                            ::testing::Values(cpu::Isa::Avx2, cpu::Isa::Avx2Vnni, cpu::Isa::Avx512)),
+                         [](const ::testing::TestParamInfo<std::tuple<DType, cpu::Isa>>& param) {
+                             std::string name = std::string(strata::dtype_name(std::get<0>(param.param))) + "_" +
+                                                cpu::isa_name(std::get<1>(param.param));
+                             std::replace(name.begin(), name.end(), '-', '_');
+                             return name;
                          });
 
 TEST(PackedGemm, Q8KSumsAreTheReferenceQuantsAndTheirSubBlockSums) {
-    SKIP_WITHOUT_AVX512();
     std::mt19937 rng(5);
+    for (auto quantize : quantizers(cpu::quantize_q8_k_sums, cpu::quantize_q8_k_sums_portable)) {
     const int64_t n = 3 * strata::kQK_K;
     const std::vector<float> x = gaussian(n, rng);
     std::vector<strata::BlockQ8_K> ref(static_cast<size_t>(n / strata::kQK_K));
     strata::quantize_row(DType::Q8_K, x.data(), ref.data(), n);
     std::vector<uint8_t> got(static_cast<size_t>(n / strata::kQK_K) * cpu::kQ8KSumsBlockBytes);
-    cpu::quantize_q8_k_sums(x.data(), got.data(), n);
+    quantize(x.data(), got.data(), n);
     for (size_t b = 0; b < ref.size(); ++b) {
         const uint8_t* block = got.data() + b * cpu::kQ8KSumsBlockBytes;
         ASSERT_EQ(std::memcmp(block, ref[b].qs, strata::kQK_K), 0) << "block " << b;
@@ -269,6 +290,7 @@ TEST(PackedGemm, Q8KSumsAreTheReferenceQuantsAndTheirSubBlockSums) {
             for (int l = 0; l < 32; ++l) want += ref[b].qs[32 * j + l];
             ASSERT_EQ(sum, want) << "block " << b << " sub-block " << j;
         }
+    }
     }
 }
 

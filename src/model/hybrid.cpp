@@ -90,7 +90,7 @@ bool packed_copies_fit(const gguf::File& file) {
     const std::optional<uint64_t> available = available_ram_bytes();
     if (available && total + kMargin > *available) {
         std::fprintf(stderr,
-                     "strata: not repacking %.1f GiB of Q8_0/Q4_K weights for the AVX-512 GEMM: %.1f GiB of memory "
+                     "strata: not repacking %.1f GiB of Q8_0/Q4_K weights for the packed GEMMs: %.1f GiB of memory "
                      "is free; using the row kernels on the mapped file\n",
                      static_cast<double>(total) / (1 << 30), static_cast<double>(*available) / (1 << 30));
         return false;

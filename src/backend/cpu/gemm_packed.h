@@ -1,5 +1,7 @@
-// Private to the CPU backend: the AVX-512 kernels over packed weights (packed.h) and the activation layouts they read.
-// Defined in gemm_packed_avx512.cpp and quantize_avx512.cpp; called only when active_isa() is AVX-512.
+// Private to the CPU backend: the kernels over packed weights (packed.h) and the activation layouts they read.
+// AVX-512: gemm_packed_avx512.cpp and quantize_avx512.cpp, called only when active_isa() is AVX-512; AVX2 (with and
+// without AVX-VNNI): gemm_packed_avx2.cpp, gemm_packed_avxvnni.cpp (the same bits as AVX-512's) and the portable
+// quantizers in packed.cpp.
 //
 // Numerics, per output (row r, token t), over the weight's blocks b in order, acc starting at 0:
 //   Q8_0: acc = fma(float(s_b), d_w * d_a, acc), s_b the exact integer dot of the block's quants.
@@ -18,6 +20,8 @@ namespace strata::cpu {
 constexpr size_t kBiasedBlockBytes = 36;
 // llama.cpp's reference Q8_0 quantization (byte for byte the same quants and f16 scale) in that layout.
 void quantize_q8_0_biased(const float* x, uint8_t* dst, int64_t n);
+// The same bytes from the reference quantizer, for CPUs without AVX-512 (packed.cpp).
+void quantize_q8_0_biased_portable(const float* x, uint8_t* dst, int64_t n);
 
 // y[c * y_stride + r] = row r of one packed group times activation column c, for r < n_rows (<= 16) and
 // c < n_cols (<= 8); activation column c starts at act + c * act_stride.
@@ -35,11 +39,17 @@ constexpr int kPackedCols = 8;
 void gemm_q8_0_packed(const PackedGemm& g);  // n_cols <= 8
 constexpr int kPackedColsQ4_K = 4;
 void gemm_q4_k_packed(const PackedGemm& g);  // n_cols <= 4
+// The same outputs, bit for bit, with AVX2 alone and with AVX2 + AVX-VNNI.
+void gemm_q8_0_packed_avx2(const PackedGemm& g);
+void gemm_q4_k_packed_avx2(const PackedGemm& g);
+void gemm_q8_0_packed_avxvnni(const PackedGemm& g);
+void gemm_q4_k_packed_avxvnni(const PackedGemm& g);
 
 // Per 256 activations: llama.cpp's Q8_K quants (the reference quantizer's), its f32 scale, then the 8 sums of each
 // 32 quants (a sub-block) as int16.
 constexpr size_t kQ8KSumsBlockBytes = 256 + 4 + 16;
 void quantize_q8_k_sums(const float* x, uint8_t* dst, int64_t n);
+void quantize_q8_k_sums_portable(const float* x, uint8_t* dst, int64_t n);
 // llama.cpp's reference Q8_K quantization (quant::quantize_q8_k), byte for byte, in its own layout (BlockQ8_K).
 void quantize_q8_k_avx512(const float* x, void* dst, int64_t n);
 

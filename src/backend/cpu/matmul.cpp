@@ -29,6 +29,7 @@ struct PreparedJob {
     float* y = nullptr;
     int64_t n_tokens = 0;
     DotFn kernel = nullptr;  // null: the packed GEMM
+    void (*gemm)(const PackedGemm&) = nullptr;  // the packed GEMM of this type and instruction set
     int cols = kDotCols;     // columns per kernel call
     bool decode_once = false;  // IQ2_XS by group: decode the unit's rows once into a scratch for all its tokens
     size_t act_offset = 0;  // into the activation buffer
@@ -106,11 +107,7 @@ void run_packed_unit(const PreparedJob& j, const uint8_t* activations, int64_t r
                                    .y = j.y + t * out + r,
                                    .y_stride = static_cast<size_t>(out),
                                    .n_rows = static_cast<int>(std::min<int64_t>(kPackRows, row_end - r))};
-                if (q8_0) {
-                    gemm_q8_0_packed(g);
-                } else {
-                    gemm_q4_k_packed(g);
-                }
+                j.gemm(g);
             }
         }
     }
@@ -182,7 +179,7 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
         if (job.n_tokens <= 0 || w.ne[1] == 0) continue;
         const int64_t in = w.ne[0];
         const DType act = activation_type(w.type);
-        const bool packed = w.packed != nullptr && isa == Isa::Avx512;
+        const bool packed = w.packed != nullptr && static_cast<int>(isa) >= static_cast<int>(Isa::Avx2);
         ActLayout layout = ActLayout::Kernel;
         PreparedJob p{.w = &w, .y = job.y, .n_tokens = job.n_tokens, .kernel = packed ? nullptr : dot_kernel(w.type, isa)};
         if (!packed && w.type == DType::IQ2_XS && isa == Isa::Avx512) {
@@ -197,9 +194,15 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
         } else if (w.type == DType::Q8_0) {
             layout = ActLayout::BiasedQ8_0;
             p.act_stride = static_cast<size_t>(in / 32) * kBiasedBlockBytes;
+            p.gemm = isa == Isa::Avx512     ? gemm_q8_0_packed
+                     : isa == Isa::Avx2Vnni ? gemm_q8_0_packed_avxvnni
+                                            : gemm_q8_0_packed_avx2;
         } else {
             layout = ActLayout::Q8_KSums;
             p.act_stride = static_cast<size_t>(in / kQK_K) * kQ8KSumsBlockBytes;
+            p.gemm = isa == Isa::Avx512     ? gemm_q4_k_packed
+                     : isa == Isa::Avx2Vnni ? gemm_q4_k_packed_avxvnni
+                                            : gemm_q4_k_packed_avx2;
         }
         // Products that read the same activations (gate and up, q/k/v) share one quantized copy.
         const int64_t source_rows = job.x_rows ? job.x_count : job.n_tokens;
@@ -250,6 +253,7 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
     const bool parallel = pool && pool->size() > 1 && work >= 65536.0;
 
     // Quantize the activations: one item per (task, token).
+    const bool wide = isa == Isa::Avx512;
     int64_t quantize_items = 0;
     for (const QuantizeTask& q : b.quantize) quantize_items += q.n_tokens;
     auto quantize_range = [&](int64_t begin, int64_t end) {
@@ -259,8 +263,12 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
                 uint8_t* dst = activations + q.offset + static_cast<size_t>(t) * q.stride;
                 const float* x = q.x + t * q.in;
                 switch (q.layout) {
-                    case ActLayout::BiasedQ8_0: quantize_q8_0_biased(x, dst, q.in); break;
-                    case ActLayout::Q8_KSums: quantize_q8_k_sums(x, dst, q.in); break;
+                    case ActLayout::BiasedQ8_0:
+                        (wide ? quantize_q8_0_biased : quantize_q8_0_biased_portable)(x, dst, q.in);
+                        break;
+                    case ActLayout::Q8_KSums:
+                        (wide ? quantize_q8_k_sums : quantize_q8_k_sums_portable)(x, dst, q.in);
+                        break;
                     case ActLayout::Q8_KGroups: quantize_q8_k_groups(x, dst, q.in); break;
                     case ActLayout::Kernel: quantize_activations(q.act, x, dst, q.in); break;
                 }

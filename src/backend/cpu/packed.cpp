@@ -4,6 +4,7 @@
 #include <cstring>
 #include <new>
 
+#include "backend/cpu/gemm_packed.h"
 #include "backend/cpu/quant_dot.h"
 #include "core/error.h"
 #include "core/quant_blocks.h"
@@ -50,7 +51,7 @@ void pack_q4_k_row(const BlockQ4_K* row, int64_t nb, int lane, uint8_t* group) {
 bool packable(const Tensor& w) {
     const int64_t block = w.type == DType::Q8_0 ? 32 : kQK_K;
     return (w.type == DType::Q8_0 || w.type == DType::Q4_K) && w.ne[3] == 1 && w.ne[0] % block == 0 &&
-           w.ne[1] >= 1 && w.data != nullptr && active_isa() == Isa::Avx512;
+           w.ne[1] >= 1 && w.data != nullptr && static_cast<int>(active_isa()) >= static_cast<int>(Isa::Avx2);
 }
 
 size_t packed_group_bytes(const Tensor& w) {
@@ -87,6 +88,29 @@ const void* packed_rows(const Tensor& w, int64_t slice, int64_t row_begin) {
     if (w.packed == nullptr || row_begin % kPackRows != 0) return nullptr;
     return static_cast<const uint8_t*>(w.packed) + packed_slice_bytes(w) * static_cast<size_t>(slice) +
            packed_group_bytes(w) * static_cast<size_t>(row_begin / kPackRows);
+}
+
+void quantize_q8_0_biased_portable(const float* x, uint8_t* dst, int64_t n) {
+    BlockQ8_0 block;
+    for (int64_t i = 0; i < n / 32; ++i, dst += kBiasedBlockBytes) {
+        quantize_row(DType::Q8_0, x + 32 * i, &block, 32);
+        for (int j = 0; j < 32; ++j) dst[j] = static_cast<uint8_t>(block.qs[j] + 128);
+        const float d = f16_to_f32(block.d);
+        std::memcpy(dst + 32, &d, 4);
+    }
+}
+
+void quantize_q8_k_sums_portable(const float* x, uint8_t* dst, int64_t n) {
+    BlockQ8_K block;
+    for (int64_t i = 0; i < n / kQK_K; ++i, dst += kQ8KSumsBlockBytes) {
+        quantize_row(DType::Q8_K, x + kQK_K * i, &block, kQK_K);
+        std::memcpy(dst, block.qs, kQK_K);
+        std::memcpy(dst + kQK_K, &block.d, 4);
+        for (int j = 0; j < 8; ++j) {
+            const auto sum = static_cast<int16_t>(block.bsums[2 * j] + block.bsums[2 * j + 1]);
+            std::memcpy(dst + kQK_K + 4 + 2 * j, &sum, 2);
+        }
+    }
 }
 
 void PackedWeights::Free::operator()(uint8_t* p) const { std::free(p); }

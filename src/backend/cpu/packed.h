@@ -1,4 +1,4 @@
-// Weights repacked for the CPU's AVX-512 GEMM (llama.cpp's "repack" buffers and ik_llama.cpp's run-time repacking
+// Weights repacked for the CPU's GEMMs (AVX-512, and AVX2 reading each 64-byte unit as two 8-row halves) (llama.cpp's "repack" buffers and ik_llama.cpp's run-time repacking
 // do the same). Rows are interleaved in groups of 16, so one 64-byte load holds 4 consecutive quants of all 16 rows
 // and one vpdpbusd against 4 broadcast activation bytes advances 16 dot products; a unit of weights is then reused
 // by several tokens from registers instead of once per token. Per block of each type, for the 16 rows:
@@ -25,7 +25,7 @@ constexpr size_t kPackedQ8_0BlockBytes = 32 + 32 + 16 * 32;
 constexpr size_t kPackedQ4_KBlockBytes = 32 + 32 + 128 + 256 + 16 * 128;
 
 // Whether w (2-D, or 3-D with one matrix per ne[2] slice) gets a packed form: Q8_0 or Q4_K, and the matmuls run
-// AVX-512 VNNI (active_isa(); with a lower one the copy would never be read).
+// AVX2 or more (active_isa(); with scalar code the copy would never be read).
 bool packable(const Tensor& w);
 // Bytes of one group of 16 rows (ne[0] / 32 blocks), of one slice, and of the whole packed tensor.
 size_t packed_group_bytes(const Tensor& w);

@@ -17,6 +17,7 @@ const char* isa_name(Isa isa) {
     switch (isa) {
         case Isa::Scalar: return "scalar";
         case Isa::Avx2: return "avx2";
+        case Isa::Avx2Vnni: return "avx2-vnni";
         case Isa::Avx512: return "avx512";
     }
     return "?";
@@ -32,17 +33,29 @@ Isa detected_isa() {
         const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                             __builtin_cpu_supports("avx512vnni");
-        return avx512 ? Isa::Avx512 : Isa::Avx2;
+        if (avx512) return Isa::Avx512;
+        return __builtin_cpu_supports("avxvnni") ? Isa::Avx2Vnni : Isa::Avx2;
     }();
     return isa;
 }
 
 namespace {
 std::atomic<int> g_isa_override{-1};
+
+// `want` where this CPU has it, else the best it has below: an AVX-512 CPU without AVX-VNNI (Skylake-X, Ice Lake)
+// capped at Avx2Vnni runs plain AVX2.
+Isa capped(Isa want) {
+    const Isa best = detected_isa();
+    if (static_cast<int>(want) >= static_cast<int>(best)) return best;
+    if (want == Isa::Avx2Vnni && !__builtin_cpu_supports("avxvnni")) return Isa::Avx2;
+    return want;
+}
 }  // namespace
 
+bool supports_isa(Isa isa) { return capped(isa) == isa; }
+
 void override_active_isa(std::optional<Isa> isa) {
-    if (isa && static_cast<int>(*isa) > static_cast<int>(detected_isa())) isa = detected_isa();
+    if (isa) isa = capped(*isa);
     g_isa_override.store(isa ? static_cast<int>(*isa) : -1);
 }
 
@@ -55,12 +68,13 @@ Isa active_isa() {
         const std::string_view want(env);
         Isa cap = best;
         if (want == "scalar") cap = Isa::Scalar;
-        else if (want == "avx2") cap = Isa::Avx2;
+        else if (want == "avx2-novnni") cap = Isa::Avx2;
+        else if (want == "avx2" || want == "avx2-vnni") cap = Isa::Avx2Vnni;
         else if (want == "avx512") cap = Isa::Avx512;
         else
-            std::fprintf(stderr, "strata: ignoring STRATA_ISA=%s (known: scalar, avx2, avx512); using %s\n", env,
-                         isa_name(best));
-        return static_cast<int>(cap) < static_cast<int>(best) ? cap : best;
+            std::fprintf(stderr, "strata: ignoring STRATA_ISA=%s (known: scalar, avx2-novnni, avx2, avx512); using %s\n",
+                         env, isa_name(best));
+        return capped(cap);
     }();
     return isa;
 }
@@ -101,11 +115,12 @@ struct Registry {
         register_dots_klow_avx2(native[1]);
         register_dots_iq2_avx2(native[1]);
         register_dots_iq3_avx2(native[1]);
-        register_dots_basic_avx512(native[2]);
-        register_dots_kquant_avx512(native[2]);
-        register_dots_klow_avx512(native[2]);
-        register_dots_iq2_avx512(native[2]);
-        register_dots_iq3_avx512(native[2]);
+        // native[2], Avx2Vnni: no dot kernels of its own (AVX2's serve it); its packed GEMMs are in matmul.cpp.
+        register_dots_basic_avx512(native[3]);
+        register_dots_kquant_avx512(native[3]);
+        register_dots_klow_avx512(native[3]);
+        register_dots_iq2_avx512(native[3]);
+        register_dots_iq3_avx512(native[3]);
     }
 };
 

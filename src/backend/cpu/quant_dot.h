@@ -12,18 +12,24 @@
 
 namespace strata::cpu {
 
-enum class Isa : int { Scalar = 0, Avx2 = 1, Avx512 = 2 };
-constexpr int kIsaCount = 3;
+// Avx2Vnni is AVX2 plus AVX-VNNI (VEX vpdpbusd: Alder Lake and later, Zen 5): it has no dot kernels of its own (its
+// slot falls back to AVX2's) but its own packed GEMMs.
+enum class Isa : int { Scalar = 0, Avx2 = 1, Avx2Vnni = 2, Avx512 = 3 };
+constexpr int kIsaCount = 4;
 const char* isa_name(Isa isa);
 
-// The best instruction set this CPU and OS support (AVX2 needs AVX2, FMA, F16C and BMI2; AVX-512 adds F, BW, DQ, VL
-// and VNNI).
+// The best instruction set this CPU and OS support (AVX2 needs AVX2, FMA, F16C and BMI2; Avx2Vnni adds AVX-VNNI;
+// AVX-512 adds F, BW, DQ, VL and VNNI to AVX2).
 Isa detected_isa();
-// The set the matmuls use: detected_isa(), lowered by STRATA_ISA=scalar|avx2|avx512 in the environment.
+// The set the matmuls use: detected_isa(), lowered by STRATA_ISA in the environment: scalar, avx2-novnni (plain AVX2),
+// avx2 (the AVX2 class: AVX-VNNI where the CPU has it), avx512.
 Isa active_isa();
 // Tests: make active_isa() return `isa` (capped at detected_isa()) until called with nullopt, so one process can run
 // the matmuls on every instruction set.
+// (An instruction set this CPU lacks gives the best one it has below it.)
 void override_active_isa(std::optional<Isa> isa);
+// Whether this CPU runs instruction set `isa` (for Avx2Vnni: AVX2 and AVX-VNNI, whatever else it has).
+bool supports_isa(Isa isa);
 
 // llama.cpp's vec_dot_type of a weight type.
 DType activation_type(DType weight);

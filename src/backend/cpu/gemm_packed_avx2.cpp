@@ -1,0 +1,20 @@
+// The packed GEMMs with AVX2 alone (vpmaddubsw sums): gemm_packed_avx2_kernels.inc with kVnni = false.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "backend/cpu/gemm_packed.h"
+#include "backend/cpu/packed.h"
+#include "core/quant_blocks.h"
+
+namespace strata::cpu {
+
+namespace {
+constexpr bool kVnni = false;
+#include "backend/cpu/gemm_packed_avx2_kernels.inc"
+}  // namespace
+
+void gemm_q8_0_packed_avx2(const PackedGemm& g) { q8_0_any(g); }
+void gemm_q4_k_packed_avx2(const PackedGemm& g) { q4_k_any(g); }
+
+}  // namespace strata::cpu

@@ -1,0 +1,21 @@
+// The packed GEMMs with AVX2 and AVX-VNNI (VEX vpdpbusd / vpdpwssd; compiled with -mavxvnni, called only when CPUID
+// reports it): gemm_packed_avx2_kernels.inc with kVnni = true.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "backend/cpu/gemm_packed.h"
+#include "backend/cpu/packed.h"
+#include "core/quant_blocks.h"
+
+namespace strata::cpu {
+
+namespace {
+constexpr bool kVnni = true;
+#include "backend/cpu/gemm_packed_avx2_kernels.inc"
+}  // namespace
+
+void gemm_q8_0_packed_avxvnni(const PackedGemm& g) { q8_0_any(g); }
+void gemm_q4_k_packed_avxvnni(const PackedGemm& g) { q4_k_any(g); }
+
+}  // namespace strata::cpu

@@ -87,4 +87,12 @@ struct DecodedPair {
 };
 void dot_iq2_xs_decoded_pair(const DecodedPair& p);
 
+// IQ2_XS with AVX2 (dot_iq2_avx2.cpp), for prompts: a row's super-blocks decoded once (n / 256 blocks of
+// kIq2XsDecodedAvx2BlockBytes, 64-byte aligned) over the plain Q8_K activations, then up to kIq2XsDecodedAvx2Cols
+// columns per call: out[c] is what the AVX2 row kernel gives for that row and column, bit for bit.
+constexpr size_t kIq2XsDecodedAvx2BlockBytes = 576;
+constexpr int kIq2XsDecodedAvx2Cols = 8;
+void decode_iq2_xs_avx2(int64_t n, const void* w, void* decoded);
+void dot_iq2_xs_decoded_avx2(int64_t n, const void* decoded, const void* a, size_t a_stride, float* out, int n_cols);
+
 }  // namespace strata::cpu

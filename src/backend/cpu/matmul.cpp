@@ -31,7 +31,8 @@ struct PreparedJob {
     DotFn kernel = nullptr;  // null: the packed GEMM
     void (*gemm)(const PackedGemm&) = nullptr;  // the packed GEMM of this type and instruction set
     int cols = kDotCols;     // columns per kernel call
-    bool decode_once = false;  // IQ2_XS by group: decode the unit's rows once into a scratch for all its tokens
+    bool decode_once = false;  // IQ2_XS: decode the unit's rows once into a scratch for all its tokens
+    bool by_group = false;     // ... in the AVX-512 by-group layout (else the AVX2 one)
     size_t act_offset = 0;  // into the activation buffer
     size_t act_stride = 0;  // bytes per token
     int64_t rows_per_unit = 0;
@@ -161,6 +162,29 @@ void run_decoded_unit(const PreparedJob& j, const uint8_t* activations, int64_t 
     }
 }
 
+// The same for AVX2: the rows decoded once, then each token chunk against each row (kernels in dot_iq2_avx2.cpp).
+void run_decoded_unit_avx2(const PreparedJob& j, const uint8_t* activations, int64_t row_begin, int64_t row_end) {
+    const Tensor& w = *j.w;
+    const int64_t in = w.ne[0], out = w.ne[1];
+    const size_t row_bytes = static_cast<size_t>(in / kQK_K) * kIq2XsDecodedAvx2BlockBytes;
+    const size_t need = row_bytes * static_cast<size_t>(row_end - row_begin) + 64;
+    if (t_decoded.size() < need) t_decoded.resize(need);
+    uint8_t* decoded = t_decoded.data() + (64 - reinterpret_cast<uintptr_t>(t_decoded.data()) % 64) % 64;
+    for (int64_t r = row_begin; r < row_end; ++r)
+        decode_iq2_xs_avx2(in, w.row(r), decoded + row_bytes * static_cast<size_t>(r - row_begin));
+    const uint8_t* act = activations + j.act_offset;
+    float tile[kIq2XsDecodedAvx2Cols];
+    for (int64_t t = 0; t < j.n_tokens; t += kIq2XsDecodedAvx2Cols) {
+        const int cols = static_cast<int>(std::min<int64_t>(kIq2XsDecodedAvx2Cols, j.n_tokens - t));
+        const uint8_t* a = act + static_cast<size_t>(t) * j.act_stride;
+        for (int64_t r = row_begin; r < row_end; ++r) {
+            dot_iq2_xs_decoded_avx2(in, decoded + row_bytes * static_cast<size_t>(r - row_begin), a, j.act_stride,
+                                    tile, cols);
+            for (int c = 0; c < cols; ++c) j.y[(t + c) * out + r] = tile[c];
+        }
+    }
+}
+
 }  // namespace
 
 void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
@@ -188,9 +212,12 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
             p.cols = kMaxDotCols;
             p.act_stride = q8_k_groups_row_bytes(in);
             p.decode_once = job.n_tokens > kMaxDotCols;
+            p.by_group = true;
         } else if (!packed) {
             p.act_stride = row_bytes(act, in);
             p.cols = dot_columns(w.type, isa);
+            p.decode_once = w.type == DType::IQ2_XS && (isa == Isa::Avx2 || isa == Isa::Avx2Vnni) &&
+                            job.n_tokens > p.cols;
         } else if (w.type == DType::Q8_0) {
             layout = ActLayout::BiasedQ8_0;
             p.act_stride = static_cast<size_t>(in / 32) * kBiasedBlockBytes;
@@ -309,8 +336,10 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
             const PreparedJob& p = b.jobs[j];
             const int64_t row_begin = (u - p.first_unit) * p.rows_per_unit;
             const int64_t row_end = std::min(p.w->ne[1], row_begin + p.rows_per_unit);
-            if (p.decode_once) {
+            if (p.decode_once && p.by_group) {
                 run_decoded_unit(p, activations, row_begin, row_end);
+            } else if (p.decode_once) {
+                run_decoded_unit_avx2(p, activations, row_begin, row_end);
             } else if (p.kernel) {
                 run_unit(p, activations, row_begin, row_end);
             } else {

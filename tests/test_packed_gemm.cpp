@@ -132,16 +132,18 @@ strata::ThreadPool* pool_of(int threads) {
     return threads <= 1 ? nullptr : threads == 2 ? &pool2 : &pool3;
 }
 
-// The AVX-512 quantizers where the CPU has them, and the portable ones the AVX2 GEMMs read.
+// The AVX-512 and AVX2 quantizers where the CPU has them, and the portable ones.
 template <typename Fn>
-std::vector<Fn> quantizers(Fn avx512, Fn portable) {
-    if (cpu::detected_isa() == cpu::Isa::Avx512) return {avx512, portable};
-    return {portable};
+std::vector<Fn> quantizers(Fn avx512, Fn avx2, Fn portable) {
+    std::vector<Fn> fns{portable};
+    if (cpu::supports_isa(cpu::Isa::Avx2)) fns.push_back(avx2);
+    if (cpu::supports_isa(cpu::Isa::Avx512)) fns.push_back(avx512);
+    return fns;
 }
 
 TEST(PackedGemm, BiasedActivationsAreTheReferenceQuantsPlus128) {
     std::mt19937 rng(1);
-    for (auto quantize : quantizers(cpu::quantize_q8_0_biased, cpu::quantize_q8_0_biased_portable))
+    for (auto quantize : quantizers(cpu::quantize_q8_0_biased, cpu::quantize_q8_0_biased_avx2, cpu::quantize_q8_0_biased_portable))
     for (int64_t n : {32, 96, 4096}) {
         std::vector<float> x = gaussian(n, rng);
         x[static_cast<size_t>(n / 3)] = 40.0f;  // an outlier block
@@ -270,7 +272,7 @@ INSTANTIATE_TEST_SUITE_P(Types, PackedType,
 
 TEST(PackedGemm, Q8KSumsAreTheReferenceQuantsAndTheirSubBlockSums) {
     std::mt19937 rng(5);
-    for (auto quantize : quantizers(cpu::quantize_q8_k_sums, cpu::quantize_q8_k_sums_portable)) {
+    for (auto quantize : quantizers(cpu::quantize_q8_k_sums, cpu::quantize_q8_k_sums_avx2, cpu::quantize_q8_k_sums_portable)) {
     const int64_t n = 3 * strata::kQK_K;
     const std::vector<float> x = gaussian(n, rng);
     std::vector<strata::BlockQ8_K> ref(static_cast<size_t>(n / strata::kQK_K));

@@ -20,7 +20,8 @@ namespace strata::cpu {
 constexpr size_t kBiasedBlockBytes = 36;
 // llama.cpp's reference Q8_0 quantization (byte for byte the same quants and f16 scale) in that layout.
 void quantize_q8_0_biased(const float* x, uint8_t* dst, int64_t n);
-// The same bytes from the reference quantizer, for CPUs without AVX-512 (packed.cpp).
+// The same bytes with AVX2 (quantize_avx2.cpp) and from the reference quantizer (packed.cpp).
+void quantize_q8_0_biased_avx2(const float* x, uint8_t* dst, int64_t n);
 void quantize_q8_0_biased_portable(const float* x, uint8_t* dst, int64_t n);
 
 // y[c * y_stride + r] = row r of one packed group times activation column c, for r < n_rows (<= 16) and
@@ -49,9 +50,11 @@ void gemm_q4_k_packed_avxvnni(const PackedGemm& g);
 // 32 quants (a sub-block) as int16.
 constexpr size_t kQ8KSumsBlockBytes = 256 + 4 + 16;
 void quantize_q8_k_sums(const float* x, uint8_t* dst, int64_t n);
+void quantize_q8_k_sums_avx2(const float* x, uint8_t* dst, int64_t n);
 void quantize_q8_k_sums_portable(const float* x, uint8_t* dst, int64_t n);
 // llama.cpp's reference Q8_K quantization (quant::quantize_q8_k), byte for byte, in its own layout (BlockQ8_K).
 void quantize_q8_k_avx512(const float* x, void* dst, int64_t n);
+void quantize_q8_k_avx2(const float* x, void* dst, int64_t n);
 
 // IQ2_XS with AVX-512 (dot_iq2_avx512.cpp): a row kernel (a DotFn, up to kMaxDotCols tokens) over activations laid
 // out by group of 16. Per 256 activations (a block of kQ8KGroupsBlockBytes): at 64k + 4g the Q8_K quants

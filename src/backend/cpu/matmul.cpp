@@ -280,7 +280,7 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
     const bool parallel = pool && pool->size() > 1 && work >= 65536.0;
 
     // Quantize the activations: one item per (task, token).
-    const bool wide = isa == Isa::Avx512;
+    const bool avx512 = isa == Isa::Avx512, avx2 = isa == Isa::Avx2 || isa == Isa::Avx2Vnni;
     int64_t quantize_items = 0;
     for (const QuantizeTask& q : b.quantize) quantize_items += q.n_tokens;
     auto quantize_range = [&](int64_t begin, int64_t end) {
@@ -291,10 +291,14 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
                 const float* x = q.x + t * q.in;
                 switch (q.layout) {
                     case ActLayout::BiasedQ8_0:
-                        (wide ? quantize_q8_0_biased : quantize_q8_0_biased_portable)(x, dst, q.in);
+                        (avx512 ? quantize_q8_0_biased
+                         : avx2 ? quantize_q8_0_biased_avx2
+                                : quantize_q8_0_biased_portable)(x, dst, q.in);
                         break;
                     case ActLayout::Q8_KSums:
-                        (wide ? quantize_q8_k_sums : quantize_q8_k_sums_portable)(x, dst, q.in);
+                        (avx512 ? quantize_q8_k_sums
+                         : avx2 ? quantize_q8_k_sums_avx2
+                                : quantize_q8_k_sums_portable)(x, dst, q.in);
                         break;
                     case ActLayout::Q8_KGroups: quantize_q8_k_groups(x, dst, q.in); break;
                     case ActLayout::Kernel: quantize_activations(q.act, x, dst, q.in); break;

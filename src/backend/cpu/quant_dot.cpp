@@ -97,6 +97,7 @@ void quantize_activations(DType act, const float* x, void* dst, int64_t n) {
         return;
     }
     if (act == DType::Q8_K && active_isa() == Isa::Avx512) return quantize_q8_k_avx512(x, dst, n);
+    if (act == DType::Q8_K && active_isa() != Isa::Scalar) return quantize_q8_k_avx2(x, dst, n);
     quantize_row(act, x, dst, n);
 }
 

@@ -7,8 +7,12 @@
 //   IQ1_M:  w = 8 * grid value (-1, 0, 1) +- 1, the group's 1/8 shift folded in, so the integer total is 8x the dot.
 // Every activation column then does per 32 weights one vpmaddubsw, one vpmaddwd with the two groups' odd scales
 // 2 * ls + 1 and one add; the bias comes back out through the activation's bsums (-B * scale * sum of 16
-// activations), which start the column's integer sum. All integer work is exact; per column and super-block one FMA
-// adds the float result, so a column's operations never depend on how many columns share the decode.
+// activations), which start the column's integer sum. All integer work is exact; per column and super-block the 8
+// lanes are summed (still exact) and one scalar FMA adds the float result:
+//   acc = fma(float(S_b), d_w * d_a, acc) over the super-blocks b in order, out = 0.125 * acc,
+// S_b the super-block's exact integer dot (8x the value dot). That definition is shared with the AVX-VNNI prompt
+// kernel over 8 rows at once (dot_iq2_avxvnni.cpp, reading decode_iq2_xs_rows8 below), so a column's result never
+// depends on how many columns or rows share the work.
 #include <immintrin.h>
 
 #include <cstddef>
@@ -172,11 +176,16 @@ inline void decode(const BlockIQ1_M& b, Decoded& u, const BiasedGrids& tables) {
     u.d = _cvtsh_ss(static_cast<unsigned short>(_pext_u64(raw, 0xF000F000F000F000ULL)));
 }
 
-inline float horizontal_sum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+inline int32_t sum_of(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+// acc + float(S) * (d_w * d_a), one rounding (the definition above).
+inline __m128 add_block(__m128 acc, __m256i isum, float d_w, float d_a) {
+    return _mm_fmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), sum_of(isum)), _mm_set_ss(d_w * d_a), acc);
 }
 
 // How far ahead of the block being decoded the weight row is prefetched: the grid work keeps the loop too busy for
@@ -190,8 +199,8 @@ void dot_kernel_c(int64_t n, const void* w, const void* a, size_t a_stride, floa
     const BlockQ8_K* y[C];
     for (int c = 0; c < C; ++c)
         y[c] = reinterpret_cast<const BlockQ8_K*>(static_cast<const uint8_t*>(a) + c * a_stride);
-    __m256 acc[C];
-    for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+    __m128 acc[C];
+    for (int c = 0; c < C; ++c) acc[c] = _mm_setzero_ps();
     const BiasedGrids& tables = grids();
     Decoded u;
     for (int64_t i = 0; i < n / kQK_K; ++i) {
@@ -205,11 +214,11 @@ void dot_kernel_c(int64_t n, const void* w, const void* a, size_t a_stride, floa
                 const __m256i act = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs + 32 * j));
                 isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(u.w[j], act), u.scale[j]));
             }
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(u.d * b.d), acc[c]);
+            acc[c] = add_block(acc[c], isum, u.d, b.d);
         }
     }
     // Both types' integer totals are 8x the dot: IQ2_XS values are d * (2 ls + 1) / 8 * grid, IQ1_M's shift is 1/8.
-    for (int c = 0; c < C; ++c) out[c] = 0.125f * horizontal_sum(acc[c]);
+    for (int c = 0; c < C; ++c) out[c] = 0.125f * _mm_cvtss_f32(acc[c]);
 }
 
 template <typename Block>
@@ -235,14 +244,13 @@ void dot_kernel_any(int64_t n, const void* w, const void* a, size_t a_stride, fl
 static_assert(sizeof(Decoded) <= kIq2XsDecodedAvx2BlockBytes && alignof(Decoded) <= 64);
 
 // C columns against one decoded row, the weights' 32-byte pieces outer and the columns inner (each piece and its
-// scales loaded once for all C). The integer sums are exact and sit in the same lanes as the row kernel's, and the
-// float work is its FMA per super-block and horizontal sum: the row kernel's bits.
+// scales loaded once for all C). The integer sums are exact and the float work is the row kernel's: its bits.
 template <int C>
 void decoded_c(int64_t n, const Decoded* u, const uint8_t* a, size_t a_stride, float* out) {
     const BlockQ8_K* y[C];
     for (int c = 0; c < C; ++c) y[c] = reinterpret_cast<const BlockQ8_K*>(a + c * a_stride);
-    __m256 acc[C];
-    for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+    __m128 acc[C];
+    for (int c = 0; c < C; ++c) acc[c] = _mm_setzero_ps();
     for (int64_t i = 0; i < n / kQK_K; ++i) {
         const Decoded& b = *reinterpret_cast<const Decoded*>(reinterpret_cast<const uint8_t*>(u) +
                                                              static_cast<size_t>(i) * kIq2XsDecodedAvx2BlockBytes);
@@ -258,9 +266,9 @@ void decoded_c(int64_t n, const Decoded* u, const uint8_t* a, size_t a_stride, f
                 isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(_mm256_maddubs_epi16(w, act), scale));
             }
         }
-        for (int c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_set1_ps(b.d * y[c][i].d), acc[c]);
+        for (int c = 0; c < C; ++c) acc[c] = add_block(acc[c], isum[c], b.d, y[c][i].d);
     }
-    for (int c = 0; c < C; ++c) out[c] = 0.125f * horizontal_sum(acc[c]);
+    for (int c = 0; c < C; ++c) out[c] = 0.125f * _mm_cvtss_f32(acc[c]);
 }
 
 template <int C>
@@ -285,6 +293,62 @@ void decode_iq2_xs_avx2(int64_t n, const void* w, void* decoded) {
 void dot_iq2_xs_decoded_avx2(int64_t n, const void* decoded, const void* a, size_t a_stride, float* out, int n_cols) {
     decoded_up_to<kIq2XsDecodedAvx2Cols>(n, static_cast<const Decoded*>(decoded), static_cast<const uint8_t*>(a),
                                          a_stride, out, n_cols);
+}
+
+void decode_iq2_xs_rows8(int64_t n, const void* const* rows, int n_rows, void* decoded) {
+    const BiasedGrids& tables = grids();
+    const __m256i bias = _mm256_set1_epi8(kBiasXS);
+    for (int64_t i = 0; i < n / kQK_K; ++i) {
+        uint8_t* out = static_cast<uint8_t*>(decoded) + static_cast<size_t>(i) * kIq2XsRows8BlockBytes;
+        alignas(32) int8_t w[8][kQK_K] = {};  // each row's signed weights; missing rows zero
+        alignas(32) int32_t odd[16][8] = {}, correction[8] = {};
+        alignas(32) float d[8] = {};
+        for (int r = 0; r < n_rows; ++r) {
+            const BlockIQ2_XS& b = static_cast<const BlockIQ2_XS*>(rows[r])[i];
+            Decoded u;
+            decode(b, u, tables);
+            int32_t corr = 0;
+            for (int j = 0; j < 8; ++j) {
+                _mm256_store_si256(reinterpret_cast<__m256i*>(w[r] + 32 * j), _mm256_sub_epi8(u.w[j], bias));
+                // Sums of 8 biased weights: groups 2j (64-bit lanes 0, 1) and 2j + 1 (lanes 2, 3).
+                alignas(32) int64_t eight[4];
+                _mm256_store_si256(reinterpret_cast<__m256i*>(eight), _mm256_sad_epu8(u.w[j], _mm256_setzero_si256()));
+                for (int h = 0; h < 2; ++h) {
+                    const int g = 2 * j + h;
+                    const int32_t scale = 2 * ((b.scales[g / 2] >> (4 * (g % 2))) & 0xF) + 1;
+                    const auto sum = static_cast<int32_t>(eight[2 * h] + eight[2 * h + 1]) - 16 * kBiasXS;
+                    odd[g][r] = scale;
+                    corr += 128 * scale * sum;
+                }
+            }
+            correction[r] = corr;
+            d[r] = u.d;
+        }
+        // Weights 4s..4s+3 of row r at 32s + 4r: an 8x8 transpose of dwords per 32 weights.
+        for (int j = 0; j < 8; ++j) {
+            __m256i x[8];
+            for (int r = 0; r < 8; ++r) x[r] = _mm256_load_si256(reinterpret_cast<const __m256i*>(w[r] + 32 * j));
+            __m256i t[8], v[8];
+            for (int q = 0; q < 4; ++q) {
+                t[2 * q] = _mm256_unpacklo_epi32(x[2 * q], x[2 * q + 1]);
+                t[2 * q + 1] = _mm256_unpackhi_epi32(x[2 * q], x[2 * q + 1]);
+            }
+            for (int q = 0; q < 2; ++q) {
+                v[4 * q] = _mm256_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
+                v[4 * q + 1] = _mm256_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
+                v[4 * q + 2] = _mm256_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
+                v[4 * q + 3] = _mm256_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
+            }
+            auto* step = reinterpret_cast<__m256i*>(out + 32 * 8 * j);
+            for (int k = 0; k < 4; ++k) {
+                _mm256_store_si256(step + k, _mm256_permute2x128_si256(v[k], v[k + 4], 0x20));
+                _mm256_store_si256(step + k + 4, _mm256_permute2x128_si256(v[k], v[k + 4], 0x31));
+            }
+        }
+        std::memcpy(out + 2048, odd, sizeof odd);
+        std::memcpy(out + 2560, correction, sizeof correction);
+        std::memcpy(out + 2592, d, sizeof d);
+    }
 }
 
 void register_dots_iq2_avx2(DotTable& t) {

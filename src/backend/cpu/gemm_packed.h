@@ -97,5 +97,27 @@ constexpr size_t kIq2XsDecodedAvx2BlockBytes = 576;
 constexpr int kIq2XsDecodedAvx2Cols = 8;
 void decode_iq2_xs_avx2(int64_t n, const void* w, void* decoded);
 void dot_iq2_xs_decoded_avx2(int64_t n, const void* decoded, const void* a, size_t a_stride, float* out, int n_cols);
+// With AVX-VNNI (dot_iq2_avxvnni.cpp), the same outputs 8 rows at a time. decode_iq2_xs_rows8 (dot_iq2_avx2.cpp)
+// writes n_rows <= 8 rows (rows[r] each n / 256 blocks; rows past n_rows are zero) as n / 256 blocks of
+// kIq2XsRows8BlockBytes: at 32s + 4r the signed weights 4s..4s+3 of row r (s < 64); at 2048 + 32g + 4r row r's odd
+// scale 2 ls + 1 of group g as int32; at 2560 + 4r the int32 128 x sum over g of scale x the group's weight sum (the
+// bias of the activations, taken back out); at 2592 + 4r the f32 d. The kernel reads activations biased by 128
+// (kBiasedQ8KBlockBytes per 256: the Q8_K quants + 128, then d) and writes y[c * y_stride + r], r < n_rows.
+constexpr size_t kIq2XsRows8BlockBytes = 2624;
+constexpr size_t kBiasedQ8KBlockBytes = 256 + 4;
+constexpr int kIq2XsRows8Cols = 4;
+void decode_iq2_xs_rows8(int64_t n, const void* const* rows, int n_rows, void* decoded);
+void quantize_q8_k_biased_avx2(const float* x, uint8_t* dst, int64_t n);
+struct Rows8Gemm {
+    int64_t n;
+    const void* decoded;
+    const uint8_t* act;
+    size_t act_stride;
+    int n_cols;
+    float* y;
+    size_t y_stride;
+    int n_rows;
+};
+void gemm_iq2_xs_rows8_avxvnni(const Rows8Gemm& g);
 
 }  // namespace strata::cpu

@@ -22,7 +22,7 @@ namespace {
 constexpr int64_t kTokenBlock = 64;
 
 // How a job's activations are laid out: the dot kernels' activation type, or one of the packed GEMMs' layouts.
-enum class ActLayout { Kernel, BiasedQ8_0, Q8_KSums, Q8_KGroups };
+enum class ActLayout { Kernel, BiasedQ8_0, Q8_KSums, Q8_KGroups, BiasedQ8_K };
 
 struct PreparedJob {
     const Tensor* w = nullptr;
@@ -33,6 +33,7 @@ struct PreparedJob {
     int cols = kDotCols;     // columns per kernel call
     bool decode_once = false;  // IQ2_XS: decode the unit's rows once into a scratch for all its tokens
     bool by_group = false;     // ... in the AVX-512 by-group layout (else the AVX2 one)
+    bool rows8 = false;        // IQ2_XS with AVX-VNNI: the unit's rows decoded 8 at a time for the 8-row GEMM
     size_t act_offset = 0;  // into the activation buffer
     size_t act_stride = 0;  // bytes per token
     int64_t rows_per_unit = 0;
@@ -185,6 +186,40 @@ void run_decoded_unit_avx2(const PreparedJob& j, const uint8_t* activations, int
     }
 }
 
+// IQ2_XS with AVX-VNNI: the unit's rows decoded once, 8 to a block of the 8-row layout, then every chunk of tokens
+// against each block of rows (kernel in dot_iq2_avxvnni.cpp; the row kernel's bits).
+void run_rows8_unit(const PreparedJob& j, const uint8_t* activations, int64_t row_begin, int64_t row_end) {
+    const Tensor& w = *j.w;
+    const int64_t in = w.ne[0], out = w.ne[1];
+    const int64_t n_groups = (row_end - row_begin + 7) / 8;
+    const size_t group_bytes = static_cast<size_t>(in / kQK_K) * kIq2XsRows8BlockBytes;
+    const size_t need = group_bytes * static_cast<size_t>(n_groups) + 64;
+    if (t_decoded.size() < need) t_decoded.resize(need);
+    uint8_t* decoded = t_decoded.data() + (64 - reinterpret_cast<uintptr_t>(t_decoded.data()) % 64) % 64;
+    for (int64_t g = 0; g < n_groups; ++g) {
+        const void* rows[8];
+        const int64_t first = row_begin + 8 * g;
+        const int n_rows = static_cast<int>(std::min<int64_t>(8, row_end - first));
+        for (int r = 0; r < n_rows; ++r) rows[r] = w.row(first + r);
+        decode_iq2_xs_rows8(in, rows, n_rows, decoded + group_bytes * static_cast<size_t>(g));
+    }
+    const uint8_t* act = activations + j.act_offset;
+    for (int64_t t = 0; t < j.n_tokens; t += kIq2XsRows8Cols) {
+        const int cols = static_cast<int>(std::min<int64_t>(kIq2XsRows8Cols, j.n_tokens - t));
+        for (int64_t g = 0; g < n_groups; ++g) {
+            const int64_t first = row_begin + 8 * g;
+            gemm_iq2_xs_rows8_avxvnni({.n = in,
+                                       .decoded = decoded + group_bytes * static_cast<size_t>(g),
+                                       .act = act + static_cast<size_t>(t) * j.act_stride,
+                                       .act_stride = j.act_stride,
+                                       .n_cols = cols,
+                                       .y = j.y + t * out + first,
+                                       .y_stride = static_cast<size_t>(out),
+                                       .n_rows = static_cast<int>(std::min<int64_t>(8, row_end - first))});
+        }
+    }
+}
+
 }  // namespace
 
 void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
@@ -216,8 +251,12 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
         } else if (!packed) {
             p.act_stride = row_bytes(act, in);
             p.cols = dot_columns(w.type, isa);
-            p.decode_once = w.type == DType::IQ2_XS && (isa == Isa::Avx2 || isa == Isa::Avx2Vnni) &&
-                            job.n_tokens > p.cols;
+            p.decode_once = w.type == DType::IQ2_XS && isa == Isa::Avx2 && job.n_tokens > p.cols;
+            if (w.type == DType::IQ2_XS && isa == Isa::Avx2Vnni && job.n_tokens > p.cols) {
+                p.rows8 = true;
+                layout = ActLayout::BiasedQ8_K;
+                p.act_stride = static_cast<size_t>(in / kQK_K) * kBiasedQ8KBlockBytes;
+            }
         } else if (w.type == DType::Q8_0) {
             layout = ActLayout::BiasedQ8_0;
             p.act_stride = static_cast<size_t>(in / 32) * kBiasedBlockBytes;
@@ -301,6 +340,7 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
                                 : quantize_q8_k_sums_portable)(x, dst, q.in);
                         break;
                     case ActLayout::Q8_KGroups: quantize_q8_k_groups(x, dst, q.in); break;
+                    case ActLayout::BiasedQ8_K: quantize_q8_k_biased_avx2(x, dst, q.in); break;
                     case ActLayout::Kernel: quantize_activations(q.act, x, dst, q.in); break;
                 }
             }
@@ -340,7 +380,9 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
             const PreparedJob& p = b.jobs[j];
             const int64_t row_begin = (u - p.first_unit) * p.rows_per_unit;
             const int64_t row_end = std::min(p.w->ne[1], row_begin + p.rows_per_unit);
-            if (p.decode_once && p.by_group) {
+            if (p.rows8) {
+                run_rows8_unit(p, activations, row_begin, row_end);
+            } else if (p.decode_once && p.by_group) {
                 run_decoded_unit(p, activations, row_begin, row_end);
             } else if (p.decode_once) {
                 run_decoded_unit_avx2(p, activations, row_begin, row_end);

@@ -122,6 +122,17 @@ void quantize_q8_k_sums_avx2(const float* x, uint8_t* dst, int64_t n) {
     }
 }
 
+void quantize_q8_k_biased_avx2(const float* x, uint8_t* dst, int64_t n) {
+    Q8KBlock b;
+    const __m128i bias = _mm_set1_epi8(static_cast<char>(0x80));
+    for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K, dst += kBiasedQ8KBlockBytes) {
+        quantize_q8_k_block(x, b);
+        for (int k = 0; k < 16; ++k)
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16 * k), _mm_xor_si128(b.q[k], bias));
+        std::memcpy(dst + kQK_K, &b.d, 4);
+    }
+}
+
 void quantize_q8_k_avx2(const float* x, void* dst, int64_t n) {
     auto* out = static_cast<BlockQ8_K*>(dst);
     Q8KBlock b;

@@ -494,6 +494,13 @@ TEST(Ops, QsaRadixSelectKeepsTorchsBlocksOnTiesAndRandomScores) {
 // The array forms of sigmoid and SiLU (the AVX-512 polynomial exp where the matmuls run AVX-512) against the scalar
 // functions over libm's expf: within a few ulp everywhere, the tails included, and the same for any split.
 TEST(ArrayActivations, MatchTheScalarFunctions) {
+    for (auto isa : {strata::cpu::Isa::Scalar, strata::cpu::Isa::Avx2, strata::cpu::Isa::Avx512}) {
+    if (!strata::cpu::supports_isa(isa)) continue;
+    SCOPED_TRACE(strata::cpu::isa_name(isa));
+    struct Held {  // the activations of this instruction set, released however the checks end
+        explicit Held(strata::cpu::Isa i) { strata::cpu::override_active_isa(i); }
+        ~Held() { strata::cpu::override_active_isa(std::nullopt); }
+    } held(isa);
     std::vector<float> x;
     for (float v = -100.0f; v <= 100.0f; v += 0.01953125f) x.push_back(v);
     for (float v : {-1e30f, -88.0f, -87.0f, -20.5f, -1e-30f, 0.0f, 1e-30f, 20.5f, 87.0f, 88.0f, 1e30f}) x.push_back(v);
@@ -510,5 +517,6 @@ TEST(ArrayActivations, MatchTheScalarFunctions) {
         EXPECT_NEAR(sig[i], want_sig, 4.8e-7 * std::fabs(want_sig) + 1e-37) << "sigmoid(" << x[i] << ")";
         EXPECT_NEAR(silu[i], want_silu, 4.8e-7 * std::fabs(want_silu) + 1e-35) << "silu(" << x[i] << ")";
         EXPECT_EQ(silu_split[i], silu[i]) << "silu(" << x[i] << ") depends on the split";
+    }
     }
 }

@@ -1,6 +1,6 @@
 // Private to the CPU backend: the table the kernel files fill in. Each file registers the kernels it defines for one
-// instruction set; quant_dot.cpp calls the register functions once. Kernel files compiled with -mavx2 / -mavx512*
-// (the _avx2.cpp / _avx512.cpp suffixes, see CMakeLists.txt) must keep every function they define in an anonymous
+// instruction set; quant_dot.cpp calls the register functions once. Kernel files compiled with -mavx2 / -mavxvnni /
+// -mavx512* (the _avx2.cpp / _avxvnni.cpp / _avx512.cpp suffixes, see CMakeLists.txt) must keep every function they define in an anonymous
 // namespace and use no inline templates shared with other files, so no wide instruction leaks into a common symbol.
 #pragma once
 

@@ -167,6 +167,28 @@ TEST(PackedGemm, BiasedActivationsAreTheReferenceQuantsPlus128) {
 
 // Every packed GEMM: each type on each instruction set that has one (AVX2 alone, AVX2 + AVX-VNNI, AVX-512), the
 // matmul held on that set for the whole test.
+// What the Q8_0 GEMM with AVX2 alone reads: the reference quants themselves, then the f16 scale as f32.
+TEST(PackedGemm, SignedActivationsAreTheReferenceQuants) {
+    if (!cpu::supports_isa(cpu::Isa::Avx2)) GTEST_SKIP() << "this CPU has no AVX2";
+    std::mt19937 rng(7);
+    for (int64_t n : {32, 4096}) {
+        std::vector<float> x = gaussian(n, rng);
+        x[static_cast<size_t>(n / 2)] = -40.0f;  // an outlier block
+        std::vector<uint8_t> ref(strata::row_bytes(DType::Q8_0, n));
+        strata::quantize_row(DType::Q8_0, x.data(), ref.data(), n);
+        std::vector<uint8_t> got(static_cast<size_t>(n / 32) * cpu::kBiasedBlockBytes);
+        cpu::quantize_q8_0_signed_avx2(x.data(), got.data(), n);
+        const auto* blocks = reinterpret_cast<const strata::BlockQ8_0*>(ref.data());
+        for (int64_t b = 0; b < n / 32; ++b) {
+            const uint8_t* block = got.data() + static_cast<size_t>(b) * cpu::kBiasedBlockBytes;
+            ASSERT_EQ(std::memcmp(block, blocks[b].qs, 32), 0) << "n " << n << " block " << b;
+            float d;
+            std::memcpy(&d, block + 32, 4);
+            ASSERT_EQ(d, strata::f16_to_f32(blocks[b].d)) << "n " << n << " block " << b;
+        }
+    }
+}
+
 class PackedType : public ::testing::TestWithParam<std::tuple<DType, cpu::Isa>> {
   protected:
     void SetUp() override {
@@ -195,10 +217,10 @@ TEST_P(PackedType, MatmulEqualsTheDefinitionForAnyThreadsAndGrouping) {
         const int64_t ne[2] = {n, rows};
         Tensor w = strata::make_tensor("w", type, 2, ne, bytes.data());
         ASSERT_TRUE(packer.pack(w));
-        constexpr int64_t kTokens = 45;  // two full 8-token tiles and a ragged one
+        constexpr int64_t kTokens = 45;  // five full 8-token tiles and a ragged one; also 1 and 3 per call
         const std::vector<float> x = gaussian(n * kTokens, rng);
         const std::vector<float> want = defined_matmul(w, x.data(), kTokens);
-        for (const auto& [tokens, threads] : {std::pair{kTokens, 1}, {kTokens, 2}, {kTokens, 3}, {int64_t{1}, 1}}) {
+        for (const auto& [tokens, threads] : {std::pair{kTokens, 1}, {kTokens, 2}, {kTokens, 3}, {int64_t{1}, 1}, {int64_t{3}, 2}}) {
             std::vector<float> got;
             for (int64_t t0 = 0; t0 < kTokens; t0 += tokens) {
                 std::vector<float> y(static_cast<size_t>(rows * tokens));

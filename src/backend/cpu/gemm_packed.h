@@ -23,6 +23,8 @@ void quantize_q8_0_biased(const float* x, uint8_t* dst, int64_t n);
 // The same bytes with AVX2 (quantize_avx2.cpp) and from the reference quantizer (packed.cpp).
 void quantize_q8_0_biased_avx2(const float* x, uint8_t* dst, int64_t n);
 void quantize_q8_0_biased_portable(const float* x, uint8_t* dst, int64_t n);
+// The same without the bias (signed quants, then the f32 scale): what the Q8_0 GEMM with AVX2 alone reads.
+void quantize_q8_0_signed_avx2(const float* x, uint8_t* dst, int64_t n);
 
 // y[c * y_stride + r] = row r of one packed group times activation column c, for r < n_rows (<= 16) and
 // c < n_cols (<= 8); activation column c starts at act + c * act_stride.

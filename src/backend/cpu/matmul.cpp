@@ -22,7 +22,7 @@ namespace {
 constexpr int64_t kTokenBlock = 64;
 
 // How a job's activations are laid out: the dot kernels' activation type, or one of the packed GEMMs' layouts.
-enum class ActLayout { Kernel, BiasedQ8_0, Q8_KSums, Q8_KGroups, BiasedQ8_K };
+enum class ActLayout { Kernel, BiasedQ8_0, SignedQ8_0, Q8_KSums, Q8_KGroups, BiasedQ8_K };
 
 struct PreparedJob {
     const Tensor* w = nullptr;
@@ -258,7 +258,7 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
                 p.act_stride = static_cast<size_t>(in / kQK_K) * kBiasedQ8KBlockBytes;
             }
         } else if (w.type == DType::Q8_0) {
-            layout = ActLayout::BiasedQ8_0;
+            layout = isa == Isa::Avx2 ? ActLayout::SignedQ8_0 : ActLayout::BiasedQ8_0;
             p.act_stride = static_cast<size_t>(in / 32) * kBiasedBlockBytes;
             p.gemm = isa == Isa::Avx512     ? gemm_q8_0_packed
                      : isa == Isa::Avx2Vnni ? gemm_q8_0_packed_avxvnni
@@ -334,6 +334,7 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
                          : avx2 ? quantize_q8_0_biased_avx2
                                 : quantize_q8_0_biased_portable)(x, dst, q.in);
                         break;
+                    case ActLayout::SignedQ8_0: quantize_q8_0_signed_avx2(x, dst, q.in); break;
                     case ActLayout::Q8_KSums:
                         (avx512 ? quantize_q8_k_sums
                          : avx2 ? quantize_q8_k_sums_avx2

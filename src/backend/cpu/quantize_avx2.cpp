@@ -77,7 +77,10 @@ inline void quantize_q8_k_block(const float* x, Q8KBlock& out) {
 
 }  // namespace
 
-void quantize_q8_0_biased_avx2(const float* x, uint8_t* dst, int64_t n) {
+namespace {
+
+template <bool Biased>
+void quantize_q8_0_f32_scale(const float* x, uint8_t* dst, int64_t n) {
     const __m256 sign_mask = _mm256_set1_ps(-0.0f);
     for (int64_t i = 0; i < n / 32; ++i, x += 32, dst += kBiasedBlockBytes) {
         __m256 xs[4];
@@ -101,13 +104,18 @@ void quantize_q8_0_biased_avx2(const float* x, uint8_t* dst, int64_t n) {
             // The compares give -1 where true: subtracting the first adds 1, adding the second subtracts 1.
             qk = _mm256_sub_epi32(qk, _mm256_castps_si256(_mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ)));
             qk = _mm256_add_epi32(qk, _mm256_castps_si256(_mm256_cmp_ps(frac, _mm256_set1_ps(-0.5f), _CMP_LE_OQ)));
-            q[k] = _mm256_add_epi32(qk, _mm256_set1_epi32(128));
+            q[k] = Biased ? _mm256_add_epi32(qk, _mm256_set1_epi32(128)) : qk;
         }
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), pack16<false>(q[0], q[1]));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16), pack16<false>(q[2], q[3]));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), pack16<!Biased>(q[0], q[1]));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16), pack16<!Biased>(q[2], q[3]));
         std::memcpy(dst + 32, &d16, 4);
     }
 }
+
+}  // namespace
+
+void quantize_q8_0_biased_avx2(const float* x, uint8_t* dst, int64_t n) { quantize_q8_0_f32_scale<true>(x, dst, n); }
+void quantize_q8_0_signed_avx2(const float* x, uint8_t* dst, int64_t n) { quantize_q8_0_f32_scale<false>(x, dst, n); }
 
 void quantize_q8_k_sums_avx2(const float* x, uint8_t* dst, int64_t n) {
     Q8KBlock b;

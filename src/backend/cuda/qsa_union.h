@@ -11,10 +11,10 @@
 // How: positions go in groups of 8 consecutive ones (the last group may be ragged). A first kernel writes each group's
 // sorted union of cells, each with an 8-bit mask of the positions that chose it. The attention kernel takes the union
 // in chunks of 64 cells: it converts the chunk's K and V (fp16 or int8 with scales) to fp16 in shared memory once,
-// computes S^T = K Q^T for every query head of the kv head times the 8 positions with mma.sync m16n8k16 (fp16 in,
-// fp32 sums), sets -inf where a position did not choose a cell, updates an fp32 online softmax and adds P V (P in
-// fp16) on tensor cores. The union is split over thread blocks like decode_attention's cells; a last kernel merges the
-// splits by log-sum-exp and applies the gate.
+// computes S^T = K Q^T for every query head of the kv head times the 8 positions with mma.sync m16n8k16 (two m16n8k8
+// on sm_75; fp16 in, fp32 sums), sets -inf where a position did not choose a cell, updates an fp32 online softmax and
+// adds P V (P in fp16) on tensor cores. The union is split over thread blocks like decode_attention's cells; a last
+// kernel merges the splits by log-sum-exp and applies the gate.
 //
 // Not bitwise equal to decode_attention: Q, K, V and the probabilities enter the products as fp16 (error against an
 // FP64 reference a few 1e-4 of the output scale, see tests/test_cuda_qsa_union.cpp). Deterministic: a rerun on the

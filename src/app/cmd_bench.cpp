@@ -333,9 +333,13 @@ int run_bench(const Args& args) {
         if (name == "doorbell") return run_doorbell_bench(args);
         if (name == "gdn-recurrence") return run_gdn_recurrence_bench(args);
         if (name == "qsa-union") return run_qsa_union_bench(args);
+        if (name == "expert-cache") return run_expert_cache_bench(args);
         throw Error("bench: unknown benchmark '" + name +
-                    "' (known: doorbell, gdn-recurrence, qsa-union; without a name, the model benchmark)");
+                    "' (known: doorbell, gdn-recurrence, qsa-union, expert-cache; without a name, the model "
+                    "benchmark)");
     }
+    if (args.has("--trace") || args.has("--slots") || args.has("--policy"))
+        throw Error("bench: --trace, --slots and --policy apply to `strata bench expert-cache` only");
     if (args.has("--rounds")) throw Error("bench: --rounds applies to `strata bench doorbell` only");
     if (args.has("--tokens") || args.has("--heads"))
         throw Error("bench: --tokens and --heads apply to `strata bench gdn-recurrence` only");
@@ -407,6 +411,11 @@ Command bench_command() {
         {"--heads", "H", "bench gdn-recurrence: value heads (default 48, flash-next)"},
         {"--positions", "N", "bench qsa-union: prompt positions in the timed chunk (default 8192)"},
         {"--context", "N", "bench qsa-union: cells of context before the chunk's first position (default 24576)"},
+        {"--trace", "FILE", "bench expert-cache: the routing trace to replay (written by --routing-trace)"},
+        {"--slots", "N[,N...]", "bench expert-cache: expert slots per layer (default 16,32,64,128,256)"},
+        {"--policy", "P[,P...]",
+         "bench expert-cache: lru, lfu-decay[:DECAY[:EVERY[:SWAPS]]] (Strata's adaptive tier, default 0.7:4:2), "
+         "belady (the oracle bound); default all three"},
         {"--json", "", "one JSON object per line per test instead of the table"},
     };
     // The model-loading flags but --threads, which bench takes as a list.
@@ -420,9 +429,11 @@ Command bench_command() {
                 .usage = "strata bench --model FILE.gguf [-p 512] [-n 128] [-d DEPTH] [-r 5] [--threads N[,N...]] "
                          "[--backend cpu|cuda] [--json]\n       strata bench doorbell [--rounds N]\n"
                          "       strata bench gdn-recurrence [--tokens N[,N...]] [--heads H] [-r R]\n"
-                         "       strata bench qsa-union [--positions N] [--context N] [-r R] [--kv-cache f16|int8]",
+                         "       strata bench qsa-union [--positions N] [--context N] [-r R] [--kv-cache f16|int8]\n"
+                         "       strata bench expert-cache --trace FILE [--slots N,...] [--policy P,...] "
+                         "[--model FILE.gguf]",
                 .flags = flags,
-                .positional_name = "doorbell|gdn-recurrence|qsa-union",
+                .positional_name = "doorbell|gdn-recurrence|qsa-union|expert-cache",
                 .notes = "`strata bench doorbell` times the host/GPU ping-pong through mapped pinned memory for each way "
                          "the GPU can read the host's flag (CUDA only; exit status 2 without it).\n"
                          "`strata bench gdn-recurrence` times the GDN recurrence's column and shuffle kernels on the "
@@ -431,6 +442,10 @@ Command bench_command() {
                          "`strata bench qsa-union` times one prompt chunk of QSA attention at the Flash-Next shape, "
                          "per query (FP32) and over 8-position selection unions (CUDA only; exit status 2 without "
                          "it).\n"
+                         "`strata bench expert-cache` replays a routing trace (--routing-trace FILE on any run) "
+                         "against per-layer expert caches that start empty: hit % of routed experts, misses (computed "
+                         "from host RAM) and swaps (experts copied into a slot) per token, over all layers; with "
+                         "--model, the swaps in MiB from that file's expert size.\n"
                          "Token ids are pseudo-random within the vocabulary (fixed seed), so every run feeds the same "
                          "input. t/s is the mean over the repetitions, ± the sample standard deviation.",
             },

@@ -30,6 +30,7 @@ Command info_command();
 Command bench_command();
 // bench_qsa_union.cpp: `strata bench qsa-union` (--positions, --context, -r, --kv-cache)
 int run_qsa_union_bench(const Args& args);
+int run_expert_cache_bench(const Args& args);  // bench_expert_cache.cpp
 // cmd_tokenize.cpp
 Command tokenize_command();
 // cmd_chat.cpp

@@ -9,6 +9,7 @@
 
 #include "app/commands.h"
 #include "core/error.h"
+#include "runtime/routing_trace.h"
 
 namespace strata::app {
 
@@ -90,6 +91,8 @@ const std::vector<FlagSpec> kLoadFlags = {
      "cuda: the GDN recurrence kernel, auto (default: the faster), column or shuffle (same outputs)"},
     {"--kv-cache", "TYPE", "cuda: KV cache storage, f16 (default) or int8 (one fp16 scale per 64 values: about half)"},
     {"--qsa-union", "", "cuda: prompt windows attend over the union of 8 positions' QSA selections on tensor cores"},
+    {"--routing-trace", "FILE",
+     "cpu: write the experts every token routes to at every MoE layer to FILE (replay: strata bench expert-cache)"},
 };
 
 LoadOptions load_options(const Args& args, bool read_threads) {
@@ -115,6 +118,11 @@ LoadOptions load_options(const Args& args, bool read_threads) {
                                       args.has("--gdn-recurrence") || args.has("--kv-cache") || o.qsa_union))
         throw Error("--vram-budget, --no-cuda-graphs, --gdn-recurrence, --kv-cache and --qsa-union apply to "
                     "--backend cuda only");
+    if (auto trace = args.get("--routing-trace")) {
+        if (o.backend == Backend::Cuda)
+            throw Error("--routing-trace records the CPU backend's routing only (use --backend cpu)");
+        o.routing_trace = std::make_shared<RoutingTraceWriter>(*trace);
+    }
     return o;
 }
 

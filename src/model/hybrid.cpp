@@ -146,6 +146,7 @@ HybridModel::HybridModel(std::unique_ptr<gguf::File> file, const LoadOptions& op
     info_ = read_hybrid_info(*file_, &n_block_all_);
     if (options.progress) read_ahead(*file_, options.progress);
     repack_ = options.repack && packed_copies_fit(*file_);
+    routing_ = options.routing_trace;
 }
 
 void HybridModel::bind_embeddings(const TensorBinder& binder) {

@@ -100,6 +100,7 @@ class HybridModel : public Model {
 
     void embed(std::span<const int32_t> tokens, float* out) const;  // token_embd rows
     ThreadPool* pool() const { return &pool_; }
+    RoutingSink* routing() const { return routing_.get(); }  // null unless LoadOptions::routing_trace
 
     std::unique_ptr<gguf::File> file_;
     ModelInfo info_;
@@ -120,6 +121,7 @@ class HybridModel : public Model {
     void head(std::span<const BatchEntry> batch, std::span<const SequenceRows> rows, const float* hidden) const;
 
     mutable ThreadPool pool_;
+    std::shared_ptr<RoutingSink> routing_;
     mutable std::mutex mutex_;  // one forward at a time: the pool and the scratch are shared
     mutable Scratch scratch_;
 };

@@ -17,6 +17,8 @@ std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& op
 #if !STRATA_HAS_CUDA
     if (options.backend == Backend::Cuda) throw Error("this build has no CUDA backend (configure with -DSTRATA_CUDA=ON)");
 #endif
+    if (options.backend == Backend::Cuda && options.routing_trace)
+        throw Error("--routing-trace records the CPU backend's routing only (use --backend cpu)");
     if (arch == "qwen4exp") return load_qwen4exp(std::move(file), options);
     if (arch == "qwen35moe") return load_qwen35moe(std::move(file), options);
     if (arch == "qwen3next") return load_qwen3next(std::move(file), options);

@@ -89,6 +89,8 @@ enum class GdnRecurrenceKernel { Auto, Column, Shuffle };
 // How the CUDA backend stores the KV cache: fp16, or int8 with one fp16 scale per 64 values (backend/cuda/attention.h).
 enum class KvCacheType { F16, Int8 };
 
+class RoutingSink;  // model/moe.h
+
 struct LoadOptions {
     Backend backend = Backend::Cpu;
     int n_threads = 0;  // 0: all cores
@@ -116,6 +118,8 @@ struct LoadOptions {
     // CUDA: the N-th captured-graph replay (from 1) is bracketed with the profiler's start and stop, so that Nsight
     // Compute run with --profile-from-start off measures one decode window (bench --ncu-replay; 0: off).
     int64_t cuda_ncu_replay = 0;
+    // CPU: every MoE layer reports the experts each token routed to (--routing-trace; runtime/routing_trace.h).
+    std::shared_ptr<RoutingSink> routing_trace;
 };
 
 class Model {

@@ -73,6 +73,7 @@ void moe_forward(const MoeForwardArgs& a) {
             weight[t * K + k] = s.normalize_weights ? p[top[k]] / sum : p[top[k]];
         }
     });
+    if (a.routing) a.routing->record(a.layer, E, K, T, chosen, weight);
 
     // Each expert runs once over the rows that chose it; results land in their (row, slot) place. The (row, slot)
     // pairs are grouped by expert with a counting sort.

@@ -34,6 +34,16 @@ struct MoeWeights {
 
 MoeWeights bind_moe(const TensorBinder& binder, int64_t block, const MoeShape& shape);
 
+// Where moe_forward reports each call's routing (LoadOptions::routing_trace; runtime/routing_trace.h writes it to a
+// file): `n_rows` rows of `k` expert ids (of n_expert) and their combine weights, row-major, the rows in the order
+// of the call's input rows. Called from the thread that runs the forward pass; must not throw into it.
+class RoutingSink {
+  public:
+    virtual ~RoutingSink() = default;
+    virtual void record(int64_t layer, int64_t n_expert, int64_t k, int64_t n_rows, const int32_t* ids,
+                        const float* weights) = 0;
+};
+
 // Row-wise: every row is routed on its own, so the rows of several sequences can go through at once (each expert then
 // reads its weights once for all the rows that chose it).
 struct MoeForwardArgs {
@@ -44,6 +54,8 @@ struct MoeForwardArgs {
     int64_t n_tokens = 1;
     Scratch& scratch;
     ThreadPool* pool = nullptr;
+    int64_t layer = 0;              // the block index, for routing
+    RoutingSink* routing = nullptr;  // when set, told the experts each row chose
 };
 void moe_forward(const MoeForwardArgs& args);
 

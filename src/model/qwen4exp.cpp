@@ -114,7 +114,9 @@ class Qwen4ExpModel final : public HybridModel {
                          .out = out,
                          .n_tokens = T,
                          .scratch = scratch,
-                         .pool = pool()});
+                         .pool = pool(),
+                         .layer = static_cast<int64_t>(il),
+                         .routing = routing()});
             hyper_connection_write(h_.hc, residual, out, inject, T, pool());
         }
         hyper_connection_read({.shape = h_.hc,

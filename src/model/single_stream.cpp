@@ -81,7 +81,9 @@ class SingleStreamModel final : public HybridModel {
                          .out = out,
                          .n_tokens = T,
                          .scratch = scratch,
-                         .pool = pool()});
+                         .pool = pool(),
+                         .layer = static_cast<int64_t>(il),
+                         .routing = routing()});
             for (int64_t i = 0; i < T * H; ++i) residual[i] += out[i];
         }
         for (int64_t t = 0; t < T; ++t) cpu::rms_norm(residual + t * H, H, output_norm_.data(), h_.eps, hidden + t * H);

@@ -1,0 +1,93 @@
+// `strata bench expert-cache --trace FILE`: replays a routing trace (--routing-trace) against per-layer expert cache
+// policies and sizes (runtime/expert_cache_policy.h) and prints, per policy and size, the hit rate and the swaps a
+// token costs (experts, and bytes when --model names the file the trace came from).
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "app/commands.h"
+#include "core/error.h"
+#include "format/gguf.h"
+#include "runtime/expert_cache_policy.h"
+#include "runtime/routing_trace.h"
+
+namespace strata::app {
+
+namespace {
+
+std::vector<std::string> split_list(const std::string& text) {
+    std::vector<std::string> out;
+    size_t start = 0;
+    while (true) {
+        const size_t comma = text.find(',', start);
+        out.push_back(text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+    }
+    return out;
+}
+
+// Mean bytes of one routed expert (gate, up and down rows) over the layers of a model file.
+double expert_bytes(const std::string& path, int64_t n_expert) {
+    const auto file = gguf::File::open(path);
+    uint64_t total = 0;
+    int64_t layers = 0, expert_count = 0;
+    for (const gguf::TensorInfo& t : file->tensors()) {
+        const bool routed = t.name.find("_exps.weight") != std::string::npos && t.name.rfind("blk.", 0) == 0;
+        if (!routed) continue;
+        total += t.n_bytes;
+        expert_count = t.ne[2];
+        if (t.name.find("ffn_down_exps") != std::string::npos) ++layers;
+    }
+    if (layers == 0) throw Error("bench expert-cache: '" + path + "' has no routed expert tensors");
+    if (expert_count != n_expert)
+        throw Error("bench expert-cache: '" + path + "' has " + std::to_string(expert_count) +
+                    " experts a layer, the trace " + std::to_string(n_expert) + "; not the model it came from");
+    return static_cast<double>(total) / static_cast<double>(layers * n_expert);
+}
+
+}  // namespace
+
+int run_expert_cache_bench(const Args& args) {
+    const std::string trace_path = args.require("--trace");
+    require_file(trace_path, "--trace");
+    const RoutingTrace trace = read_routing_trace(trace_path);
+    std::vector<int64_t> slots;
+    for (const std::string& item : split_list(args.get("--slots").value_or("16,32,64,128,256"))) {
+        const auto n = parse_int(item);
+        if (!n || *n < 0 || *n > 65536)
+            throw Error("--slots expects slot counts from 0 to 65536 separated by commas (e.g. 64,128), got '" +
+                        *args.get("--slots") + "'");
+        slots.push_back(*n);
+    }
+    std::vector<ExpertCachePolicySpec> policies;
+    std::vector<std::string> policy_names = split_list(args.get("--policy").value_or("lru,lfu-decay,belady"));
+    for (const std::string& name : policy_names) policies.push_back(parse_expert_cache_policy(name));
+    const auto model = args.get("--model");
+    const double bytes = model ? expert_bytes(*model, trace.n_expert) : 0.0;
+    const int64_t tokens = trace.tokens(0);
+    if (tokens == 0) throw Error("bench expert-cache: trace '" + trace_path + "' has no tokens at layer 0");
+
+    std::printf("trace %s: %lld tokens, %lld layers, %lld experts a layer, top-%lld", trace_path.c_str(),
+                static_cast<long long>(tokens), static_cast<long long>(trace.n_layer),
+                static_cast<long long>(trace.n_expert), static_cast<long long>(trace.k));
+    if (model) std::printf(", %.2f MiB an expert", bytes / (1 << 20));
+    std::printf("\n\n| policy | slots/layer | hit %% | misses/token | swaps/token |%s\n", model ? " swap MiB/token |" : "");
+    std::printf("|---|---:|---:|---:|---:|%s\n", model ? "---:|" : "");
+    for (size_t p = 0; p < policies.size(); ++p) {
+        for (const int64_t s : slots) {
+            CacheReplayCounts total;
+            for (int64_t l = 0; l < trace.n_layer; ++l) total += replay_expert_cache(policies[p], s, trace.layer(l));
+            const double per_token = 1.0 / static_cast<double>(tokens);
+            std::printf("| %s | %lld | %.1f | %.2f | %.2f |", policy_names[p].c_str(), static_cast<long long>(s),
+                        100.0 * total.hit_rate(), static_cast<double>(total.lookups - total.hits) * per_token,
+                        static_cast<double>(total.swaps) * per_token);
+            if (model) std::printf(" %.1f |", static_cast<double>(total.swaps) * per_token * bytes / (1 << 20));
+            std::printf("\n");
+        }
+    }
+    return 0;
+}
+
+}  // namespace strata::app

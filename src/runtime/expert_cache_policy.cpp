@@ -1,0 +1,219 @@
+#include "runtime/expert_cache_policy.h"
+
+#include <algorithm>
+#include <limits>
+#include <set>
+#include <utility>
+
+#include "core/error.h"
+
+namespace strata {
+
+namespace {
+
+// "lfu-decay:0.9:1:4" -> decay 0.9, every 1, 4 swaps; each field optional from the right.
+LfuDecayParams parse_lfu_params(const std::string& name, const std::string& rest) {
+    LfuDecayParams p;
+    std::vector<std::string> fields;
+    size_t start = 0;
+    while (start <= rest.size()) {
+        const size_t colon = rest.find(':', start);
+        fields.push_back(rest.substr(start, colon == std::string::npos ? std::string::npos : colon - start));
+        if (colon == std::string::npos) break;
+        start = colon + 1;
+    }
+    auto bad = [&] {
+        return Error("expert cache policy '" + name +
+                     "': expected lfu-decay[:DECAY[:EVERY[:SWAPS]]] with 0 <= DECAY <= 1, EVERY >= 1, SWAPS >= 1");
+    };
+    if (fields.size() > 3) throw bad();
+    try {
+        size_t used = 0;
+        if (fields.size() > 0) {
+            p.decay = std::stod(fields[0], &used);
+            if (used != fields[0].size() || !(p.decay >= 0.0 && p.decay <= 1.0)) throw bad();
+        }
+        if (fields.size() > 1) {
+            p.every = std::stoll(fields[1], &used);
+            if (used != fields[1].size() || p.every < 1) throw bad();
+        }
+        if (fields.size() > 2) {
+            p.max_swaps = std::stoll(fields[2], &used);
+            if (used != fields[2].size() || p.max_swaps < 1) throw bad();
+        }
+    } catch (const std::logic_error&) {  // stod / stoll: not a number, out of range
+        throw bad();
+    }
+    return p;
+}
+
+// Least recently used: an intrusive list over expert ids, most recent at the head.
+CacheReplayCounts replay_lru(int64_t slots, const LayerRouting& r) {
+    const int64_t E = r.n_expert, K = r.k, T = r.n_tokens();
+    constexpr int32_t kNone = -1;
+    std::vector<int32_t> prev(static_cast<size_t>(E), kNone), next(static_cast<size_t>(E), kNone);
+    std::vector<int64_t> touched(static_cast<size_t>(E), -1);  // token that last routed to it
+    std::vector<char> resident(static_cast<size_t>(E), 0);
+    int32_t head = kNone, tail = kNone;
+    int64_t size = 0;
+    auto unlink = [&](int32_t e) {
+        if (prev[e] != kNone) next[prev[e]] = next[e]; else head = next[e];
+        if (next[e] != kNone) prev[next[e]] = prev[e]; else tail = prev[e];
+        prev[e] = next[e] = kNone;
+    };
+    auto push_front = [&](int32_t e) {
+        next[e] = head;
+        prev[e] = kNone;
+        if (head != kNone) prev[head] = e; else tail = e;
+        head = e;
+    };
+    CacheReplayCounts c{.tokens = T, .lookups = T * K};
+    for (int64_t t = 0; t < T; ++t) {
+        const uint16_t* ids = r.ids.data() + t * K;
+        for (int64_t j = 0; j < K; ++j) {
+            const int32_t e = ids[j];
+            touched[e] = t;
+            if (resident[e]) {
+                ++c.hits;
+                unlink(e);
+                push_front(e);
+            }
+        }
+        for (int64_t j = 0; j < K; ++j) {
+            const int32_t e = ids[j];
+            if (resident[e] || slots == 0) continue;
+            if (size == slots) {
+                if (touched[tail] == t) continue;  // every slot holds an expert this token uses
+                const int32_t victim = tail;
+                unlink(victim);
+                resident[victim] = 0;
+                --size;
+            }
+            push_front(e);
+            resident[e] = 1;
+            ++size;
+            ++c.swaps;
+        }
+    }
+    return c;
+}
+
+CacheReplayCounts replay_lfu_decay(int64_t slots, const LayerRouting& r, const LfuDecayParams& p) {
+    const int64_t E = r.n_expert, K = r.k, T = r.n_tokens();
+    std::vector<double> count(static_cast<size_t>(E), 0.0);
+    std::vector<char> resident(static_cast<size_t>(E), 0);
+    std::vector<int32_t> in, out;  // non-resident candidates, residents
+    int64_t size = 0;
+    CacheReplayCounts c{.tokens = T, .lookups = T * K};
+    for (int64_t t = 0; t < T; ++t) {
+        const uint16_t* ids = r.ids.data() + t * K;
+        for (int64_t j = 0; j < K; ++j) {
+            c.hits += resident[ids[j]];
+            count[ids[j]] += 1.0;
+        }
+        if ((t + 1) % p.every != 0) continue;
+        in.clear();
+        out.clear();
+        for (int32_t e = 0; e < E; ++e) {
+            if (resident[e])
+                out.push_back(e);
+            else if (count[e] >= p.min_count)
+                in.push_back(e);
+        }
+        // Most counted first in, least counted first out; ties by expert id, so the replay is deterministic.
+        std::sort(in.begin(), in.end(), [&](int32_t a, int32_t b) { return count[a] > count[b] || (count[a] == count[b] && a < b); });
+        std::sort(out.begin(), out.end(), [&](int32_t a, int32_t b) { return count[a] < count[b] || (count[a] == count[b] && a < b); });
+        size_t i = 0;
+        // Empty slots are filled without the swap limit: Strata fills its slots from a profile before decoding, which
+        // a replay from an empty cache stands in for.
+        for (; i < in.size() && size < slots; ++i, ++size, ++c.swaps) resident[in[i]] = 1;
+        for (size_t o = 0, n = 0; i < in.size() && o < out.size() && static_cast<int64_t>(n) < p.max_swaps; ++i, ++o, ++n) {
+            if (count[in[i]] <= count[out[o]]) break;
+            resident[out[o]] = 0;
+            resident[in[i]] = 1;
+            ++c.swaps;
+        }
+        for (double& v : count) v *= p.decay;
+    }
+    return c;
+}
+
+// Belady with bypass: after each token the cache keeps, of its residents and the token's experts, the `slots` whose
+// next use comes soonest (an expert never used again is never admitted). Admission being optional, this is the
+// largest number of hits any policy can get.
+CacheReplayCounts replay_belady(int64_t slots, const LayerRouting& r) {
+    const int64_t E = r.n_expert, K = r.k, T = r.n_tokens();
+    constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+    std::vector<int64_t> next_use(static_cast<size_t>(T * K));
+    std::vector<int64_t> seen(static_cast<size_t>(E), kNever);
+    for (int64_t t = T - 1; t >= 0; --t) {
+        const uint16_t* ids = r.ids.data() + t * K;
+        for (int64_t j = 0; j < K; ++j) next_use[static_cast<size_t>(t * K + j)] = seen[ids[j]];
+        for (int64_t j = 0; j < K; ++j) seen[ids[j]] = t;
+    }
+    std::vector<int64_t> key(static_cast<size_t>(E), kNever);  // a resident's next use
+    std::vector<char> resident(static_cast<size_t>(E), 0);
+    std::set<std::pair<int64_t, int32_t>> by_next;  // residents by next use; the last is evicted first
+    CacheReplayCounts c{.tokens = T, .lookups = T * K};
+    for (int64_t t = 0; t < T; ++t) {
+        const uint16_t* ids = r.ids.data() + t * K;
+        for (int64_t j = 0; j < K; ++j) {
+            const int32_t e = ids[j];
+            if (!resident[e]) continue;
+            ++c.hits;
+            by_next.erase({key[e], e});
+            key[e] = next_use[static_cast<size_t>(t * K + j)];
+            by_next.insert({key[e], e});
+        }
+        for (int64_t j = 0; j < K; ++j) {
+            const int32_t e = ids[j];
+            const int64_t nu = next_use[static_cast<size_t>(t * K + j)];
+            if (resident[e] || slots == 0 || nu == kNever) continue;
+            if (static_cast<int64_t>(by_next.size()) == slots) {
+                auto last = std::prev(by_next.end());
+                if (last->first <= nu) continue;  // every resident is needed sooner: bypass
+                resident[last->second] = 0;
+                by_next.erase(last);
+            }
+            key[e] = nu;
+            resident[e] = 1;
+            by_next.insert({nu, e});
+            ++c.swaps;
+        }
+    }
+    return c;
+}
+
+}  // namespace
+
+ExpertCachePolicySpec parse_expert_cache_policy(const std::string& name) {
+    if (name == "lru") return {.kind = ExpertCachePolicyKind::Lru};
+    if (name == "belady") return {.kind = ExpertCachePolicyKind::Belady};
+    if (name == "lfu-decay") return {.kind = ExpertCachePolicyKind::LfuDecay};
+    if (name.rfind("lfu-decay:", 0) == 0)
+        return {.kind = ExpertCachePolicyKind::LfuDecay, .lfu = parse_lfu_params(name, name.substr(10))};
+    throw Error("unknown expert cache policy '" + name + "' (known: lru, lfu-decay[:DECAY[:EVERY[:SWAPS]]], belady)");
+}
+
+std::string expert_cache_policy_name(ExpertCachePolicyKind kind) {
+    switch (kind) {
+        case ExpertCachePolicyKind::Lru: return "lru";
+        case ExpertCachePolicyKind::LfuDecay: return "lfu-decay";
+        case ExpertCachePolicyKind::Belady: return "belady";
+    }
+    return "?";
+}
+
+CacheReplayCounts replay_expert_cache(const ExpertCachePolicySpec& policy, int64_t slots, const LayerRouting& r) {
+    STRATA_ASSERT(slots >= 0 && r.k > 0 && r.n_expert > 0 && r.n_expert <= 65536);
+    STRATA_ASSERT(static_cast<int64_t>(r.ids.size()) % r.k == 0);
+    slots = std::min(slots, r.n_expert);
+    switch (policy.kind) {
+        case ExpertCachePolicyKind::Lru: return replay_lru(slots, r);
+        case ExpertCachePolicyKind::LfuDecay: return replay_lfu_decay(slots, r, policy.lfu);
+        case ExpertCachePolicyKind::Belady: return replay_belady(slots, r);
+    }
+    return {};
+}
+
+}  // namespace strata

@@ -87,6 +87,17 @@ int run_expert_cache_bench(const Args& args) {
             std::printf("\n");
         }
     }
+    if (args.has("--per-layer")) {
+        std::printf("\nhit %% per layer (rows: policy and slots; columns: layers 0..%lld)\n",
+                    static_cast<long long>(trace.n_layer - 1));
+        for (size_t p = 0; p < policies.size(); ++p)
+            for (const int64_t s : slots) {
+                std::printf("%s %lld:", policy_names[p].c_str(), static_cast<long long>(s));
+                for (int64_t l = 0; l < trace.n_layer; ++l)
+                    std::printf(" %.1f", 100.0 * replay_expert_cache(policies[p], s, trace.layer(l)).hit_rate());
+                std::printf("\n");
+            }
+    }
     return 0;
 }
 

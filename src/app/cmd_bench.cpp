@@ -338,8 +338,8 @@ int run_bench(const Args& args) {
                     "' (known: doorbell, gdn-recurrence, qsa-union, expert-cache; without a name, the model "
                     "benchmark)");
     }
-    if (args.has("--trace") || args.has("--slots") || args.has("--policy"))
-        throw Error("bench: --trace, --slots and --policy apply to `strata bench expert-cache` only");
+    if (args.has("--trace") || args.has("--slots") || args.has("--policy") || args.has("--per-layer"))
+        throw Error("bench: --trace, --slots, --policy and --per-layer apply to `strata bench expert-cache` only");
     if (args.has("--rounds")) throw Error("bench: --rounds applies to `strata bench doorbell` only");
     if (args.has("--tokens") || args.has("--heads"))
         throw Error("bench: --tokens and --heads apply to `strata bench gdn-recurrence` only");
@@ -416,6 +416,7 @@ Command bench_command() {
         {"--policy", "P[,P...]",
          "bench expert-cache: lru, lfu-decay[:DECAY[:EVERY[:SWAPS]]] (Strata's adaptive tier, default 0.7:4:2), "
          "belady (the oracle bound); default all three"},
+        {"--per-layer", "", "bench expert-cache: also print each layer's hit rate"},
         {"--json", "", "one JSON object per line per test instead of the table"},
     };
     // The model-loading flags but --threads, which bench takes as a list.

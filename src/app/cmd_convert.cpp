@@ -110,6 +110,18 @@ int run_synth(const Args& args) {
     if (auto seed = args.get_u64("--seed")) options.seed = *seed;
     options.fast = args.has("--fast");
     if (auto base = args.get_int("--ple-vocab-base", 1, 0x7FFFFFFF)) options.ple_vocab_base = *base;
+    if (auto skew = args.get("--router-skew")) {
+        size_t used = 0;
+        double v = -1.0;
+        try {
+            v = std::stod(*skew, &used);
+        } catch (const std::logic_error&) {
+            used = 0;
+        }
+        if (used != skew->size() || !(v >= 0.0 && v <= 8.0))
+            throw Error("--router-skew expects a number from 0 to 8 (1: the calibrated skew), got '" + *skew + "'");
+        options.router_skew = v;
+    }
     if (auto threads = args.get_int("--threads", 1, 4096)) {
         if (!options.fast) throw Error("--threads applies to --fast (the default path writes on one thread)");
         options.threads = static_cast<int>(*threads);
@@ -167,7 +179,7 @@ Command synth_command() {
                 .name = "synth",
                 .summary = "write a random-weight GGUF of a named shape (for tests and benchmarks)",
                 .usage = "strata synth --preset NAME [--arch ARCH] [--type T] --out FILE.gguf [--seed S] [--fast "
-                         "[--threads N]] [--ple-vocab-base N] [--dry-run]",
+                         "[--threads N]] [--ple-vocab-base N] [--router-skew S] [--dry-run]",
                 .flags =
                     {
                         {"--preset", "NAME", "the shape (see the presets below)"},
@@ -185,11 +197,15 @@ Command synth_command() {
                          "PLE table size: its heads get the primes at or above N as row counts, about heads x N "
                          "rows (the preset's ngram_vocab_size_base; flash-next: 16 heads, 20000000); every other "
                          "tensor keeps its shape"},
+                        {"--router-skew", "S",
+                         "routers with a popularity skew: 0 (default) keeps near-uniform routing; 1 is calibrated "
+                         "so that LRU with 64 / 128 of 512 expert slots a layer hits about 67% / 81% on pseudo-random "
+                         "ids (as bench feeds), the figures of a real Flash-Next; larger is more skewed"},
                         {"--dry-run", "", "print the planned tensor bytes by type and write nothing (--out optional)"},
                     },
                 .notes = presets +
                          "\n\nRandom weights give near-uniform expert routing: the pessimistic case for expert "
-                         "caches. Routed experts whose rows hold no whole block of --type take llama-quantize's "
+                         "caches (--router-skew 1 gives realistic routing). Routed experts whose rows hold no whole block of --type take llama-quantize's "
                          "fallback (iq4_nl for the 2- and 3-bit types and iq4_xs, q8_0 for q4_k, q5_k, q6_k).\n"
                          "The full flash-next shape in about 52 GB (PLE table cut to ~1 GB):\n"
                          "  strata synth --preset flash-next --type iq2_xs --fast --ple-vocab-base 200000 --out F.gguf",

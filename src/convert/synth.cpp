@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -31,6 +32,37 @@ uint64_t mix64(uint64_t v) {
 }
 
 
+// --router-skew (SynthOptions::router_skew). Scaling router rows cannot do it: top-k of scaled Gaussian logits gives
+// a hot set and a tail that dies off like a Gaussian, so LRU jumps from ~67% at 64 slots to ~92% at 128. Popularity
+// falling as a power of the rank (Zipf ~1.2 gives 67% / 81% by Che's approximation) needs per-expert biases, and a
+// router has no bias: the hidden state must carry a constant direction for it, as real models' "massive activations"
+// do. So synth plants one, d (a random unit vector from the seed), as a constant component of every token embedding
+// holding kSkewShare of its energy, and gives router row e of layer l a bias along d:
+//     w_e = base_e - (base_e . d) d - S * kSkewBias * sqrt((1 + kSkewDepth * l) * ln(1 + u_e * n_expert) / n_embd) d
+// with u_e ~ U(0, 1) from the seed: expert e's logit is biased by -sqrt(ln(1 + its random rank)), which makes its
+// popularity fall as a power of the rank. S = 1 is calibrated (bench/notes/expert-cache.md: pseudo-random ids as
+// `strata bench` feeds) so that LRU with 64 / 128 of 512 slots a layer hits 67% / 80% on moe512-deep (48 layers,
+// Flash-Next's depth and routing) and 62% / 78% on moe512-tiny, near llama.cpp#27861's 67% / 81% on a real
+// Flash-Next. The routing then depends on the token stream no more than a random model's does: little locality.
+constexpr double kSkewShare = 1.0 / 3.0;
+constexpr double kSkewBias = 3.85;
+// Each block adds to the residual, so the planted direction's share of a deeper layer's input is smaller: the bias
+// grows as sqrt(1 + kSkewDepth * layer), which keeps the hit rates of layers 3..47 of moe512-deep level.
+constexpr double kSkewDepth = 0.15;
+
+// N of "model.layers.N.<rest>"; 0 for other names.
+int64_t layer_of(const std::string& name) {
+    const std::string prefix = "model.layers.";
+    if (name.rfind(prefix, 0) != 0) return 0;
+    return std::atoll(name.c_str() + prefix.size());
+}
+constexpr uint64_t kRouterSkewSalt = 0x5CE3D0A7E5ull;
+
+bool is_router(const std::string& name) {
+    const std::string suffix = ".mlp.gate.weight";
+    return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 // How a synthetic tensor's values are drawn.
 enum class Init { Linear, Embedding, ZeroCentredNorm, PlainNorm, ALog, DtBias, Conv };
 
@@ -44,7 +76,7 @@ struct SynthTensor {
 
 class SynthSource : public TensorSource {
   public:
-    explicit SynthSource(uint64_t seed) : seed_(seed) {}
+    SynthSource(uint64_t seed, double router_skew) : seed_(seed), router_skew_(router_skew) {}
 
     void add(std::string name, std::vector<int64_t> shape, Init init = Init::Linear) {
         index_[name] = tensors_.size();
@@ -111,11 +143,55 @@ class SynthSource : public TensorSource {
                 }
                 o[k] = static_cast<float>(v);
             }
+            if (router_skew_ > 0.0 && t.init == Init::Embedding && t.name == "model.embed_tokens.weight")
+                add_shared_direction(o, width);
+            if (router_skew_ > 0.0 && is_router(t.name)) skew_router_row(t.name, row0 + r, o, width);
         }
     }
 
+    // The skew's shared direction d of the hidden states, drawn from the seed (needs the hidden size).
+    void set_skew_direction(int64_t n_embd) {
+        if (router_skew_ <= 0.0) return;
+        uint64_t state = mix64(seed_ ^ kRouterSkewSalt);
+        std::vector<double> d(static_cast<size_t>(n_embd));
+        double norm2 = 0.0;
+        for (double& v : d) {
+            state = mix64(state);
+            const double u1 = (static_cast<double>(state >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+            state = mix64(state);
+            const double u2 = (static_cast<double>(state >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+            v = std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+            norm2 += v * v;
+        }
+        for (double& v : d) v /= std::sqrt(norm2);
+        direction_ = std::move(d);
+    }
+
   private:
+    // An embedding row (elements N(0, 1), squared norm about H) plus c = sqrt(share / (1 - share) * H) d.
+    void add_shared_direction(float* row, int64_t width) const {
+        STRATA_ASSERT(static_cast<int64_t>(direction_.size()) == width);
+        const double c = std::sqrt(kSkewShare / (1.0 - kSkewShare) * static_cast<double>(width));
+        for (int64_t k = 0; k < width; ++k) row[k] = static_cast<float>(row[k] + c * direction_[static_cast<size_t>(k)]);
+    }
+
+    void skew_router_row(const std::string& name, int64_t expert, float* row, int64_t width) const {
+        STRATA_ASSERT(static_cast<int64_t>(direction_.size()) == width);
+        const uint64_t state = mix64(mix64(seed_ ^ hash_name(name) ^ kRouterSkewSalt) + static_cast<uint64_t>(expert));
+        const double u = (static_cast<double>(mix64(state) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+        const double n_expert = static_cast<double>(tensors_.at(index_.at(name)).shape[0]);
+        const double depth = std::sqrt(1.0 + kSkewDepth * static_cast<double>(layer_of(name)));
+        const double bias =
+            -router_skew_ * kSkewBias * depth * std::sqrt(std::log(1.0 + u * n_expert) / static_cast<double>(width));
+        double along = 0.0;
+        for (int64_t k = 0; k < width; ++k) along += row[k] * direction_[static_cast<size_t>(k)];
+        for (int64_t k = 0; k < width; ++k)
+            row[k] = static_cast<float>(row[k] + (bias - along) * direction_[static_cast<size_t>(k)]);
+    }
+
+    std::vector<double> direction_;
     uint64_t seed_;
+    double router_skew_;
     std::vector<SynthTensor> tensors_;
     std::map<std::string, size_t> index_;
 };
@@ -351,6 +427,22 @@ std::vector<Preset> presets() {
     small_k.update({{"hidden_size", 256}, {"moe_intermediate_size", 256}, {"shared_expert_intermediate_size", 256}});
     p.push_back({"small-k", "qwen4exp: tiny at hidden 256 with 256-wide experts (whole k-quant blocks), vocab 512",
                  qwen4exp_config(small_k), DType::F32});
+    // Flash-Next's routing shape (512 experts, top-10) on a tiny trunk: expert cache replays and the --router-skew
+    // calibration run it in seconds.
+    json moe512 = tiny;
+    moe512.update({{"hidden_size", 128},
+                   {"num_hidden_layers", 8},
+                   {"num_experts", 512},
+                   {"num_experts_per_tok", 10},
+                   {"moe_intermediate_size", 16},
+                   {"shared_expert_intermediate_size", 16}});
+    p.push_back({"moe512-tiny", "qwen4exp: tiny at hidden 128, 8 layers, with Flash-Next's 512 experts top-10",
+                 qwen4exp_config(moe512), DType::F32});
+    // ... and at Flash-Next's depth (48 layers, hc 4): where --router-skew is calibrated.
+    json moe512_deep = moe512;
+    moe512_deep.update({{"hidden_size", 256}, {"num_hidden_layers", 48}, {"hc_count", 4}});
+    p.push_back({"moe512-deep", "qwen4exp: moe512-tiny at hidden 256, 48 layers, hc 4 (Flash-Next's depth; 1.2 GB)",
+                 qwen4exp_config(moe512_deep), DType::F32});
     json q35 = moe_tiny;
     q35["architectures"] = {"Qwen3_5MoeForCausalLM"};
     q35["rope_parameters"] = tiny_rope;
@@ -485,8 +577,9 @@ uint64_t hash_name(const std::string& s) {
     return h;
 }
 
-std::unique_ptr<TensorSource> synth_hf_source(const HfConfig& config, uint64_t seed) {
-    auto source = std::make_unique<SynthSource>(seed);
+std::unique_ptr<TensorSource> synth_hf_source(const HfConfig& config, uint64_t seed, double router_skew) {
+    auto source = std::make_unique<SynthSource>(seed, router_skew);
+    source->set_skew_direction(config.hidden_size);
     add_hf_tensors(*source, config);
     return source;
 }
@@ -509,7 +602,9 @@ SynthModel build_synth(const SynthOptions& o) {
                     " (known presets: " + names + ")");
     if (o.expert_type) check_expert_type(*o.expert_type, m.config, preset->name);
 
-    m.source = synth_hf_source(m.config, o.seed);
+    if (!(o.router_skew >= 0.0 && o.router_skew <= 8.0))
+        throw Error("synth: --router-skew must be between 0 and 8, got " + std::to_string(o.router_skew));
+    m.source = synth_hf_source(m.config, o.seed, o.router_skew);
     // A synth file is for llama.cpp v0.4.0 as well: no MTP block.
     m.plan = plan_conversion(m.config, *m.source, {.include_mtp = false});
     // The PLE table follows the requested (expert) type, else the dense type of a big preset; tiny keeps it F32.

@@ -26,7 +26,8 @@ uint64_t hash_name(const std::string& s);
 
 // The random-weight tensors save_pretrained would write for this config (HF names and shapes; the PLE hash buffers as
 // transformers computes them), as synth draws them.
-std::unique_ptr<TensorSource> synth_hf_source(const HfConfig& config, uint64_t seed);
+// router_skew: SynthOptions::router_skew.
+std::unique_ptr<TensorSource> synth_hf_source(const HfConfig& config, uint64_t seed, double router_skew = 0.0);
 
 // Throws Error on an unknown preset, an arch that does not match it, or an unsupported expert type.
 SynthModel build_synth(const SynthOptions& options);

@@ -126,16 +126,23 @@ TEST(ExpertCachePolicy, BeladyEqualsExhaustiveOptimumAndBoundsTheOthers) {
 }
 
 TEST(ExpertCachePolicy, LfuDecayByHand) {
-    // No decay, adapt after every token, 1 swap, admission from 2 routings; 1 slot; tokens 0 0 1 1 1 0 1.
-    // After t1 count0 = 2: 0 fills the empty slot. t3: count1 = 2, not more than count0 = 2: no swap. t4: count1 = 3 >
-    // 2: 1 replaces 0. t5: 0 misses (count0 = 3, not more than 3). t6: 1 hits. 1 hit, 2 swaps.
+    // No decay, adapt after every token, 1 swap, replacing from 2 routings; 1 slot; tokens 0 0 1 1 1 0 1.
+    // t0: 0 fills the empty slot. t1: 0 hits (count0 = 2). t2: 1 misses (count1 = 1, under 2). t3: count1 = 2, not
+    // more than count0 = 2: no swap. t4: count1 = 3 > 2: 1 replaces 0. t5: 0 misses (count0 = 3, not more than 3).
+    // t6: 1 hits. 2 hits, 2 swaps.
     const std::vector<uint16_t> ids = {0, 0, 1, 1, 1, 0, 1};
     const CacheReplayCounts c = replay("lfu-decay:1:1:1", 1, 4, 1, ids);
-    EXPECT_EQ(c.hits, 1);
+    EXPECT_EQ(c.hits, 2);
     EXPECT_EQ(c.swaps, 2);
-    // Decay 0.5 keeps an expert routed every token below 2 (1, 1.5, 1.75, ...): never admitted.
-    EXPECT_EQ(replay("lfu-decay:0.5:1:1", 1, 4, 1, cyclic(1, 20)).swaps, 0);
-    // Every 2 tokens: 0 0 0 0: counted 2 at t1, admitted then; t2, t3 hit.
+    // Decay 0.5 keeps an expert routed every token under 2 (1, 1.5, 1.75, ...): 0 then 1 nineteen times, 1 never
+    // replaces 0. No hits, one swap (the fill).
+    std::vector<uint16_t> zero_then_ones(20, 1);
+    zero_then_ones[0] = 0;
+    EXPECT_EQ(replay("lfu-decay:0.5:1:1", 1, 4, 1, zero_then_ones).hits, 0);
+    EXPECT_EQ(replay("lfu-decay:0.5:1:1", 1, 4, 1, zero_then_ones).swaps, 1);
+    // ... and with MIN 1 it does at t1: then 18 hits.
+    EXPECT_EQ(replay("lfu-decay:0.5:1:1:1", 1, 4, 1, zero_then_ones).hits, 18);
+    // Every 2 tokens: 0 0 0 0: admitted after t1; t2, t3 hit.
     EXPECT_EQ(replay("lfu-decay:1:2:1", 1, 4, 1, cyclic(1, 4)).hits, 2);
 }
 
@@ -146,6 +153,8 @@ TEST(ExpertCachePolicy, ParseErrors) {
     expect_error([] { parse_expert_cache_policy("lfu-decay:0.5:x"); }, "EVERY");
     EXPECT_EQ(parse_expert_cache_policy("lfu-decay").lfu.decay, 0.7);
     EXPECT_EQ(parse_expert_cache_policy("lfu-decay:0.9:3:5").lfu.max_swaps, 5);
+    EXPECT_EQ(parse_expert_cache_policy("lfu-decay:0.9:3:5:1").lfu.min_count, 1.0);
+    expect_error([] { parse_expert_cache_policy("lfu-decay:0.9:3:5:1:2"); }, "MIN");
 }
 
 // ---- routing traces ---------------------------------------------------------------------------------------------

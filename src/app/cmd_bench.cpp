@@ -414,7 +414,8 @@ Command bench_command() {
         {"--trace", "FILE", "bench expert-cache: the routing trace to replay (written by --routing-trace)"},
         {"--slots", "N[,N...]", "bench expert-cache: expert slots per layer (default 16,32,64,128,256)"},
         {"--policy", "P[,P...]",
-         "bench expert-cache: lru, lfu-decay[:DECAY[:EVERY[:SWAPS]]] (Strata's adaptive tier, default 0.7:4:2), "
+         "bench expert-cache: lru, lfu-decay[:DECAY[:EVERY[:SWAPS[:MIN]]]] (Strata's adaptive tier, default "
+         "0.7:4:2:2), "
          "belady (the oracle bound); default all three"},
         {"--per-layer", "", "bench expert-cache: also print each layer's hit rate"},
         {"--json", "", "one JSON object per line per test instead of the table"},

@@ -11,7 +11,7 @@ namespace strata {
 
 namespace {
 
-// "lfu-decay:0.9:1:4" -> decay 0.9, every 1, 4 swaps; each field optional from the right.
+// "lfu-decay:0.9:1:4:1" -> decay 0.9, every 1, 4 swaps, admitted from a count of 1; fields optional from the right.
 LfuDecayParams parse_lfu_params(const std::string& name, const std::string& rest) {
     LfuDecayParams p;
     std::vector<std::string> fields;
@@ -24,9 +24,10 @@ LfuDecayParams parse_lfu_params(const std::string& name, const std::string& rest
     }
     auto bad = [&] {
         return Error("expert cache policy '" + name +
-                     "': expected lfu-decay[:DECAY[:EVERY[:SWAPS]]] with 0 <= DECAY <= 1, EVERY >= 1, SWAPS >= 1");
+                     "': expected lfu-decay[:DECAY[:EVERY[:SWAPS[:MIN]]]] with 0 <= DECAY <= 1, EVERY >= 1, SWAPS >= 1, "
+                     "MIN >= 0");
     };
-    if (fields.size() > 3) throw bad();
+    if (fields.size() > 4) throw bad();
     try {
         size_t used = 0;
         if (fields.size() > 0) {
@@ -40,6 +41,10 @@ LfuDecayParams parse_lfu_params(const std::string& name, const std::string& rest
         if (fields.size() > 2) {
             p.max_swaps = std::stoll(fields[2], &used);
             if (used != fields[2].size() || p.max_swaps < 1) throw bad();
+        }
+        if (fields.size() > 3) {
+            p.min_count = std::stod(fields[3], &used);
+            if (used != fields[3].size() || !(p.min_count >= 0.0)) throw bad();
         }
     } catch (const std::logic_error&) {  // stod / stoll: not a number, out of range
         throw bad();
@@ -117,18 +122,18 @@ CacheReplayCounts replay_lfu_decay(int64_t slots, const LayerRouting& r, const L
         for (int32_t e = 0; e < E; ++e) {
             if (resident[e])
                 out.push_back(e);
-            else if (count[e] >= p.min_count)
+            else if (count[e] > 0.0)
                 in.push_back(e);
         }
         // Most counted first in, least counted first out; ties by expert id, so the replay is deterministic.
         std::sort(in.begin(), in.end(), [&](int32_t a, int32_t b) { return count[a] > count[b] || (count[a] == count[b] && a < b); });
         std::sort(out.begin(), out.end(), [&](int32_t a, int32_t b) { return count[a] < count[b] || (count[a] == count[b] && a < b); });
         size_t i = 0;
-        // Empty slots are filled without the swap limit: Strata fills its slots from a profile before decoding, which
-        // a replay from an empty cache stands in for.
+        // Empty slots take any routed expert, without the swap limit: Strata fills its slots from a profile before
+        // decoding, which a replay from an empty cache stands in for.
         for (; i < in.size() && size < slots; ++i, ++size, ++c.swaps) resident[in[i]] = 1;
         for (size_t o = 0, n = 0; i < in.size() && o < out.size() && static_cast<int64_t>(n) < p.max_swaps; ++i, ++o, ++n) {
-            if (count[in[i]] <= count[out[o]]) break;
+            if (count[in[i]] < p.min_count || count[in[i]] <= count[out[o]]) break;
             resident[out[o]] = 0;
             resident[in[i]] = 1;
             ++c.swaps;
@@ -192,7 +197,7 @@ ExpertCachePolicySpec parse_expert_cache_policy(const std::string& name) {
     if (name == "lfu-decay") return {.kind = ExpertCachePolicyKind::LfuDecay};
     if (name.rfind("lfu-decay:", 0) == 0)
         return {.kind = ExpertCachePolicyKind::LfuDecay, .lfu = parse_lfu_params(name, name.substr(10))};
-    throw Error("unknown expert cache policy '" + name + "' (known: lru, lfu-decay[:DECAY[:EVERY[:SWAPS]]], belady)");
+    throw Error("unknown expert cache policy '" + name + "' (known: lru, lfu-decay[:DECAY[:EVERY[:SWAPS[:MIN]]]], belady)");
 }
 
 std::string expert_cache_policy_name(ExpertCachePolicyKind kind) {

@@ -22,10 +22,11 @@ enum class ExpertCachePolicyKind {
 };
 
 // Strata's adaptive tier (include/strata/core/adaptive_tier.hpp as the reference describes it): each token adds 1 to
-// the count of every expert it routes to; every `every` tokens up to `max_swaps` of the most-counted non-resident
-// experts (counted at least `min_count`) replace the least-counted residents (empty slots first) while they are
-// counted more, then all counts are multiplied by `decay`. Strata's defaults: decay 0.7, every 4 windows, 96 swaps
-// over 48 layers (2 a layer).
+// the count of every expert it routes to; every `every` tokens the most-counted non-resident experts fill the empty
+// slots (the replay starts empty where Strata starts from a profile), then up to `max_swaps` of them (counted at
+// least `min_count`) replace the least-counted residents while they are counted more, then all counts are multiplied
+// by `decay`. Strata's defaults: decay 0.7, every 4 windows, 96 swaps over 48 layers (2 a layer), routed >= 2 times.
+// The reference does not say whether the decay runs every window or every adaptation; here it is every adaptation.
 struct LfuDecayParams {
     double decay = 0.7;
     int64_t every = 4;

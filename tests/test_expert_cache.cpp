@@ -12,6 +12,7 @@
 
 #include "convert/convert.h"
 #include "core/error.h"
+#include "format/gguf.h"
 #include "model/model.h"
 #include "model/moe.h"
 #include "runtime/expert_cache_policy.h"
@@ -26,8 +27,7 @@ using testing::TempDir;
 
 CacheReplayCounts replay(const std::string& policy, int64_t slots, int64_t n_expert, int64_t k,
                          const std::vector<uint16_t>& ids) {
-    return replay_expert_cache(parse_expert_cache_policy(policy), slots,
-                               {.n_expert = n_expert, .k = k, .ids = ids});
+    return replay_expert_cache(parse_expert_cache_policy(policy), slots, {.n_expert = n_expert, .k = k, .ids = ids});
 }
 
 std::vector<uint16_t> cyclic(int n_distinct, int n_tokens) {
@@ -113,9 +113,8 @@ TEST(ExpertCachePolicy, BeladyEqualsExhaustiveOptimumAndBoundsTheOthers) {
             for (int64_t e = 0; e < n_expert; ++e) all[static_cast<size_t>(e)] = static_cast<uint16_t>(e);
             // Skewed: low ids more often, so caching matters.
             std::shuffle(all.begin(), all.end(), rng);
-            std::stable_sort(all.begin(), all.end(), [&](uint16_t a, uint16_t b) {
-                return (a < 2) > (b < 2) && (rng() % 3 != 0);
-            });
+            std::stable_sort(all.begin(), all.end(),
+                             [&](uint16_t a, uint16_t b) { return (a < 2) > (b < 2) && (rng() % 3 != 0); });
             for (int64_t j = 0; j < k; ++j) ids.push_back(all[static_cast<size_t>(j)]);
         }
         const int64_t best = exhaustive_best(slots, n_expert, k, ids);
@@ -160,8 +159,8 @@ TEST(ExpertCachePolicy, ParseErrors) {
 // ---- routing traces ---------------------------------------------------------------------------------------------
 
 void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
-    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                                static_cast<std::streamsize>(bytes.size()));
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
 }
 
 TEST(RoutingTrace, WriterRoundTrip) {
@@ -200,7 +199,10 @@ TEST(RoutingTrace, WriterRoundTrip) {
 
 TEST(RoutingTrace, CorruptFilesGiveOneLineErrors) {
     const TempDir dir;
-    RoutingTrace good{.n_layer = 2, .n_expert = 8, .k = 2, .ids = {{0, 1, 2, 3}, {4, 5, 6, 7}},
+    RoutingTrace good{.n_layer = 2,
+                      .n_expert = 8,
+                      .k = 2,
+                      .ids = {{0, 1, 2, 3}, {4, 5, 6, 7}},
                       .weights = {{0.5f, 0.5f, 0.5f, 0.5f}, {0.5f, 0.5f, 0.5f, 0.5f}}};
     const std::vector<uint8_t> bytes = encode_routing_trace(good);
     auto expect_bad = [&](std::vector<uint8_t> b, const std::string& what) {
@@ -266,8 +268,10 @@ TEST(RoutingTraceCli, GenerateRecordsEveryLayerAndBenchReplaysIt) {
     const std::string model = dir / "tiny.gguf";
     ASSERT_EQ(testing::run_strata("synth --preset tiny --out " + model).status, 0);
     const std::string trace = dir / "g.trace";
-    const auto gen = testing::run_strata("generate --model " + model + " --tokens \"1 2 3 4 5 6 7 8\" -n 4 --greedy "
-                                         "--ids --routing-trace " + trace);
+    const auto gen = testing::run_strata("generate --model " + model +
+                                         " --tokens \"1 2 3 4 5 6 7 8\" -n 4 --greedy "
+                                         "--ids --routing-trace " +
+                                         trace);
     ASSERT_EQ(gen.status, 0) << gen.err;
     const RoutingTrace t = read_routing_trace(trace);
     EXPECT_EQ(t.n_layer, 4);  // tiny: 4 blocks, 8 experts, top-2
@@ -286,15 +290,14 @@ TEST(RoutingTraceCli, GenerateRecordsEveryLayerAndBenchReplaysIt) {
     testing::expect_user_error(testing::run_strata("bench expert-cache --trace " + dir / "none"), "--trace");
     testing::expect_user_error(testing::run_strata("bench expert-cache --trace " + trace + " --policy fifo"),
                                "unknown expert cache policy");
-    testing::expect_user_error(testing::run_strata("bench expert-cache --trace " + trace + " --slots 1,x"),
-                               "--slots");
+    testing::expect_user_error(testing::run_strata("bench expert-cache --trace " + trace + " --slots 1,x"), "--slots");
     testing::expect_user_error(testing::run_strata("bench --model " + model + " --slots 4"), "expert-cache` only");
     testing::expect_user_error(
         testing::run_strata("generate --model " + model + " --tokens 1 -n 1 --routing-trace " + dir / "no/such/f"),
         "--routing-trace");
-    testing::expect_user_error(testing::run_strata("generate --model " + model +
-                                                   " --tokens 1 -n 1 --backend cuda --routing-trace " + trace),
-                               "CPU backend");
+    testing::expect_user_error(
+        testing::run_strata("generate --model " + model + " --tokens 1 -n 1 --backend cuda --routing-trace " + trace),
+        "CPU backend");
 }
 
 TEST(RoutingTraceCli, BenchExpertCacheOnAHandBuiltTrace) {
@@ -339,12 +342,34 @@ TEST(RouterSkew, ZeroKeepsTodaysFilesBitForBit) {
                                "--router-skew");
 }
 
+TEST(RouterSkew, ChangesOnlyTheEmbeddingsAndTheRouters) {
+    const TempDir dir;
+    synth_model({.preset = "tiny", .out_path = dir / "s0.gguf", .seed = 1});
+    synth_model({.preset = "tiny", .out_path = dir / "s1.gguf", .seed = 1, .router_skew = 1.0});
+    const auto a = gguf::File::open(dir / "s0.gguf");
+    const auto b = gguf::File::open(dir / "s1.gguf");
+    ASSERT_EQ(a->tensors().size(), b->tensors().size());
+    int changed_routers = 0;
+    for (size_t i = 0; i < a->tensors().size(); ++i) {
+        const gguf::TensorInfo& x = a->tensors()[i];
+        const gguf::TensorInfo& y = b->tensors()[i];
+        ASSERT_EQ(x.name, y.name);
+        ASSERT_EQ(x.n_bytes, y.n_bytes);
+        const bool same = std::equal(x.data, x.data + x.n_bytes, y.data);
+        const bool may_change = x.name == "token_embd.weight" || x.name.ends_with(".ffn_gate_inp.weight");
+        EXPECT_TRUE(same || may_change) << x.name;
+        if (x.name.ends_with(".ffn_gate_inp.weight")) changed_routers += !same;
+    }
+    EXPECT_EQ(changed_routers, 4);  // every layer's router
+}
+
 class CollectRouting : public RoutingSink {
   public:
     void record(int64_t layer, int64_t n_expert, int64_t k, int64_t n_rows, const int32_t* ids, const float*) override {
         if (static_cast<int64_t>(ids_.size()) <= layer) ids_.resize(static_cast<size_t>(layer + 1));
         n_expert_ = n_expert, k_ = k;
-        for (int64_t i = 0; i < n_rows * k; ++i) ids_[static_cast<size_t>(layer)].push_back(static_cast<uint16_t>(ids[i]));
+        for (int64_t i = 0; i < n_rows * k; ++i)
+            ids_[static_cast<size_t>(layer)].push_back(static_cast<uint16_t>(ids[i]));
     }
     // LRU hit rate (%) over all layers.
     double lru(int64_t slots) const {
@@ -386,8 +411,8 @@ TEST(RouterSkew, CalibratedSkewGivesRealisticLruHitRates) {
     // band around it, and a curve that rises as the measured one does, not jumping to ~92% at 128 slots as a
     // popularity skew of row norms alone would.
     const auto [s64, s128] = lru_on_bench_stream(1.0);
-    std::printf("[router-skew] LRU 64 / 128 of 512 slots: uniform %.1f%% / %.1f%%, skew 1 %.1f%% / %.1f%%\n", u64,
-                u128, s64, s128);
+    std::printf("[router-skew] LRU 64 / 128 of 512 slots: uniform %.1f%% / %.1f%%, skew 1 %.1f%% / %.1f%%\n", u64, u128,
+                s64, s128);
     EXPECT_GE(s64, 55.0);
     EXPECT_LE(s64, 72.0);
     EXPECT_GE(s128, 72.0);

@@ -73,7 +73,8 @@ int run_expert_cache_bench(const Args& args) {
                 static_cast<long long>(tokens), static_cast<long long>(trace.n_layer),
                 static_cast<long long>(trace.n_expert), static_cast<long long>(trace.k));
     if (model) std::printf(", %.2f MiB an expert", bytes / (1 << 20));
-    std::printf("\n\n| policy | slots/layer | hit %% | misses/token | swaps/token |%s\n", model ? " swap MiB/token |" : "");
+    std::printf("\n\n| policy | slots/layer | hit %% | misses/token | swaps/token |%s\n",
+                model ? " swap MiB/token |" : "");
     std::printf("|---|---:|---:|---:|---:|%s\n", model ? "---:|" : "");
     for (size_t p = 0; p < policies.size(); ++p) {
         for (const int64_t s : slots) {

@@ -205,8 +205,8 @@ Command synth_command() {
                     },
                 .notes = presets +
                          "\n\nRandom weights give near-uniform expert routing: the pessimistic case for expert "
-                         "caches (--router-skew 1 gives realistic routing). Routed experts whose rows hold no whole block of --type take llama-quantize's "
-                         "fallback (iq4_nl for the 2- and 3-bit types and iq4_xs, q8_0 for q4_k, q5_k, q6_k).\n"
+                         "caches (--router-skew 1 gives realistic routing). Routed experts whose rows hold no whole "
+                         "block of --type take llama-quantize's fallback (iq4_nl for the 2- and 3-bit types and iq4_xs, q8_0 for q4_k, q5_k, q6_k).\n"
                          "The full flash-next shape in about 52 GB (PLE table cut to ~1 GB):\n"
                          "  strata synth --preset flash-next --type iq2_xs --fast --ple-vocab-base 200000 --out F.gguf",
             },

@@ -31,7 +31,6 @@ uint64_t mix64(uint64_t v) {
     return v ^ (v >> 31);
 }
 
-
 // --router-skew (SynthOptions::router_skew). Scaling router rows cannot do it: top-k of scaled Gaussian logits gives
 // a hot set and a tail that dies off like a Gaussian, so LRU jumps from ~67% at 64 slots to ~92% at 128. Popularity
 // falling as a power of the rank (Zipf ~1.2 gives 67% / 81% by Che's approximation) needs per-expert biases, and a
@@ -172,7 +171,8 @@ class SynthSource : public TensorSource {
     void add_shared_direction(float* row, int64_t width) const {
         STRATA_ASSERT(static_cast<int64_t>(direction_.size()) == width);
         const double c = std::sqrt(kSkewShare / (1.0 - kSkewShare) * static_cast<double>(width));
-        for (int64_t k = 0; k < width; ++k) row[k] = static_cast<float>(row[k] + c * direction_[static_cast<size_t>(k)]);
+        for (int64_t k = 0; k < width; ++k)
+            row[k] = static_cast<float>(row[k] + c * direction_[static_cast<size_t>(k)]);
     }
 
     void skew_router_row(const std::string& name, int64_t expert, float* row, int64_t width) const {

@@ -54,7 +54,7 @@ struct MoeForwardArgs {
     int64_t n_tokens = 1;
     Scratch& scratch;
     ThreadPool* pool = nullptr;
-    int64_t layer = 0;              // the block index, for routing
+    int64_t layer = 0;               // the block index, for routing
     RoutingSink* routing = nullptr;  // when set, told the experts each row chose
 };
 void moe_forward(const MoeForwardArgs& args);

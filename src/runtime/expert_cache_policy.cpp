@@ -23,9 +23,10 @@ LfuDecayParams parse_lfu_params(const std::string& name, const std::string& rest
         start = colon + 1;
     }
     auto bad = [&] {
-        return Error("expert cache policy '" + name +
-                     "': expected lfu-decay[:DECAY[:EVERY[:SWAPS[:MIN]]]] with 0 <= DECAY <= 1, EVERY >= 1, SWAPS >= 1, "
-                     "MIN >= 0");
+        return Error(
+            "expert cache policy '" + name +
+            "': expected lfu-decay[:DECAY[:EVERY[:SWAPS[:MIN]]]] with 0 <= DECAY <= 1, EVERY >= 1, SWAPS >= 1, "
+            "MIN >= 0");
     };
     if (fields.size() > 4) throw bad();
     try {
@@ -62,14 +63,23 @@ CacheReplayCounts replay_lru(int64_t slots, const LayerRouting& r) {
     int32_t head = kNone, tail = kNone;
     int64_t size = 0;
     auto unlink = [&](int32_t e) {
-        if (prev[e] != kNone) next[prev[e]] = next[e]; else head = next[e];
-        if (next[e] != kNone) prev[next[e]] = prev[e]; else tail = prev[e];
+        if (prev[e] != kNone)
+            next[prev[e]] = next[e];
+        else
+            head = next[e];
+        if (next[e] != kNone)
+            prev[next[e]] = prev[e];
+        else
+            tail = prev[e];
         prev[e] = next[e] = kNone;
     };
     auto push_front = [&](int32_t e) {
         next[e] = head;
         prev[e] = kNone;
-        if (head != kNone) prev[head] = e; else tail = e;
+        if (head != kNone)
+            prev[head] = e;
+        else
+            tail = e;
         head = e;
     };
     CacheReplayCounts c{.tokens = T, .lookups = T * K};
@@ -126,13 +136,16 @@ CacheReplayCounts replay_lfu_decay(int64_t slots, const LayerRouting& r, const L
                 in.push_back(e);
         }
         // Most counted first in, least counted first out; ties by expert id, so the replay is deterministic.
-        std::sort(in.begin(), in.end(), [&](int32_t a, int32_t b) { return count[a] > count[b] || (count[a] == count[b] && a < b); });
-        std::sort(out.begin(), out.end(), [&](int32_t a, int32_t b) { return count[a] < count[b] || (count[a] == count[b] && a < b); });
+        std::sort(in.begin(), in.end(),
+                  [&](int32_t a, int32_t b) { return count[a] > count[b] || (count[a] == count[b] && a < b); });
+        std::sort(out.begin(), out.end(),
+                  [&](int32_t a, int32_t b) { return count[a] < count[b] || (count[a] == count[b] && a < b); });
         size_t i = 0;
         // Empty slots take any routed expert, without the swap limit: Strata fills its slots from a profile before
         // decoding, which a replay from an empty cache stands in for.
         for (; i < in.size() && size < slots; ++i, ++size, ++c.swaps) resident[in[i]] = 1;
-        for (size_t o = 0, n = 0; i < in.size() && o < out.size() && static_cast<int64_t>(n) < p.max_swaps; ++i, ++o, ++n) {
+        for (size_t o = 0, n = 0; i < in.size() && o < out.size() && static_cast<int64_t>(n) < p.max_swaps;
+             ++i, ++o, ++n) {
             if (count[in[i]] < p.min_count || count[in[i]] <= count[out[o]]) break;
             resident[out[o]] = 0;
             resident[in[i]] = 1;
@@ -197,14 +210,18 @@ ExpertCachePolicySpec parse_expert_cache_policy(const std::string& name) {
     if (name == "lfu-decay") return {.kind = ExpertCachePolicyKind::LfuDecay};
     if (name.rfind("lfu-decay:", 0) == 0)
         return {.kind = ExpertCachePolicyKind::LfuDecay, .lfu = parse_lfu_params(name, name.substr(10))};
-    throw Error("unknown expert cache policy '" + name + "' (known: lru, lfu-decay[:DECAY[:EVERY[:SWAPS[:MIN]]]], belady)");
+    throw Error("unknown expert cache policy '" + name +
+                "' (known: lru, lfu-decay[:DECAY[:EVERY[:SWAPS[:MIN]]]], belady)");
 }
 
 std::string expert_cache_policy_name(ExpertCachePolicyKind kind) {
     switch (kind) {
-        case ExpertCachePolicyKind::Lru: return "lru";
-        case ExpertCachePolicyKind::LfuDecay: return "lfu-decay";
-        case ExpertCachePolicyKind::Belady: return "belady";
+        case ExpertCachePolicyKind::Lru:
+            return "lru";
+        case ExpertCachePolicyKind::LfuDecay:
+            return "lfu-decay";
+        case ExpertCachePolicyKind::Belady:
+            return "belady";
     }
     return "?";
 }
@@ -214,9 +231,12 @@ CacheReplayCounts replay_expert_cache(const ExpertCachePolicySpec& policy, int64
     STRATA_ASSERT(static_cast<int64_t>(r.ids.size()) % r.k == 0);
     slots = std::min(slots, r.n_expert);
     switch (policy.kind) {
-        case ExpertCachePolicyKind::Lru: return replay_lru(slots, r);
-        case ExpertCachePolicyKind::LfuDecay: return replay_lfu_decay(slots, r, policy.lfu);
-        case ExpertCachePolicyKind::Belady: return replay_belady(slots, r);
+        case ExpertCachePolicyKind::Lru:
+            return replay_lru(slots, r);
+        case ExpertCachePolicyKind::LfuDecay:
+            return replay_lfu_decay(slots, r, policy.lfu);
+        case ExpertCachePolicyKind::Belady:
+            return replay_belady(slots, r);
     }
     return {};
 }

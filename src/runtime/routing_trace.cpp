@@ -37,7 +37,9 @@ uint32_t get_u32(const uint8_t* p) {
            static_cast<uint32_t>(p[3]) << 24;
 }
 
-uint16_t get_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | p[1] << 8); }
+uint16_t get_u16(const uint8_t* p) {
+    return static_cast<uint16_t>(p[0] | p[1] << 8);
+}
 
 }  // namespace
 
@@ -98,8 +100,8 @@ int64_t RoutingTraceWriter::tokens() const {
 }
 
 std::vector<uint8_t> encode_routing_trace(const RoutingTrace& t) {
-    std::vector<uint8_t> out = header_bytes(static_cast<uint32_t>(t.n_layer), static_cast<uint32_t>(t.n_expert),
-                                            static_cast<uint32_t>(t.k));
+    std::vector<uint8_t> out =
+        header_bytes(static_cast<uint32_t>(t.n_layer), static_cast<uint32_t>(t.n_expert), static_cast<uint32_t>(t.k));
     for (int64_t l = 0; l < t.n_layer; ++l) {
         const auto& ids = t.ids[static_cast<size_t>(l)];
         if (ids.empty()) continue;

@@ -49,7 +49,7 @@ struct RoutingTrace {
     int64_t n_layer = 0;
     int64_t n_expert = 0;
     int64_t k = 0;
-    std::vector<std::vector<uint16_t>> ids;  // per layer: tokens * k
+    std::vector<std::vector<uint16_t>> ids;   // per layer: tokens * k
     std::vector<std::vector<float>> weights;  // per layer: tokens * k
     int64_t tokens(int64_t layer) const { return static_cast<int64_t>(ids[static_cast<size_t>(layer)].size()) / k; }
     LayerRouting layer(int64_t l) const { return {.n_expert = n_expert, .k = k, .ids = ids[static_cast<size_t>(l)]}; }

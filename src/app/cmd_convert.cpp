@@ -199,8 +199,9 @@ Command synth_command() {
                          "tensor keeps its shape"},
                         {"--router-skew", "S",
                          "routers with a popularity skew: 0 (default) keeps near-uniform routing; 1 is calibrated "
-                         "so that LRU with 64 / 128 of 512 expert slots a layer hits about 67% / 81% on pseudo-random "
-                         "ids (as bench feeds), the figures of a real Flash-Next; larger is more skewed"},
+                         "so that LRU with 64 / 128 of 512 expert slots a layer hits about 67% / 80% on moe512-deep "
+                         "fed pseudo-random ids (as bench feeds them), near the 67% / 81% of a real Flash-Next; "
+                         "larger is more skewed (up to 8)"},
                         {"--dry-run", "", "print the planned tensor bytes by type and write nothing (--out optional)"},
                     },
                 .notes = presets +

@@ -417,14 +417,7 @@ TEST(CudaModel, UnevenHeadPresetsMatchTheCpuBackend) {
 // than the key heads, a PLE embedding narrower than hidden_size, 8 rotary dims without mrope_section). Prefill within
 // the CPU parity bound with every argmax equal, chunks of 3 equal to the prefill, and the greedy continuation.
 std::vector<std::string> golden_names() {
-    std::vector<std::string> names;
-    const fs::path root = strata::testing::fixtures_root();
-    if (fs::is_directory(root))
-        for (const auto& e : fs::directory_iterator(root))
-            if (fs::exists(e.path() / "hf" / "config.json") && fs::exists(e.path() / "logits.f32"))
-                names.push_back(e.path().filename().string());
-    std::sort(names.begin(), names.end());
-    return names;
+    return strata::testing::fixtures_with({"hf/config.json", "logits.f32"});
 }
 
 class CudaGoldens : public ::testing::TestWithParam<std::string> {};

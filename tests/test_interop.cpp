@@ -119,6 +119,10 @@ void expect_agreement(const std::string& what, const Agreement& a) {
 // From a golden's config.json: the first position at which transformers drops QSA blocks, pos + 1 = budget + ratio
 // (for a budget of whole blocks; llama.cpp's budget + ratio - 1 cells then stop covering every visible cell too).
 // SIZE_MAX without QSA layers: then every departure from transformers counts against llama.cpp's agreement.
+size_t first_selecting_position(int64_t budget, int64_t ratio) {
+    return static_cast<size_t>(budget / ratio * ratio + ratio - 1);
+}
+
 size_t first_selecting_position(const fs::path& config_json) {
     std::ifstream in(config_json);
     nlohmann::json c = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
@@ -127,18 +131,12 @@ size_t first_selecting_position(const fs::path& config_json) {
     const int64_t budget = c["indexer_budget"].get<int64_t>();
     const int64_t ratio = c.value("indexer_compress_ratio", int64_t{1});
     if (budget <= 0 || ratio <= 0) return SIZE_MAX;
-    return static_cast<size_t>(budget / ratio * ratio + ratio - 1);
+    return first_selecting_position(budget, ratio);
 }
 
 // tests/data/<name>/ with hf/ and prompt.txt (tools/goldens).
 std::vector<std::string> fixture_names() {
-    std::vector<std::string> names;
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(strata::testing::fixtures_root(), ec))
-        if (fs::is_directory(entry.path() / "hf") && fs::is_regular_file(entry.path() / "prompt.txt"))
-            names.push_back(entry.path().filename().string());
-    std::sort(names.begin(), names.end());
-    return names;
+    return strata::testing::fixtures_with({"hf", "prompt.txt"});
 }
 
 // gtest names allow only letters, digits and '_'.
@@ -310,6 +308,6 @@ TEST(Interop, BundledModelWithoutMtpLoadsAndArgmaxAgrees) {
     const std::vector<int64_t> ratios = f->get_int_array("qwen4exp.attention.compress_ratios");
     const int64_t ratio = *std::max_element(ratios.begin(), ratios.end());
     ASSERT_GT(ratio, 0);
-    const size_t first_selecting = static_cast<size_t>(budget / ratio * ratio + ratio - 1);
+    const size_t first_selecting = first_selecting_position(budget, ratio);
     expect_agreement("bundled strata-code-19m", compare(logits, n_vocab, llama.argmax, hf_argmax, first_selecting));
 }

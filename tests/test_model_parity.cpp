@@ -187,14 +187,7 @@ TEST_P(Parity, Q8_0StaysCloseToF32) {
 // Committed for qwen35moe (tests/data/qwen35moe/llamacpp-f32.gguf). llama.cpp's converter of this release cannot make
 // a faithful qwen4exp file from transformers 5.17's configs (bench/NOTES.md, 2026-12-04), so there is none for it.
 std::vector<std::string> llamacpp_converted_names() {
-    std::vector<std::string> names;
-    const fs::path root = strata::testing::fixtures_root();
-    if (fs::is_directory(root))
-        for (const auto& e : fs::directory_iterator(root))
-            if (fs::exists(e.path() / "llamacpp-f32.gguf") && fs::exists(e.path() / "logits.f32"))
-                names.push_back(e.path().filename().string());
-    std::sort(names.begin(), names.end());
-    return names;
+    return strata::testing::fixtures_with({"llamacpp-f32.gguf", "logits.f32"});
 }
 
 class LlamaCppConverted : public ::testing::TestWithParam<std::string> {};

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <random>
 #include <sstream>
 #include <string>
@@ -152,6 +153,20 @@ inline bool fixtures_overridden() {
 inline std::filesystem::path fixtures_root() {
     return fixtures_overridden() ? std::filesystem::path(std::getenv("STRATA_FIXTURES"))
                                  : std::filesystem::path(STRATA_TEST_DATA);
+}
+
+// The fixtures under fixtures_root() that hold every one of `paths` (files or folders, relative to the fixture),
+// sorted by name.
+inline std::vector<std::string> fixtures_with(std::initializer_list<const char*> paths) {
+    std::vector<std::string> names;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(fixtures_root(), ec)) {
+        bool all = true;
+        for (const char* p : paths) all = all && std::filesystem::exists(e.path() / p);
+        if (all) names.push_back(e.path().filename().string());
+    }
+    std::sort(names.begin(), names.end());
+    return names;
 }
 
 }  // namespace strata::testing

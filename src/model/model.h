@@ -89,7 +89,21 @@ enum class GdnRecurrenceKernel { Auto, Column, Shuffle };
 // How the CUDA backend stores the KV cache: fp16, or int8 with one fp16 scale per 64 values (backend/cuda/attention.h).
 enum class KvCacheType { F16, Int8 };
 
-class RoutingSink;  // model/moe.h
+class RoutingSink;         // model/moe.h
+class ExpertCacheAdvisor;  // model/moe.h
+class HostExpertCompute;   // model/moe.h
+
+// CUDA: where the routed experts live (issue 25). Made by the memory planner (runtime/memory_plan.h) from the budgets;
+// the trunk follows it. Default: every expert in VRAM.
+struct ExpertPlacement {
+    // Routed experts stay in pinned host RAM (registered pages of the mapped file): the GPU reads a miss over PCIe, or
+    // CPU workers compute it. Dense weights, routers, shared experts, head, KV and states stay in VRAM.
+    bool in_host = false;
+    std::vector<int64_t> cache_slots;        // per trunk block: VRAM slots for its experts (missing: 0)
+    std::vector<std::vector<int32_t>> warm;  // per trunk block: the experts the slots hold at start (a profile)
+    std::shared_ptr<ExpertCacheAdvisor> advisor;  // adapts the slots while decoding; null: they keep the warm set
+    std::shared_ptr<HostExpertCompute> cpu_workers;  // null: every miss is read by the GPU over PCIe
+};
 
 struct LoadOptions {
     Backend backend = Backend::Cpu;
@@ -120,6 +134,7 @@ struct LoadOptions {
     int64_t cuda_ncu_replay = 0;
     // CPU: every MoE layer reports the experts each token routed to (--routing-trace; runtime/routing_trace.h).
     std::shared_ptr<RoutingSink> routing_trace;
+    ExpertPlacement experts;
 };
 
 class Model {

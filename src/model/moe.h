@@ -2,7 +2,9 @@
 // SwiGLU expert scaled by sigmoid(ffn_gate_inp_shexp . x). Math: Qwen4ExpTextSparseMoeBlock (same in qwen3.5/next).
 #pragma once
 
+#include <functional>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "core/tensor.h"
@@ -58,5 +60,51 @@ struct MoeForwardArgs {
     RoutingSink* routing = nullptr;  // when set, told the experts each row chose
 };
 void moe_forward(const MoeForwardArgs& args);
+
+// ---- experts in host RAM (issue 25; DESIGN.md section 9) ------------------------------------------------------------
+// The trunk asks these two interfaces, which the runtime layer implements (runtime/expert_cache_policy.h,
+// runtime/cpu_expert_pool.h), so the policies and the worker pool stay plain runtime code and the trunk stays policy-free.
+
+// A change to one layer's VRAM expert cache: `admit` goes into `slot`, replacing whatever is there (-1: nothing).
+struct ExpertSwap {
+    int64_t slot = 0;
+    int32_t admit = 0;
+};
+
+// Decides what a layer's VRAM expert cache holds while decoding. The trunk reports each window's routing after the
+// window ran (`ids`: n_tokens rows of k expert ids) with the residents as they were during the window
+// (`residents[slot]`: an expert id or -1), and applies the swaps it is given as copies land. One object serves every
+// layer; calls come from the thread that runs the forward pass.
+class ExpertCacheAdvisor {
+  public:
+    virtual ~ExpertCacheAdvisor() = default;
+    virtual void observe(int64_t layer, int64_t n_expert, int64_t k, std::span<const int32_t> ids,
+                         std::span<const int32_t> residents, std::vector<ExpertSwap>& swaps) = 0;
+};
+
+// A share of one MoE layer's routed experts computed on the host while the GPU computes the rest. For every pair
+// p = t * K + k with mine[p] set, y[p] = down_e(silu(gate_e . x[t]) * (up_e . x[t])) with e = ids[p]: the expert's
+// output row before the routing weight, computed from the host tensors in `weights` (each expert's rows read once for
+// all the window's tokens that chose it). Pairs not mine are left untouched.
+struct HostExpertJob {
+    int64_t layer = 0;
+    const MoeShape* shape = nullptr;
+    const MoeWeights* weights = nullptr;
+    int64_t n_tokens = 0;           // 1..8
+    const float* x = nullptr;       // [n_tokens x H]
+    const int32_t* ids = nullptr;   // [n_tokens x K]
+    const uint8_t* mine = nullptr;  // [n_tokens x K]
+    float* y = nullptr;             // [n_tokens x K x H]
+};
+
+class HostExpertCompute {
+  public:
+    virtual ~HostExpertCompute() = default;
+    // Starts the job and returns at once; `done` runs on a worker thread once every row of the job is written (the
+    // job's buffers stay valid until then). One job at a time: start() while a job runs is a logic error.
+    virtual void start(const HostExpertJob& job, std::function<void()> done) = 0;
+    // Waits at most `bound_us` for the running job; false when it did not finish (the job may still complete later).
+    virtual bool wait(int64_t bound_us) = 0;
+};
 
 }  // namespace strata

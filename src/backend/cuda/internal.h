@@ -43,6 +43,10 @@ struct ExpertGather {
     // the second tensor, which starts second_offset bytes after w (0: one tensor).
     int64_t second_from = 0;
     int64_t second_offset = 0;
+    // Experts in host RAM (issue 25): when set, expert e's slice starts at at[e] (second_at[e] for the second tensor),
+    // a VRAM cache slot or a mapped host address read over PCIe; w, expert_bytes and second_offset are not used.
+    const uint8_t* const* at = nullptr;
+    const uint8_t* const* second_at = nullptr;
 };
 
 // More matrices of the same type and row length in the same launch, against the same activations: products that

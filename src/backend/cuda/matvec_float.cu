@@ -116,11 +116,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize) matvec_float_rows_k
     if (p.gather.ids) {
         const int64_t pair = blockIdx.y;
         int64_t slot = pair;
-        if (p.gather.second_from > 0 && pair >= p.gather.second_from) {
-            slot = pair - p.gather.second_from;
-            w += p.gather.second_offset;
-        }
-        w += static_cast<size_t>(p.gather.ids[slot]) * p.gather.expert_bytes;
+        const bool second = p.gather.second_from > 0 && pair >= p.gather.second_from;
+        if (second) slot = pair - p.gather.second_from;
+        const int32_t expert = p.gather.ids[slot];
+        if (p.gather.at)
+            w = (second ? p.gather.second_at : p.gather.at)[expert];
+        else
+            w += (second ? p.gather.second_offset : 0) + static_cast<size_t>(expert) * p.gather.expert_bytes;
         x += slot / p.gather.pairs_per_act_row * p.in;
         y += pair * seg.rows;
     }

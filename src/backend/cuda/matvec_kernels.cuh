@@ -271,12 +271,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, kTokens == 1 ? 8 : 
         wait_for_previous_grid();  // the expert ids come from the kernel before
         const int64_t pair = blockIdx.y;
         int64_t slot = pair;
-        if (p.gather.second_from > 0 && pair >= p.gather.second_from) {
-            slot = pair - p.gather.second_from;
-            w_base += p.gather.second_offset;
-        }
+        const bool second = p.gather.second_from > 0 && pair >= p.gather.second_from;
+        if (second) slot = pair - p.gather.second_from;
         act_row = slot / p.gather.pairs_per_act_row;
-        w_base += static_cast<size_t>(p.gather.ids[slot]) * p.gather.expert_bytes;
+        const int32_t expert = p.gather.ids[slot];
+        if (p.gather.at)
+            w_base = (second ? p.gather.second_at : p.gather.at)[expert];
+        else
+            w_base += (second ? p.gather.second_offset : 0) + static_cast<size_t>(expert) * p.gather.expert_bytes;
         if (act.q) {
             act.q += act_row * p.in;
             act.d += act_row * (p.in / 32);

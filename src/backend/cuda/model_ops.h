@@ -36,6 +36,14 @@ struct MoeLayerWeights {
     const float* shared_gate = nullptr;  // {H} f32 on the device; null: no shared expert
     // {H, Fs}, {H, Fs}, {Fs, H}
     const Tensor* shared_gate_proj = nullptr, *shared_up = nullptr, *shared_down = nullptr;
+    // Experts in host RAM (issue 25): device arrays of n_expert addresses, where each expert's slice of gate_up (or
+    // gate and up) and down starts now: a VRAM cache slot, or the mapped address of its pages in host RAM (read over
+    // PCIe). The caller rewrites them between windows; the expert tensors then give types and strides only and may
+    // be host tensors. All null: the experts lie in the device tensors.
+    const uint8_t* const* gate_up_at = nullptr;
+    const uint8_t* const* gate_at = nullptr;
+    const uint8_t* const* up_at = nullptr;
+    const uint8_t* const* down_at = nullptr;
 };
 
 struct MoeLayerShape {

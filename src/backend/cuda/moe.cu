@@ -201,9 +201,11 @@ const Tensor& gate_tensor(const MoeLayerWeights& w) {
     return w.gate_up ? *w.gate_up : *w.gate;
 }
 
-void check_expert_tensor(const Tensor* t, const char* what, int64_t in, int64_t rows, int64_t n_expert) {
+void check_expert_tensor(const Tensor* t, const char* what, int64_t in, int64_t rows, int64_t n_expert,
+                         const uint8_t* const* at) {
     if (!t) throw Error(std::string("CUDA MoE: missing ") + what);
-    if (t->device != Device::Cuda) throw Error(std::string("CUDA MoE: ") + what + " is in host memory");
+    if (t->device != Device::Cuda && !at)
+        throw Error(std::string("CUDA MoE: ") + what + " is in host memory without an address table");
     if (t->ne[0] != in || t->ne[1] != rows || t->ne[2] != n_expert)
         throw Error(std::string("CUDA MoE: ") + what + " has the wrong shape");
     if (!supports_matmul(t->type) || in % traits(t->type).block_size != 0)
@@ -296,15 +298,18 @@ void moe_layer(Context& ctx, const MoeLayerArgs& a) {
     if (!a.x || !a.out) throw Error("CUDA MoE: null x or out");
     if (!w.router || w.router->device != Device::Cuda || w.router->ne[0] != H || w.router->ne[1] != E)
         throw Error("CUDA MoE: the router must be a device tensor {n_embd, n_expert}");
+    const bool tables = w.down_at != nullptr;
+    if (tables && (w.gate_up ? !w.gate_up_at : (!w.gate_at || !w.up_at)))
+        throw Error("CUDA MoE: expert address tables for down but not for gate and up");
     if (w.gate_up) {
-        check_expert_tensor(w.gate_up, "gate_up", H, 2 * F, E);
+        check_expert_tensor(w.gate_up, "gate_up", H, 2 * F, E, w.gate_up_at);
     } else {
-        check_expert_tensor(w.gate, "gate", H, F, E);
-        check_expert_tensor(w.up, "up", H, F, E);
+        check_expert_tensor(w.gate, "gate", H, F, E, w.gate_at);
+        check_expert_tensor(w.up, "up", H, F, E, w.up_at);
         if (w.up->type != w.gate->type || w.up->nb[1] != w.gate->nb[1] || w.up->nb[2] != w.gate->nb[2])
             throw Error("CUDA MoE: gate and up must share their type and layout");
     }
-    check_expert_tensor(w.down, "down", F, H, E);
+    check_expert_tensor(w.down, "down", F, H, E, w.down_at);
     if (FS > 0) {
         if (!w.shared_gate || !w.shared_gate_proj || !w.shared_up || !w.shared_down)
             throw Error("CUDA MoE: the shape has a shared expert but its weights are missing");
@@ -369,23 +374,26 @@ void moe_layer(Context& ctx, const MoeLayerArgs& a) {
     // Gate and up of every (token, slot) pair in one launch (two stacked tensors: the up pairs follow the gate ones).
     STRATA_CUDA_CHECK(cudaStreamWaitEvent(main, ws.x_ready_, 0));
     auto gathered = [&](const Tensor& t, int64_t rows, const QuantizedActivations& act, const float* x, float* y,
-                        int64_t n_pairs, int64_t pairs_per_row, int64_t second_from, int64_t second_offset) {
-        const MatvecLaunch l{.type = t.type, .w = static_cast<const uint8_t*>(t.data), .row_bytes = t.nb[1],
-                             .rows = rows, .in = t.ne[0], .n_tokens = 1, .act = act, .x = x, .y = y, .stream = main,
+                        int64_t n_pairs, int64_t pairs_per_row, int64_t second_from, int64_t second_offset,
+                        const uint8_t* const* at, const uint8_t* const* second_at) {
+        const MatvecLaunch l{.type = t.type, .w = at ? nullptr : static_cast<const uint8_t*>(t.data),
+                             .row_bytes = t.nb[1], .rows = rows, .in = t.ne[0], .n_tokens = 1, .act = act, .x = x,
+                             .y = y, .stream = main,
                              .gather = {.ids = ws.ids_, .expert_bytes = t.nb[2], .n_pairs = n_pairs,
                                         .pairs_per_act_row = pairs_per_row, .second_from = second_from,
-                                        .second_offset = second_offset}};
+                                        .second_offset = second_offset, .at = at, .second_at = second_at}};
         STRATA_ASSERT(launch_matvec_any(l));
     };
     const float* up_out;
     int64_t stride;
     if (w.gate_up) {
-        gathered(*w.gate_up, 2 * F, x_act, a.x, ws.gate_out_, pairs, K, 0, 0);
+        gathered(*w.gate_up, 2 * F, x_act, a.x, ws.gate_out_, pairs, K, 0, 0, w.gate_up_at, nullptr);
         up_out = ws.gate_out_ + F;
         stride = 2 * F;
     } else {
-        const int64_t offset = static_cast<const uint8_t*>(w.up->data) - static_cast<const uint8_t*>(w.gate->data);
-        gathered(*w.gate, F, x_act, a.x, ws.gate_out_, 2 * pairs, K, pairs, offset);
+        const int64_t offset =
+            tables ? 0 : static_cast<const uint8_t*>(w.up->data) - static_cast<const uint8_t*>(w.gate->data);
+        gathered(*w.gate, F, x_act, a.x, ws.gate_out_, 2 * pairs, K, pairs, offset, w.gate_at, w.up_at);
         up_out = ws.gate_out_ + pairs * F;
         stride = F;
     }
@@ -393,7 +401,7 @@ void moe_layer(Context& ctx, const MoeLayerArgs& a) {
     quantize_swiglu({.w_type = w.down->type, .gate = ws.gate_out_, .up = up_out, .stride = stride, .in = F,
                      .n_rows = pairs, .hidden = reads_quantized_activations(w.down->type) ? nullptr : ws.hidden_,
                      .out = h_act, .stream = main});
-    gathered(*w.down, H, h_act, ws.hidden_, ws.expert_out_, pairs, 1, 0, 0);
+    gathered(*w.down, H, h_act, ws.hidden_, ws.expert_out_, pairs, 1, 0, 0, w.down_at, nullptr);
 
     // Join, then the weighted combine with the shared expert (or left to the caller).
     STRATA_CUDA_CHECK(cudaStreamWaitEvent(main, ws.shared_done_, 0));

@@ -43,8 +43,12 @@ CudaHybridModel::CudaHybridModel(std::unique_ptr<gguf::File> file, const LoadOpt
     info_ = read_hybrid_info(*file_, &n_block_all_);
     ctx_ = std::make_unique<cuda::Context>(
         cuda::ContextOptions{.device = options.cuda_device, .vram_budget = options.vram_budget});
+    experts_in_host_ = options.experts.in_host;
     check_weights_fit();
     weights_ = std::make_unique<DeviceWeights>(*ctx_, *file_);
+    if (experts_in_host_)
+        experts_ = std::make_unique<ExpertCache>(*ctx_, *file_, info_.n_layer, kPromptWindow, options.experts);
+    routing_ids_.assign(static_cast<size_t>(info_.n_layer), nullptr);
     if (options.cuda_profile) profiler_ = std::make_unique<cuda::StreamProfiler>(kOpKindNames);
 }
 
@@ -95,9 +99,10 @@ AttentionDevice CudaHybridModel::upload_attention(const AttentionWeights& w, con
             .index_k_norm = dw.floats(w.index_k_norm)};
 }
 
-MoeDevice CudaHybridModel::upload_moe(const MoeWeights& m, const MoeShape& s) {
+MoeDevice CudaHybridModel::upload_moe(const MoeWeights& m, const MoeShape& s, int64_t block) {
     DeviceWeights& dw = *weights_;
     MoeDevice d;
+    d.block = block;
     d.shape = {.n_embd = s.n_embd,
                .n_expert = s.n_expert,
                .n_expert_used = s.n_expert_used,
@@ -105,15 +110,21 @@ MoeDevice CudaHybridModel::upload_moe(const MoeWeights& m, const MoeShape& s) {
                .n_ff_shared = s.n_ff_shared,
                .normalize_weights = s.normalize_weights};
     d.weights = {.router = dw.tensor(m.router),
-                 .gate_up = dw.tensor(m.gate_up),
-                 .gate = dw.tensor(m.gate),
-                 .up = dw.tensor(m.up),
-                 .down = dw.tensor(m.down),
                  .shared_gate = dw.floats(m.shared_gate),
                  .shared_gate_proj = dw.tensor(m.shared_gate_proj),
                  .shared_up = dw.tensor(m.shared_up),
                  .shared_down = dw.tensor(m.shared_down)};
+    if (experts_) {
+        experts_->add_layer(block, m, s, d.weights);
+    } else {
+        d.weights.gate_up = dw.tensor(m.gate_up);
+        d.weights.gate = dw.tensor(m.gate);
+        d.weights.up = dw.tensor(m.up);
+        d.weights.down = dw.tensor(m.down);
+    }
     d.workspace = std::make_unique<cuda::MoeWorkspace>(*ctx_, d.shape, d.weights);
+    STRATA_ASSERT(block >= 0 && block < static_cast<int64_t>(routing_ids_.size()));
+    routing_ids_[static_cast<size_t>(block)] = d.workspace->expert_ids();
     return d;
 }
 
@@ -131,6 +142,8 @@ void CudaHybridModel::moe_window(const MoeDevice& m, const float* x, float* out,
                                 .n_tokens = n,
                                 .workspace = *m.workspace,
                                 .deferred_combine = deferred});
+        // A prompt window's routing goes to the host slice by slice (a decode window's, all layers at once at its end).
+        if (experts_ && T > kWindow) experts_->copy_routing(m.block, start, n);
     }
 }
 
@@ -212,6 +225,7 @@ void CudaHybridModel::finish_loading(const WindowShape& shape, const Tensor* tok
     // Every matrix a window multiplies by was uploaded through weights_: the largest scratch any of them takes, for
     // a decode window (the graphs keep its address) and a prompt window (its GEMM path takes more).
     ctx_->scratch(std::max(weights_->max_matmul_scratch(kWindow), weights_->max_matmul_scratch(kPromptWindow)));
+    if (experts_) experts_->set_routing_sources(routing_ids_);
     std::fprintf(stderr, "strata: CUDA %s, VRAM plan after loading:\n%s", ctx_->info().name.c_str(),
                  ctx_->memory().plan().c_str());
 }
@@ -277,25 +291,31 @@ void CudaHybridModel::forward(SequenceState& state, std::span<const int32_t> tok
 // The memory plan before anything is taken: the weights the model binds (every file tensor but the PLE table, which
 // stays in host memory, and the MTP blocks) must fit in the budget.
 void CudaHybridModel::check_weights_fit() const {
-    uint64_t weights = 0, ple = 0;
+    uint64_t weights = 0, ple = 0, host_experts = 0;
     for (const gguf::TensorInfo& t : file_->tensors()) {
         if (t.name == "per_layer_token_embd.weight") {
             ple += t.n_bytes;
             continue;
         }
-        if (!is_mtp_block_tensor(t.name, info_.n_layer)) weights += t.n_bytes;
+        if (is_mtp_block_tensor(t.name, info_.n_layer)) continue;
+        if (experts_in_host_ && t.name.find("_exps.") != std::string::npos && t.name.find("shexp") == std::string::npos)
+            host_experts += t.n_bytes;
+        else
+            weights += t.n_bytes;
     }
     const size_t budget = ctx_->memory().budget();
     std::fprintf(stderr,
-                 "strata: CUDA memory plan: weights %.2f GiB in VRAM, PLE table %.2f GiB in pinned host memory, "
-                 "budget %.2f GiB (--vram-budget; %.2f GiB free on %s)\n",
-                 static_cast<double>(weights) / (1 << 30), static_cast<double>(ple) / (1 << 30),
-                 static_cast<double>(budget) / (1 << 30),
+                 "strata: CUDA memory plan: weights %.2f GiB in VRAM, routed experts %.2f GiB in host RAM, PLE table "
+                 "%.2f GiB in pinned host memory, budget %.2f GiB (--vram-budget; %.2f GiB free on %s)\n",
+                 static_cast<double>(weights) / (1 << 30), static_cast<double>(host_experts) / (1 << 30),
+                 static_cast<double>(ple) / (1 << 30), static_cast<double>(budget) / (1 << 30),
                  static_cast<double>(ctx_->info().free_bytes_at_start) / (1 << 30), ctx_->info().name.c_str());
     if (weights > budget)
-        throw Error(file_->path() + ": the weights need " + std::to_string(weights >> 20) +
-                    " MiB of device memory but the budget is " + std::to_string(budget >> 20) +
-                    " MiB; raise --vram-budget or use a smaller model (experts in host RAM are a later issue)");
+        throw Error(file_->path() + ": the weights " + (experts_in_host_ ? "kept in VRAM " : "") + "need " +
+                    std::to_string(weights >> 20) + " MiB of device memory but the budget is " +
+                    std::to_string(budget >> 20) + " MiB; raise --vram-budget" +
+                    (experts_in_host_ ? "" : ", or keep the routed experts in host RAM (the memory plan does this "
+                                             "when they do not fit)"));
 }
 
 // Each block's state for the sequence's capacity (KV pages in order behind an identity page table), plus the QSA and
@@ -403,6 +423,11 @@ void CudaHybridModel::run_window(CudaSequence& s, std::span<const int32_t> token
         host[2 * kPromptWindow + t] = static_cast<int32_t>(s.n_past_ + t + 1);
     }
     ctx_->copy_to_device(w_.tokens, host, sizeof(host));
+    if (experts_) experts_->begin_window();
+    const auto window = [&] {
+        enqueue_window(s, T);
+        if (experts_ && T <= kWindow) experts_->copy_routing(-1, 0, T);
+    };
     if (graphs_ && T <= kWindow) {
         const void* scratch = ctx_->scratch(0);
         if (s.graphs_scratch != scratch) {
@@ -410,19 +435,23 @@ void CudaHybridModel::run_window(CudaSequence& s, std::span<const int32_t> token
             s.graphs_scratch = scratch;
         }
         cuda::Graph& graph = s.graphs[static_cast<size_t>(T)];
-        if (!graph.ready()) graph.capture(*ctx_, [&] { enqueue_window(s, T); });
+        if (!graph.ready()) graph.capture(*ctx_, window);
         const bool profiled = ncu_replay_ > 0 && ++replays_ == ncu_replay_;
         if (profiled) ctx_->profiler_start();
         graph.replay(*ctx_);
         if (profiled) ctx_->profiler_stop();
     } else {
-        enqueue_window(s, T);
+        window();
         if (profiler_) {
             profiler_->finish(*ctx_);
             profiled_tokens_ += T;
         }
     }
     s.n_past_ += T;
+    if (experts_) {
+        ctx_->synchronize();  // the routing is on the host once the window has run
+        experts_->end_window(T);
+    }
 }
 
 // Gated DeltaNet (model/gdn.cpp): projections, conv + SiLU, normalised q/k, gates, the recurrence on the sequence's

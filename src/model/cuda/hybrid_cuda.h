@@ -19,6 +19,7 @@
 #include "backend/cuda/qsa_union.h"
 #include "model/attention.h"
 #include "model/cuda/device_weights.h"
+#include "model/cuda/expert_cache.h"
 #include "model/gdn.h"
 #include "model/moe.h"
 #include "model/model.h"
@@ -63,6 +64,7 @@ struct AttentionDevice {
 };
 
 struct MoeDevice {
+    int64_t block = -1;
     cuda::MoeLayerShape shape;
     cuda::MoeLayerWeights weights;
     std::unique_ptr<cuda::MoeWorkspace> workspace;
@@ -152,7 +154,8 @@ class CudaHybridModel : public Model {
 
     GdnDevice upload_gdn(const GdnWeights& w);
     AttentionDevice upload_attention(const AttentionWeights& w, const IndexerShape& indexer);
-    MoeDevice upload_moe(const MoeWeights& w, const MoeShape& shape);
+    // With experts in host RAM, the routed experts go to the expert cache instead (block: the trunk block's index).
+    MoeDevice upload_moe(const MoeWeights& w, const MoeShape& shape, int64_t block);
 
     // The work of one window: embedding to logits (w_.logits), queued on the context's stream.
     virtual void enqueue_window(CudaSequence& s, int64_t T) const = 0;
@@ -175,6 +178,8 @@ class CudaHybridModel : public Model {
     int64_t n_block_all_ = 0;
     std::unique_ptr<cuda::Context> ctx_;
     std::unique_ptr<DeviceWeights> weights_;
+    std::unique_ptr<ExpertCache> experts_;  // experts in host RAM (LoadOptions::experts.in_host), else null
+    std::vector<const int32_t*> routing_ids_;  // by block: its MoE workspace's expert ids (null: no MoE)
     const Tensor* token_embd_ = nullptr;
     const Tensor* output_ = nullptr;
     WindowBuffers w_{};
@@ -186,6 +191,7 @@ class CudaHybridModel : public Model {
     void run_window(CudaSequence& s, std::span<const int32_t> tokens) const;
 
     bool graphs_ = true;
+    bool experts_in_host_ = false;
     cuda::GdnRecurrence gdn_recurrence_ = cuda::GdnRecurrence::Auto;  // --gdn-recurrence
     cuda::KvStorage kv_storage_ = cuda::KvStorage::F16;
     // --qsa-union: asked for, and why it does not apply to this model ("" when it does; said once on stderr).

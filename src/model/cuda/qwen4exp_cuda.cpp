@@ -80,7 +80,7 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
         } else {
             d.attention = upload_attention(b.attention, b.indexer);
         }
-        d.moe = upload_moe(b.moe, h_.moe);
+        d.moe = upload_moe(b.moe, h_.moe, static_cast<int64_t>(blocks_.size()));
         if (b.has_ple) {
             d.has_ple = true;
             const PleWeights& p = b.ple;

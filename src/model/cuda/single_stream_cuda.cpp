@@ -44,7 +44,7 @@ class SingleStreamCudaModel final : public CudaHybridModel {
                 d.gdn = upload_gdn(b.gdn);
             else
                 d.attention = upload_attention(b.attention, IndexerShape{});
-            d.moe = upload_moe(b.moe, h_.moe);
+            d.moe = upload_moe(b.moe, h_.moe, static_cast<int64_t>(blocks_.size()));
             blocks_.push_back(std::move(d));
         }
         finish_loading({.n_streams = 1}, weights_->tensor(embeddings.token_embd), weights_->tensor(embeddings.output));

@@ -1,0 +1,141 @@
+#include "backend/cuda/host_memory.h"
+
+#include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+#include "backend/cuda/cuda_check.h"
+#include "core/error.h"
+
+namespace strata::cuda {
+
+HostRegistration::HostRegistration(const Context& ctx, std::vector<std::pair<const void*, size_t>> ranges) {
+    const auto start = std::chrono::steady_clock::now();
+    STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
+    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    std::vector<std::pair<uintptr_t, uintptr_t>> spans;  // page-aligned [begin, end)
+    for (const auto& [p, n] : ranges) {
+        if (!p || n == 0) continue;
+        const auto b = reinterpret_cast<uintptr_t>(p);
+        spans.push_back({b / page * page, (b + n + page - 1) / page * page});
+    }
+    std::sort(spans.begin(), spans.end());
+    std::vector<std::pair<uintptr_t, uintptr_t>> merged;
+    for (const auto& s : spans)
+        if (!merged.empty() && s.first <= merged.back().second)
+            merged.back().second = std::max(merged.back().second, s.second);
+        else
+            merged.push_back(s);
+    int read_only = 0;
+    (void)cudaDeviceGetAttribute(&read_only, cudaDevAttrHostRegisterReadOnlySupported, ctx.info().index);
+    const unsigned flags =
+        cudaHostRegisterMapped | cudaHostRegisterPortable | (read_only ? cudaHostRegisterReadOnly : 0u);
+    for (const auto& [b, e] : merged) {
+        void* host = reinterpret_cast<void*>(b);
+        const cudaError_t err = cudaHostRegister(host, e - b, flags);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            for (const Region& r : regions_) (void)cudaHostUnregister(const_cast<uint8_t*>(r.host));
+            regions_.clear();
+            throw Error("CUDA: cannot pin " + std::to_string((e - b) >> 20) + " MiB of the model's expert pages (" +
+                        std::to_string(bytes_ >> 20) + " MiB pinned before it): " + cudaGetErrorString(err) +
+                        "; check `ulimit -l` and free RAM, or lower --ram-budget so experts are read from the file");
+        }
+        void* device = nullptr;
+        STRATA_CUDA_CHECK(cudaHostGetDevicePointer(&device, host, 0));
+        regions_.push_back({static_cast<const uint8_t*>(host), e - b, static_cast<const uint8_t*>(device)});
+        bytes_ += e - b;
+    }
+    seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+HostRegistration::~HostRegistration() {
+    for (const Region& r : regions_)
+        if (cudaHostUnregister(const_cast<uint8_t*>(r.host)) != cudaSuccess) (void)cudaGetLastError();
+}
+
+const void* HostRegistration::device(const void* host) const {
+    const auto* p = static_cast<const uint8_t*>(host);
+    auto it = std::upper_bound(regions_.begin(), regions_.end(), p,
+                               [](const uint8_t* q, const Region& r) { return q < r.host; });
+    if (it == regions_.begin() || p >= (it - 1)->host + (it - 1)->bytes)
+        throw Error("CUDA: a host address outside the registered expert pages");
+    --it;
+    return it->device + (p - it->host);
+}
+
+CopyStream::CopyStream(const Context& ctx) {
+    STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
+    STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    for (CUevent_st*& e : events_) STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+}
+
+CopyStream::~CopyStream() {
+    if (stream_) (void)cudaStreamSynchronize(stream_);
+    for (CUevent_st* e : events_)
+        if (e) (void)cudaEventDestroy(e);
+    if (stream_) (void)cudaStreamDestroy(stream_);
+    (void)cudaGetLastError();
+}
+
+void CopyStream::copy(void* device_destination, const void* source, size_t bytes) {
+    if (bytes) STRATA_CUDA_CHECK(cudaMemcpyAsync(device_destination, source, bytes, cudaMemcpyDefault, stream_));
+}
+
+uint64_t CopyStream::ticket() {
+    // An event is reused kEvents tickets later; wait for it first (bounded by the copies queued before it).
+    if (issued_ + 1 > landed_ + kEvents) {
+        STRATA_CUDA_CHECK(cudaEventSynchronize(events_[(landed_ + 1) % kEvents]));
+        ++landed_;
+    }
+    ++issued_;
+    STRATA_CUDA_CHECK(cudaEventRecord(events_[issued_ % kEvents], stream_));
+    return issued_;
+}
+
+bool CopyStream::landed(uint64_t ticket) {
+    while (landed_ < ticket && landed_ < issued_) {
+        const cudaError_t err = cudaEventQuery(events_[(landed_ + 1) % kEvents]);
+        if (err == cudaErrorNotReady) {
+            (void)cudaGetLastError();
+            return false;
+        }
+        STRATA_CUDA_CHECK(err);
+        ++landed_;
+    }
+    return landed_ >= ticket;
+}
+
+void CopyStream::synchronize() {
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    landed_ = issued_;
+}
+
+void copy_to_host_async(Context& ctx, void* pinned_host, const void* device, size_t bytes) {
+    if (bytes)
+        STRATA_CUDA_CHECK(
+            cudaMemcpyAsync(pinned_host, device, bytes, cudaMemcpyDeviceToHost, ctx.stream().handle()));
+}
+
+namespace {
+
+__global__ void gather_ints_kernel(const int32_t* const* sources, int64_t count, int64_t stride, int32_t* out) {
+    const int32_t* src = sources[blockIdx.x];
+    int32_t* dst = out + static_cast<int64_t>(blockIdx.x) * stride;
+    for (int64_t i = threadIdx.x; i < count; i += blockDim.x) dst[i] = src[i];
+}
+
+}  // namespace
+
+void gather_ints_to_mapped(Context& ctx, const int32_t* const* sources, int64_t n_sources, int64_t count,
+                           int64_t stride, int32_t* mapped_destination) {
+    if (n_sources <= 0 || count <= 0) return;
+    gather_ints_kernel<<<static_cast<unsigned>(n_sources), 128, 0, ctx.stream().handle()>>>(sources, count, stride,
+                                                                                           mapped_destination);
+    STRATA_CUDA_CHECK_LAUNCH("gather_ints_kernel");
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,266 @@
+#include "model/cuda/expert_cache.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <utility>
+
+#include "core/error.h"
+#include "model/binding.h"
+
+namespace strata::cuda_model {
+
+namespace {
+
+// "blk.N.ffn_*_exps.weight" of a trunk block: a routed expert tensor.
+bool is_routed_expert_tensor(const std::string& name, int64_t n_block) {
+    if (name.rfind("blk.", 0) != 0 || name.find("_exps.") == std::string::npos) return false;
+    if (name.find("shexp") != std::string::npos) return false;
+    return !is_mtp_block_tensor(name, n_block);
+}
+
+}  // namespace
+
+ExpertCache::ExpertCache(cuda::Context& ctx, const gguf::File& file, int64_t n_block, int64_t max_window_tokens,
+                         const ExpertPlacement& placement)
+    : ctx_(ctx), file_(file), placement_(placement), max_window_tokens_(max_window_tokens) {
+    std::vector<std::pair<const void*, size_t>> ranges;
+    size_t bytes = 0;
+    for (const gguf::TensorInfo& t : file.tensors())
+        if (is_routed_expert_tensor(t.name, n_block) && t.data) {
+            ranges.push_back({t.data, t.n_bytes});
+            bytes += t.n_bytes;
+        }
+    if (ranges.empty()) throw Error(file.path() + ": experts in host RAM asked for, but the model has no routed experts");
+    registration_ = std::make_unique<cuda::HostRegistration>(ctx, std::move(ranges));
+    std::fprintf(stderr, "strata: experts in host RAM: %.2f GiB of expert pages pinned in %.1f s\n",
+                 static_cast<double>(bytes) / (1 << 30), registration_->seconds());
+    copies_ = std::make_unique<cuda::CopyStream>(ctx);
+    layers_.resize(static_cast<size_t>(n_block));
+}
+
+ExpertCache::~ExpertCache() {
+    try {
+        if (copies_) copies_->synchronize();
+    } catch (const Error&) {
+    }
+    if (stats_.windows > 0) std::fprintf(stderr, "%s", report().c_str());
+}
+
+void ExpertCache::add_layer(int64_t block, const MoeWeights& host, const MoeShape& shape,
+                            cuda::MoeLayerWeights& device) {
+    STRATA_ASSERT(block >= 0 && block < static_cast<int64_t>(layers_.size()));
+    Layer& l = layers_[static_cast<size_t>(block)];
+    l.block = block;
+    l.n_expert = shape.n_expert;
+    l.k = shape.n_expert_used;
+    max_k_ = std::max(max_k_, l.k);
+    const Tensor* tensors[3] = {host.gate_up ? &*host.gate_up : &*host.gate, host.gate_up ? nullptr : &*host.up,
+                                &host.down};
+    for (const Tensor* t : tensors) {
+        if (!t) continue;
+        if (t->ne[2] != shape.n_expert || t->nb[2] < t->nb[1] * static_cast<size_t>(t->ne[1]))
+            throw Error(file_.path() + ": expert tensor " + t->name + " is not laid out one expert after another");
+        const size_t slice = t->nb[1] * static_cast<size_t>(t->ne[1]);
+        l.parts.push_back({.cpu = static_cast<const uint8_t*>(t->data),
+                           .host = static_cast<const uint8_t*>(registration_->device(t->data)),
+                           .stride = t->nb[2],
+                           .bytes = slice,
+                           .slot_offset = l.slot_bytes});
+        l.slot_bytes += (slice + 255) / 256 * 256;
+        Tensor view = *t;  // types and strides for the products; the data is read through the tables
+        view.device = Device::Host;
+        view.packed = nullptr;
+        l.views.push_back(view);
+    }
+    const int64_t E = l.n_expert;
+    const auto& slots = placement_.cache_slots;
+    l.n_slots = std::clamp<int64_t>(static_cast<size_t>(block) < slots.size() ? slots[static_cast<size_t>(block)] : 0,
+                                    0, E);
+    if (l.n_slots > 0) {
+        l.slots = ctx_.allocate(static_cast<size_t>(l.n_slots) * l.slot_bytes, "expert cache");
+        slot_bytes_total_ += l.slots.size();
+    }
+    if (!tables_.size()) {  // the first layer sizes the tables of all (every layer has as many experts in practice)
+        table_experts_ = E;
+        const size_t entries = layers_.size() * 3 * static_cast<size_t>(E);
+        tables_ = ctx_.allocate(entries * sizeof(void*), "expert tables");
+        mirror_ = std::make_unique<cuda::MappedHostBuffer>(entries * sizeof(void*));
+    }
+    if (E > table_experts_)
+        throw Error(file_.path() + ": block " + std::to_string(block) + " has " + std::to_string(E) +
+                    " experts where an earlier one has " + std::to_string(table_experts_) +
+                    "; experts in host RAM need the same count in every layer");
+    const size_t table_at = static_cast<size_t>(block) * 3 * static_cast<size_t>(table_experts_);
+    l.mirror = static_cast<const uint8_t**>(mirror_->host()) + table_at;
+    l.tables = tables_.as<const uint8_t* const>() + table_at;
+    l.serving.assign(static_cast<size_t>(l.n_slots), -1);
+    l.pending.assign(static_cast<size_t>(l.n_slots), -1);
+    l.ticket.assign(static_cast<size_t>(l.n_slots), 0);
+    l.intended.assign(static_cast<size_t>(l.n_slots), -1);
+    l.slot_of.assign(static_cast<size_t>(E), -1);
+    for (int32_t e = 0; e < E; ++e) point(l, e, -1);
+    // The warm set: copied now and waited for, so the first window already hits.
+    if (static_cast<size_t>(block) < placement_.warm.size()) {
+        int64_t slot = 0;
+        for (int32_t e : placement_.warm[static_cast<size_t>(block)]) {
+            if (slot >= l.n_slots) break;
+            if (e < 0 || e >= E || l.slot_of[static_cast<size_t>(e)] >= 0) continue;
+            admit(l, slot++, e);
+        }
+        copies_->synchronize();
+        for (int64_t s = 0; s < l.n_slots; ++s)
+            if (l.pending[static_cast<size_t>(s)] >= 0) {
+                point(l, l.pending[static_cast<size_t>(s)], s);
+                l.pending[static_cast<size_t>(s)] = -1;
+            }
+    }
+    auto table = [&](size_t part) { return l.tables + part * static_cast<size_t>(E); };
+    if (host.gate_up) {
+        device.gate_up = &l.views[0];
+        device.gate_up_at = table(0);
+        device.down = &l.views[1];
+        device.down_at = table(1);
+    } else {
+        device.gate = &l.views[0];
+        device.gate_at = table(0);
+        device.up = &l.views[1];
+        device.up_at = table(1);
+        device.down = &l.views[2];
+        device.down_at = table(2);
+    }
+}
+
+void ExpertCache::point(Layer& l, int32_t expert, int64_t slot) {
+    const size_t E = static_cast<size_t>(l.n_expert);
+    for (size_t p = 0; p < l.parts.size(); ++p) {
+        const Part& part = l.parts[p];
+        l.mirror[p * E + static_cast<size_t>(expert)] =
+            slot < 0 ? part.host + static_cast<size_t>(expert) * part.stride
+                     : l.slots.as<const uint8_t>() + static_cast<size_t>(slot) * l.slot_bytes + part.slot_offset;
+    }
+    const int32_t before = l.slot_of[static_cast<size_t>(expert)];
+    if (before >= 0) l.serving[static_cast<size_t>(before)] = -1;
+    l.slot_of[static_cast<size_t>(expert)] = static_cast<int32_t>(slot);
+    if (slot >= 0) l.serving[static_cast<size_t>(slot)] = expert;
+    dirty_ = true;
+}
+
+// Queues expert `expert`'s copy into `slot`; whatever the slot served goes back to its host pages now.
+void ExpertCache::admit(Layer& l, int64_t slot, int32_t expert) {
+    const size_t s = static_cast<size_t>(slot);
+    if (l.serving[s] >= 0) point(l, l.serving[s], -1);
+    uint8_t* dst = l.slots.as<uint8_t>() + s * l.slot_bytes;
+    for (const Part& part : l.parts)
+        copies_->copy(dst + part.slot_offset, part.cpu + static_cast<size_t>(expert) * part.stride, part.bytes);
+    l.pending[s] = expert;  // replaces an admission still in flight: that one never flips
+    l.ticket[s] = copies_->ticket();
+    l.intended[s] = expert;
+    ++stats_.swaps;
+    for (const Part& part : l.parts) stats_.swap_bytes += static_cast<int64_t>(part.bytes);
+}
+
+void ExpertCache::set_routing_sources(const std::vector<const int32_t*>& ids_by_block) {
+    STRATA_ASSERT(ids_by_block.size() == layers_.size());
+    routing_layers_ = static_cast<int64_t>(ids_by_block.size());
+    routing_ = std::make_unique<cuda::MappedHostBuffer>(static_cast<size_t>(routing_layers_ * max_window_tokens_ *
+                                                                            std::max<int64_t>(max_k_, 1)) *
+                                                        sizeof(int32_t));
+    source_ids_ = ids_by_block;
+    const int32_t* any = nullptr;
+    for (const int32_t* p : source_ids_) any = p ? p : any;
+    std::vector<const int32_t*> sources(source_ids_);
+    for (const int32_t*& p : sources) p = p ? p : any;  // blocks without experts copy something harmless
+    routing_sources_ = ctx_.upload(sources.data(), sources.size() * sizeof(void*), "expert tables");
+    // Every table as the warm-up left it, then counting starts (the warm copies are not swaps).
+    ctx_.copy_to_device(tables_.data(), mirror_->host(), tables_.size());
+    ctx_.synchronize();
+    dirty_ = false;
+    stats_ = {};
+}
+
+void ExpertCache::begin_window() {
+    for (Layer& l : layers_)
+        for (int64_t s = 0; s < l.n_slots; ++s) {
+            const int32_t e = l.pending[static_cast<size_t>(s)];
+            if (e >= 0 && copies_->landed(l.ticket[static_cast<size_t>(s)])) {
+                point(l, e, s);
+                l.pending[static_cast<size_t>(s)] = -1;
+            }
+        }
+    // Pinned source: the copy reads it when it runs, before the window, and the host changes it only after the window
+    // has finished (end_window) or right here.
+    if (dirty_) ctx_.copy_to_device(tables_.data(), mirror_->host(), tables_.size());
+    dirty_ = false;
+}
+
+void ExpertCache::copy_routing(int64_t block, int64_t first, int64_t n_tokens) {
+    const int64_t stride = max_window_tokens_ * max_k_;
+    if (block < 0) {
+        STRATA_ASSERT(first == 0);
+        cuda::gather_ints_to_mapped(ctx_, routing_sources_.as<const int32_t* const>(), routing_layers_,
+                                    n_tokens * max_k_, stride,
+                                    static_cast<int32_t*>(const_cast<void*>(routing_->device())));
+        return;
+    }
+    const Layer& l = layers_[static_cast<size_t>(block)];
+    auto* host = static_cast<int32_t*>(routing_->host());
+    cuda::copy_to_host_async(ctx_, host + block * stride + first * l.k, source_ids_[static_cast<size_t>(block)],
+                             static_cast<size_t>(n_tokens * l.k) * sizeof(int32_t));
+}
+
+void ExpertCache::end_window(int64_t n_tokens) {
+    ++stats_.windows;
+    stats_.tokens += n_tokens;
+    const int64_t stride = max_window_tokens_ * max_k_;
+    const auto* host = static_cast<const int32_t*>(routing_->host());
+    for (Layer& l : layers_) {
+        if (l.block < 0) continue;
+        const int32_t* ids = host + l.block * stride;
+        const int64_t pairs = n_tokens * l.k;
+        window_ids_.assign(ids, ids + pairs);
+        int64_t slice_bytes = 0;
+        for (const Part& part : l.parts) slice_bytes += static_cast<int64_t>(part.bytes);
+        std::vector<int32_t>& seen = window_seen_;
+        seen.clear();
+        for (int32_t e : window_ids_) {
+            if (e < 0 || e >= l.n_expert) throw Error("CUDA expert cache: the routing copy holds expert id " +
+                                                      std::to_string(e) + " (of " + std::to_string(l.n_expert) + ")");
+            ++stats_.lookups;
+            if (l.slot_of[static_cast<size_t>(e)] >= 0) {
+                ++stats_.hits;
+            } else if (std::find(seen.begin(), seen.end(), e) == seen.end()) {
+                seen.push_back(e);
+                stats_.miss_bytes += slice_bytes;
+            }
+        }
+        if (!placement_.advisor || l.n_slots == 0) continue;
+        swaps_.clear();
+        placement_.advisor->observe(l.block, l.n_expert, l.k, window_ids_, l.intended, swaps_);
+        for (const ExpertSwap& sw : swaps_) {
+            if (sw.slot < 0 || sw.slot >= l.n_slots || sw.admit < 0 || sw.admit >= l.n_expert)
+                throw Error("CUDA expert cache: the policy asked for slot " + std::to_string(sw.slot) + " <- expert " +
+                            std::to_string(sw.admit) + " (" + std::to_string(l.n_slots) + " slots, " +
+                            std::to_string(l.n_expert) + " experts)");
+            // Already there or on its way (into this slot or another): nothing to copy.
+            if (std::find(l.intended.begin(), l.intended.end(), sw.admit) != l.intended.end()) continue;
+            admit(l, sw.slot, sw.admit);
+        }
+    }
+}
+
+std::string ExpertCache::report() const {
+    const ExpertCacheStats& s = stats_;
+    const double tokens = static_cast<double>(std::max<int64_t>(s.tokens, 1));
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "strata: experts in host RAM over %lld tokens: %.1f%% hits, %.2f misses a token, %.1f MB a token "
+                  "read over PCIe by misses, %.2f swaps a token (%.1f MB), %.2f GiB of VRAM slots\n",
+                  static_cast<long long>(s.tokens),
+                  100.0 * static_cast<double>(s.hits) / static_cast<double>(std::max<int64_t>(s.lookups, 1)),
+                  static_cast<double>(s.lookups - s.hits) / tokens, static_cast<double>(s.miss_bytes) / tokens / 1e6,
+                  static_cast<double>(s.swaps) / tokens, static_cast<double>(s.swap_bytes) / tokens / 1e6,
+                  static_cast<double>(slot_bytes_total_) / (1 << 30));
+    return line;
+}
+
+}  // namespace strata::cuda_model

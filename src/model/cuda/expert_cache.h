@@ -1,0 +1,117 @@
+// Experts in host RAM for the CUDA trunk (issue 25, DESIGN.md section 9): every routed expert stays in the mapped
+// file's pages, registered so the device reads them over PCIe; each MoE layer has VRAM slots that hold some of its
+// experts, and one device table per expert tensor that says where each expert's slice is now (its slot, or its host
+// pages). The gathered products read through the tables (cuda::MoeLayerWeights::*_at), so a window's graph never
+// changes: only the tables do, between windows.
+//
+// Swaps never stall a window and never let one read a half-copied slot. After a window (its stream has finished):
+// the advisor sees the window's routing and answers swaps; an evicted expert points back to its host pages at once
+// (the table upload is queued before the next window on the same stream), and the admitted expert's copy goes on
+// the copy stream. Its table entry flips to the slot only at the start of a window after the copy has landed. A slot
+// whose copy is still in flight and is chosen again drops the first admission.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/host_memory.h"
+#include "backend/cuda/model_ops.h"
+#include "format/gguf.h"
+#include "model/model.h"
+#include "model/moe.h"
+
+namespace strata::cuda_model {
+
+// Counted over the decode and prompt windows since loading.
+struct ExpertCacheStats {
+    int64_t tokens = 0;
+    int64_t lookups = 0;  // (token, slot) pairs routed
+    int64_t hits = 0;     // of them, to an expert whose slot served it
+    int64_t swaps = 0;    // copies into slots queued
+    int64_t swap_bytes = 0;
+    int64_t miss_bytes = 0;  // expert bytes the misses read over PCIe (each missed expert once per window)
+    int64_t windows = 0;
+};
+
+class ExpertCache {
+  public:
+    // Registers the routed experts' pages of every trunk block. Throws Error when they cannot be pinned.
+    ExpertCache(cuda::Context& ctx, const gguf::File& file, int64_t n_block, int64_t max_window_tokens,
+                const ExpertPlacement& placement);
+    ~ExpertCache();
+
+    // Block `block`'s experts: allocates its slots (placement.cache_slots), fills them with the warm set, and points
+    // the device weights' expert tensors and address tables at the cache. `host` holds the bound host tensors.
+    void add_layer(int64_t block, const MoeWeights& host, const MoeShape& shape, cuda::MoeLayerWeights& device);
+    // After the last add_layer: the device array of the layers' routing outputs (MoeWorkspace::expert_ids), for
+    // the copy that hands a decode window's routing to the host.
+    void set_routing_sources(const std::vector<const int32_t*>& ids_by_block);
+
+    // Before a window is queued: landed copies flip their experts to their slots; changed tables are uploaded (queued
+    // on the context's stream ahead of the window).
+    void begin_window();
+    // Inside the window (capturable): the routing of `n_tokens` tokens of every layer to the host, written at
+    // token offset `first` of the window (a prompt window's slices call it per layer; block -1: every layer).
+    void copy_routing(int64_t block, int64_t first, int64_t n_tokens);
+    // After the window's work has finished: statistics, the advisor, and the swaps it asks for.
+    void end_window(int64_t n_tokens);
+
+    const ExpertCacheStats& stats() const { return stats_; }
+    std::string report() const;  // one paragraph for stderr
+    size_t slot_bytes_total() const { return slot_bytes_total_; }
+
+  private:
+    struct Part {              // one expert tensor of a layer (gate_up, or gate and up; down)
+        const uint8_t* cpu;    // expert 0's host address (for the copies into slots)
+        const uint8_t* host;   // expert 0's device-mapped host address (for the tables)
+        size_t stride;         // bytes from one expert to the next (nb[2])
+        size_t bytes;          // one expert's slice
+        size_t slot_offset;    // where it lies within a slot
+    };
+    struct Layer {
+        int64_t block = -1;
+        int64_t n_expert = 0, k = 0, n_slots = 0;
+        std::vector<Part> parts;
+        size_t slot_bytes = 0;
+        cuda::DeviceBuffer slots;
+        const uint8_t** mirror = nullptr;    // parts x n_expert: the tables' contents (in mirror_)
+        const uint8_t* const* tables = nullptr;  // the same on the device (in tables_)
+        std::vector<int32_t> serving;        // slot -> the expert it serves (-1)
+        std::vector<int32_t> pending;        // slot -> the expert being copied in (-1)
+        std::vector<uint64_t> ticket;        // slot -> the copy's ticket
+        std::vector<int32_t> intended;       // slot -> serving or pending (what the advisor is told)
+        std::vector<int32_t> slot_of;        // expert -> slot serving it (-1)
+        std::deque<Tensor> views;
+    };
+    void point(Layer& l, int32_t expert, int64_t slot);  // slot -1: its host pages
+    void admit(Layer& l, int64_t slot, int32_t expert);
+
+    cuda::Context& ctx_;
+    const gguf::File& file_;
+    ExpertPlacement placement_;
+    std::unique_ptr<cuda::HostRegistration> registration_;
+    std::unique_ptr<cuda::CopyStream> copies_;
+    std::vector<Layer> layers_;            // by block (those without experts stay empty)
+    // Every layer's address tables: [block][3 parts][n_expert], on the device and as pinned host memory the tables
+    // are uploaded from in one copy (queued ahead of a window whenever any entry changed).
+    int64_t table_experts_ = 0;
+    cuda::DeviceBuffer tables_;
+    std::unique_ptr<cuda::MappedHostBuffer> mirror_;
+    bool dirty_ = false;
+    std::unique_ptr<cuda::MappedHostBuffer> routing_;  // [block][kPromptWindow x K] ids, written by the device
+    int64_t max_window_tokens_ = 0;
+    int64_t max_k_ = 0;
+    cuda::DeviceBuffer routing_sources_;   // device array of the layers' ids pointers
+    std::vector<const int32_t*> source_ids_;
+    int64_t routing_layers_ = 0;
+    std::vector<ExpertSwap> swaps_;
+    std::vector<int32_t> window_ids_, window_seen_;
+    size_t slot_bytes_total_ = 0;
+    ExpertCacheStats stats_;
+};
+
+}  // namespace strata::cuda_model

@@ -91,9 +91,9 @@ void print_synth_plan(const SynthOptions& options) {
     for (const auto& [type, total] : by_type)
         std::printf("  %-8s %5lld tensors %10.3f GiB\n", type.c_str(), static_cast<long long>(total.first),
                     gib(total.second));
-    if (m.plan.ple_rows > 0)
-        std::printf("  PLE table: %lld rows of %lld\n", static_cast<long long>(m.plan.ple_rows),
-                    static_cast<long long>(m.plan.ple_row_width));
+    for (const auto& ple : m.plan.ple_layers)
+        std::printf("  PLE table of block %lld: %lld rows of %lld\n", static_cast<long long>(ple.block),
+                    static_cast<long long>(ple.rows), static_cast<long long>(m.plan.ple_row_width));
 }
 
 int run_synth(const Args& args) {

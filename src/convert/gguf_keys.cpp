@@ -6,6 +6,7 @@
 #include "convert/gguf_plan.h"
 #include "convert/quantize.h"
 #include "core/error.h"
+#include "format/gguf_names.h"
 
 namespace strata {
 
@@ -23,7 +24,7 @@ DType planned_type(const PlannedTensor& t, DType out_type) {
 }
 
 DType planned_type(const PlannedTensor& t, const TensorTypes& types) {
-    if (types.table_type && t.name == "per_layer_token_embd.weight") {
+    if (types.table_type && is_ple_table(t.name)) {
         PlannedTensor as_matrix{t.name, t.ne, false, nullptr};
         return planned_type(as_matrix, *types.table_type);
     }
@@ -153,6 +154,13 @@ void add_model_keys(gguf::Writer& w, const ConversionPlan& plan, const std::stri
     auto strata_key = [&](const std::string& k) { return "strata." + A + "." + k; };
     if (c.linear_value_head_dim != c.linear_key_head_dim)
         w.set(strata_key("ssm.value_length"), Value::of_u32(u32(c.linear_value_head_dim, "linear_value_head_dim")));
+    // qwen3next blocks whose MLP is dense (ffn_gate / ffn_up / ffn_down, feed_forward_length wide), 0-based.
+    if (c.n_dense_mlp_layers() > 0) {
+        std::vector<int32_t> dense;
+        for (int64_t l = 0; l < L; ++l)
+            if (c.is_dense_mlp[static_cast<size_t>(l)]) dense.push_back(static_cast<int32_t>(l));
+        w.set(strata_key("dense_mlp_layers"), Value::of_i32_array(dense));
+    }
 
     if (c.arch != HfArch::Qwen3Next) {
         w.set(key("rope.dimension_sections"), Value::of_i32_array(rope_dimension_sections(c)));
@@ -171,8 +179,23 @@ void add_model_keys(gguf::Writer& w, const ConversionPlan& plan, const std::stri
     ratios.resize(static_cast<size_t>(blocks), 0);  // MTP blocks attend densely
     w.set(key("attention.compress_ratios"), Value::of_i32_array(ratios));
 
-    if (c.ple_layer_ids.empty()) return;
-    w.set(key("ple.layers"), Value::of_i32_array({static_cast<int32_t>(c.ple_layer_ids[0] - 1)}));
+    if (plan.ple_layers.empty()) return;
+    // llama.cpp's keys carry the first PLE block; with more, strata.qwen4exp.ple.layers lists them all and each
+    // further one has its hash arrays under strata.qwen4exp.ple.blk.N.* (its table: blk.N.per_layer_token_embd).
+    const ConversionPlan::PleLayer& first = plan.ple_layers.front();
+    w.set(key("ple.layers"), Value::of_i32_array({static_cast<int32_t>(first.block)}));
+    if (plan.ple_layers.size() > 1) {
+        std::vector<int32_t> blocks_with_ple;
+        for (const auto& p : plan.ple_layers) blocks_with_ple.push_back(static_cast<int32_t>(p.block));
+        w.set(strata_key("ple.layers"), Value::of_i32_array(blocks_with_ple));
+        for (size_t i = 1; i < plan.ple_layers.size(); ++i) {
+            const auto& p = plan.ple_layers[i];
+            const std::string b = "ple.blk." + std::to_string(p.block) + ".";
+            w.set(strata_key(b + "layer_multipliers"), Value::of_u64_array(p.multipliers));
+            w.set(strata_key(b + "head_offsets"), Value::of_u64_array(p.head_offsets));
+            w.set(strata_key(b + "head_vocab_sizes"), Value::of_u64_array(p.head_vocab_sizes));
+        }
+    }
     w.set(key("ple.ngram_size"), Value::of_u32(u32(c.ngram_size, "ngram_size")));
     w.set(key("ple.heads_per_ngram"), Value::of_u32(u32(c.heads_per_ngram, "heads_per_ngram")));
     w.set(key("ple.conv_kernel"), Value::of_u32(u32(c.ple_conv_kernel_size, "ple_conv_kernel_size")));
@@ -182,9 +205,9 @@ void add_model_keys(gguf::Writer& w, const ConversionPlan& plan, const std::stri
     w.set(key("embedding_length_per_layer_input"), Value::of_u32(u32(plan.ple_row_width, "PLE row width")));
     if (c.ple_embed_dim != c.hidden_size)
         w.set(strata_key("ple.embedding_length"), Value::of_u32(u32(c.ple_embed_dim, "ple_embed_dim")));
-    w.set(key("ple.layer_multipliers"), Value::of_u64_array(plan.ple_multipliers));
-    w.set(key("ple.head_offsets"), Value::of_u64_array(plan.ple_head_offsets));
-    w.set(key("ple.head_vocab_sizes"), Value::of_u64_array(plan.ple_head_vocab_sizes));
+    w.set(key("ple.layer_multipliers"), Value::of_u64_array(first.multipliers));
+    w.set(key("ple.head_offsets"), Value::of_u64_array(first.head_offsets));
+    w.set(key("ple.head_vocab_sizes"), Value::of_u64_array(first.head_vocab_sizes));
 }
 
 void add_planned_tensors(gguf::Writer& w, const ConversionPlan& plan, const TensorTypes& types) {

@@ -1,6 +1,7 @@
 // HF tensor names -> llama.cpp GGUF tensors for qwen4exp, qwen35moe and qwen3next (shared/reference/gguf-qwen4exp.md
 // sections 2-4). The plan pulls: for every GGUF tensor the architecture needs, it looks up its HF sources, checks
 // their shapes and records how to produce its rows. Source tensors that nothing pulled are an error.
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
@@ -8,6 +9,7 @@
 #include "convert/gguf_plan.h"
 #include "convert/row_ops.h"
 #include "core/error.h"
+#include "format/gguf_names.h"
 
 namespace strata {
 
@@ -197,6 +199,15 @@ class Planner {
         plain(blk(bid, "ffn_down_shexp.weight"), {Fs, H}, p + "mlp.shared_expert.down_proj.weight");
     }
 
+    // qwen3next's Qwen3NextMLP (mlp_only_layers / decoder_sparse_step): down(silu(gate x) * up x), intermediate_size
+    // wide, under llama.cpp's dense names (its qwen3next graph has a branch for them, its loader requires the MoE).
+    void dense_mlp(int64_t bid, const std::string& p) {
+        const int64_t I = c_.intermediate_size;
+        plain(blk(bid, "ffn_gate.weight"), {H, I}, p + "mlp.gate_proj.weight");
+        plain(blk(bid, "ffn_up.weight"), {H, I}, p + "mlp.up_proj.weight");
+        plain(blk(bid, "ffn_down.weight"), {I, H}, p + "mlp.down_proj.weight");
+    }
+
     void attention(int64_t bid, const std::string& p) {
         const std::string a = p + "self_attn.";
         plain(blk(bid, "attn_q.weight"), {H, 2 * hd * nh}, a + "q_proj.weight");
@@ -327,8 +338,10 @@ void Planner::ple(int64_t bid, const std::string& p, int64_t ple_index) {
                     " heads must equal ple_embed_dim " + std::to_string(P) +
                     " (ple_embed_dim must be a multiple of (ngram_size - 1) x heads_per_ngram)");
     plan_.ple_row_width = width;
-    plan_.ple_rows = rows;
-    add("per_layer_token_embd.weight", {width, rows}, true, segment_rows(&s_, segs, width));
+    add(ple_table_name(bid, ple_index == 0), {width, rows}, true, segment_rows(&s_, segs, width));
+    ConversionPlan::PleLayer& layer = plan_.ple_layers.emplace_back();
+    layer.block = bid;
+    layer.rows = rows;
 
     // Hash constants: copied exactly from the checkpoint's int64 buffers, else recomputed as transformers does.
     const std::string buf = q + "ple_embedding.";
@@ -348,17 +361,17 @@ void Planner::ple(int64_t bid, const std::string& p, int64_t ple_index) {
                         " entries, expected " + std::to_string(min_len));
         return out;
     };
-    plan_.ple_multipliers = constants("layer_multipliers", computed.multipliers, static_cast<size_t>(c_.ngram_size));
-    plan_.ple_head_offsets = constants("ngram_heads_offsets", computed.head_offsets, static_cast<size_t>(n_heads));
-    plan_.ple_head_vocab_sizes =
+    layer.multipliers = constants("layer_multipliers", computed.multipliers, static_cast<size_t>(c_.ngram_size));
+    layer.head_offsets = constants("ngram_heads_offsets", computed.head_offsets, static_cast<size_t>(n_heads));
+    layer.head_vocab_sizes =
         constants("ngram_heads_vocab_sizes", computed.head_vocab_sizes, static_cast<size_t>(n_heads));
     for (int64_t h = 0; h < n_heads; ++h) {
         const uint64_t end =
-            plan_.ple_head_offsets[static_cast<size_t>(h)] + plan_.ple_head_vocab_sizes[static_cast<size_t>(h)];
-        if (plan_.ple_head_vocab_sizes[static_cast<size_t>(h)] == 0 || end > static_cast<uint64_t>(rows) ||
+            layer.head_offsets[static_cast<size_t>(h)] + layer.head_vocab_sizes[static_cast<size_t>(h)];
+        if (layer.head_vocab_sizes[static_cast<size_t>(h)] == 0 || end > static_cast<uint64_t>(rows) ||
             end > 0x7FFFFFFFull)
-            throw Error("PLE head " + std::to_string(h) + " ends at row " + std::to_string(end) + ", the table has " +
-                        std::to_string(rows) + " rows");
+            throw Error("PLE head " + std::to_string(h) + " of layer " + std::to_string(bid) + " ends at row " +
+                        std::to_string(end) + ", the table has " + std::to_string(rows) + " rows");
     }
 }
 
@@ -418,6 +431,14 @@ ConversionPlan Planner::run() {
         plan_.llama_cpp_unsupported.push_back("linear_value_head_dim " + std::to_string(dv) +
                                               " differs from linear_key_head_dim " + std::to_string(dk) +
                                               " (llama.cpp takes both GDN head sizes from ssm.state_size)");
+    if (const int64_t n_dense = c_.n_dense_mlp_layers(); n_dense > 0) {
+        std::string blocks;
+        for (int64_t l = 0; l < L; ++l)
+            if (c_.is_dense_mlp[static_cast<size_t>(l)]) blocks += (blocks.empty() ? "" : ", ") + std::to_string(l);
+        plan_.llama_cpp_unsupported.push_back(
+            "dense MLP layers (mlp_only_layers / decoder_sparse_step) at block" + std::string(n_dense > 1 ? "s " : " ") +
+            blocks + " (llama.cpp's qwen3next loader requires the MoE tensors in every block)");
+    }
     if (q4) {
         if (!c_.indexer_n_heads || !c_.indexer_head_dim || !c_.indexer_budget || !c_.indexer_compress_ratio)
             throw Error(
@@ -431,8 +452,9 @@ ConversionPlan Planner::run() {
         if (c_.rope_dims() > *c_.indexer_head_dim)
             throw Error("config.json: rotary dims " + std::to_string(c_.rope_dims()) + " exceed indexer_head_dim");
         if (c_.ple_layer_ids.size() > 1)
-            throw Error("config.json: llama.cpp's qwen4exp supports exactly one PLE layer, ple_layer_ids has " +
-                        std::to_string(c_.ple_layer_ids.size()));
+            plan_.llama_cpp_unsupported.push_back(std::to_string(c_.ple_layer_ids.size()) +
+                                                  " PLE layers (llama.cpp's qwen4exp has one PLE table and takes "
+                                                  "exactly one entry in ple.layers)");
         if (!c_.ple_layer_ids.empty() && c_.ple_embed_dim != H)
             plan_.llama_cpp_unsupported.push_back("ple_embed_dim " + std::to_string(c_.ple_embed_dim) +
                                                   " differs from hidden_size " + std::to_string(H) +
@@ -444,7 +466,9 @@ ConversionPlan Planner::run() {
         const std::string p = "layers." + std::to_string(l) + ".";
         const bool attn = c_.is_attention[static_cast<size_t>(l)];
         if (q4) {
-            if (!c_.ple_layer_ids.empty() && c_.ple_layer_ids[0] == l + 1) ple(l, p, 0);
+            // transformers: the k-th entry of the sorted ple_layer_ids hashes with PLE layer index k
+            const auto id = std::find(c_.ple_layer_ids.begin(), c_.ple_layer_ids.end(), l + 1);
+            if (id != c_.ple_layer_ids.end()) ple(l, p, id - c_.ple_layer_ids.begin());
             hyper_connection(l, p + "attn_hyper_connection.", "hc_attn_", true);
             hyper_connection(l, p + "mlp_hyper_connection.", "hc_ffn_", true);
         } else {
@@ -455,7 +479,10 @@ ConversionPlan Planner::run() {
             attention(l, p);
         else
             gated_delta_net(l, p);
-        moe(l, p);
+        if (!c_.is_dense_mlp.empty() && c_.is_dense_mlp[static_cast<size_t>(l)])
+            dense_mlp(l, p);
+        else
+            moe(l, p);
     }
 
     // MTP head (not written by transformers; real checkpoints carry it). qwen3next's converter drops it.

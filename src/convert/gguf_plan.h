@@ -37,12 +37,17 @@ struct ConversionPlan {
     HfConfig config;
     std::vector<PlannedTensor> tensors;
     int64_t n_mtp_layers = 0;  // nextn blocks written after the trunk
-    // PLE (qwen4exp with ple_layer_ids)
-    int64_t ple_row_width = 0;
-    int64_t ple_rows = 0;
-    std::vector<uint64_t> ple_multipliers;
-    std::vector<uint64_t> ple_head_offsets;
-    std::vector<uint64_t> ple_head_vocab_sizes;
+    // PLE (qwen4exp with ple_layer_ids): one entry per PLE block, in block order. The first is what llama.cpp's
+    // ple.* keys and per_layer_token_embd.weight carry; the others go under strata keys (add_model_keys).
+    struct PleLayer {
+        int64_t block = 0;  // 0-based
+        int64_t rows = 0;   // table rows
+        std::vector<uint64_t> multipliers;
+        std::vector<uint64_t> head_offsets;
+        std::vector<uint64_t> head_vocab_sizes;
+    };
+    std::vector<PleLayer> ple_layers;
+    int64_t ple_row_width = 0;              // the same for every PLE block
     bool ple_hash_from_checkpoint = false;  // false: recomputed as transformers does
     // Why llama.cpp cannot load the file (one reason each, e.g. a value head size other than the key head size);
     // empty when it can. The hyperparameters its keys cannot carry go under strata.{arch}.* keys (add_model_keys).

@@ -34,6 +34,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "format/gguf.h"
+#include "format/gguf_names.h"
 
 namespace strata {
 
@@ -158,7 +159,7 @@ DType quantize_choose_type(const std::string& name, int n_dims, DType input, DTy
     if (is_routed_expert(name) && n_dims >= 2) return target;
     if (mix == "experts-only") return input;
     if (stays_f32(name, n_dims)) return DType::F32;
-    if (name == "per_layer_token_embd.weight") return input;
+    if (is_ple_table(name)) return input;
     if (is_head_or_embedding(name)) return head_type(target);
     return dense_type(target);
 }

@@ -253,7 +253,8 @@ void add_hf_tensors(SynthSource& s, const HfConfig& c) {
             s.add(g + "norm.weight", {dv}, Init::PlainNorm);
             s.add(g + "out_proj.weight", {H, VD});
         }
-        if (q4 && !c.ple_layer_ids.empty() && c.ple_layer_ids[0] == l + 1) {
+        const auto ple_id = std::find(c.ple_layer_ids.begin(), c.ple_layer_ids.end(), l + 1);
+        if (q4 && ple_id != c.ple_layer_ids.end()) {
             const std::string q = p + "ple.";
             const int64_t n_heads = (c.ngram_size - 1) * c.heads_per_ngram, P = c.ple_embed_dim / n_heads;
             s.add(q + "key_proj.weight", {HC, c.ple_embed_dim});
@@ -262,7 +263,7 @@ void add_hf_tensors(SynthSource& s, const HfConfig& c) {
             s.add(q + "norm_query.weight", {HC}, Init::ZeroCentredNorm);
             s.add(q + "norm_conv.weight", {HC}, Init::ZeroCentredNorm);
             s.add(q + "conv1d.weight", {HC, 1, c.ple_conv_kernel_size}, Init::Conv);
-            const PleHash hash = compute_ple_hash(c, 0);
+            const PleHash hash = compute_ple_hash(c, ple_id - c.ple_layer_ids.begin());
             const int64_t rows = static_cast<int64_t>(hash.padded_rows), parts = c.split_ngram_parts;
             const int64_t per = (rows + parts - 1) / parts;  // torch.chunk-style pieces
             for (int64_t k = 0; k < parts; ++k) {
@@ -273,6 +274,12 @@ void add_hf_tensors(SynthSource& s, const HfConfig& c) {
             s.add_ints(q + "ple_embedding.layer_multipliers", hash.multipliers);
             s.add_ints(q + "ple_embedding.ngram_heads_offsets", hash.head_offsets);
             s.add_ints(q + "ple_embedding.ngram_heads_vocab_sizes", hash.head_vocab_sizes);
+        }
+        if (!c.is_dense_mlp.empty() && c.is_dense_mlp[static_cast<size_t>(l)]) {  // qwen3next's Qwen3NextMLP
+            s.add(p + "mlp.gate_proj.weight", {c.intermediate_size, H});
+            s.add(p + "mlp.up_proj.weight", {c.intermediate_size, H});
+            s.add(p + "mlp.down_proj.weight", {H, c.intermediate_size});
+            continue;
         }
         s.add(p + "mlp.gate.weight", {E, H});
         s.add(p + "mlp.experts.gate_up_proj", {E, 2 * F, H});
@@ -492,6 +499,19 @@ std::vector<Preset> presets() {
     json rope8 = tiny;
     rope8.update({{"rope_parameters", {{"rope_theta", 10000000.0}, {"partial_rotary_factor", 0.25}}},
                   {"indexer_head_dim", 16}});
+    // qwen3next with dense MLP layers (transformers' mlp_only_layers / decoder_sparse_step): blocks 0-2 dense
+    // SwiGLU of intermediate_size, block 3 MoE. llama.cpp's loader wants the MoE tensors in every block.
+    json q3n_dense = q3n;
+    q3n_dense.update({{"mlp_only_layers", {1}}, {"decoder_sparse_step", 2}});
+    p.push_back({"qwen3next-dense-tiny",
+                 "qwen3next: tiny with dense MLP blocks 0-2 (mlp_only_layers [1], decoder_sparse_step 2; llama.cpp "
+                 "cannot load it)",
+                 q3n_dense, DType::F32});
+    // PLE on all three GDN layers, each with its own table and hashes (llama.cpp has one PLE layer).
+    json ple3 = tiny;
+    ple3.update({{"ple_layer_ids", {1, 2, 3}}});
+    p.push_back({"qwen4exp-ple3-tiny", "qwen4exp: tiny with PLE on layers 1, 2 and 3 (llama.cpp cannot load it)",
+                 qwen4exp_config(ple3), DType::F32});
     p.push_back({"qwen4exp-rope8-tiny",
                  "qwen4exp: tiny with head 32, partial rotary 0.25 (8 dims), no mrope_section, indexer heads 16",
                  qwen4exp_config(rope8), DType::F32});

@@ -28,6 +28,10 @@ int64_t HfConfig::n_attention_layers() const {
     return static_cast<int64_t>(std::count(is_attention.begin(), is_attention.end(), true));
 }
 
+int64_t HfConfig::n_dense_mlp_layers() const {
+    return static_cast<int64_t>(std::count(is_dense_mlp.begin(), is_dense_mlp.end(), true));
+}
+
 namespace {
 
 // Reads typed fields from the text config, falling back to the top level (a ConditionalGeneration config keeps
@@ -173,6 +177,19 @@ void read_layer_types(const FieldReader& f, HfConfig& c) {
     }
 }
 
+// Qwen3NextDecoderLayer: layer i (0-based) gets Qwen3NextSparseMoeBlock iff i is not in mlp_only_layers and
+// (i + 1) % decoder_sparse_step == 0, else Qwen3NextMLP(intermediate_size). Entries of mlp_only_layers outside the
+// layers match no layer there, so they change nothing here either. (Qwen3.5-MoE's config deletes both fields: every
+// layer is MoE.)
+void read_dense_mlp_layers(const FieldReader& f, HfConfig& c) {
+    const int64_t step = f.positive("decoder_sparse_step", 1);
+    const std::vector<int64_t> mlp_only = f.integer_list("mlp_only_layers");
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+        const bool listed = std::find(mlp_only.begin(), mlp_only.end(), i) != mlp_only.end();
+        c.is_dense_mlp.push_back(listed || (i + 1) % step != 0);
+    }
+}
+
 void read_qwen4exp(const FieldReader& f, HfConfig& c) {
     c.hc_count = f.integer("hc_count", 4);
     if (c.hc_count <= 1) f.fail("hc_count", "must be greater than 1");
@@ -284,6 +301,7 @@ HfConfig parse_hf_config(const std::string& json_text, const std::string& source
 
     read_layer_types(f, c);
     if (c.arch == HfArch::Qwen4Exp) read_qwen4exp(f, c);
+    if (c.arch == HfArch::Qwen3Next) read_dense_mlp_layers(f, c);
     return c;
 }
 

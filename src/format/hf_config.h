@@ -27,7 +27,7 @@ struct HfConfig {
     int64_t num_key_value_heads = 0;
     int64_t head_dim = 0;
     int64_t max_position_embeddings = 0;
-    int64_t intermediate_size = 0;  // qwen3next only (0: absent)
+    int64_t intermediate_size = 0;  // qwen3next only (0: absent): the dense MLP's width
     double rms_norm_eps = 1e-6;
     std::string hidden_act;
     bool tie_word_embeddings = false;
@@ -52,6 +52,11 @@ struct HfConfig {
 
     // true: attention (full / QSA) layer; false: linear attention (GDN). num_hidden_layers entries.
     std::vector<bool> is_attention;
+    // qwen3next only, num_hidden_layers entries (empty for the others): true where the layer's MLP is a dense SwiGLU
+    // of intermediate_size (Qwen3NextMLP) instead of the MoE. transformers: layer i (0-based) is sparse iff
+    // i is not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0.
+    std::vector<bool> is_dense_mlp;
+    int64_t n_dense_mlp_layers() const;
 
     std::vector<int64_t> eos_token_ids;  // int or list in the JSON; empty when null/absent
     std::optional<int64_t> bos_token_id;

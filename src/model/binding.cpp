@@ -74,6 +74,15 @@ std::optional<int64_t> HparamReader::strata_u32(const std::string& suffix) const
     return v ? std::optional<int64_t>(*v) : std::nullopt;
 }
 
+std::vector<int64_t> HparamReader::strata_int_array(const std::string& suffix) const {
+    if (file_.find(strata_key(suffix)) == nullptr) return {};
+    return file_.get_int_array(strata_key(suffix));
+}
+
+std::vector<uint64_t> HparamReader::strata_u64_array(const std::string& suffix) const {
+    return file_.get_u64_array(strata_key(suffix));
+}
+
 std::vector<uint64_t> HparamReader::u64_array(const std::string& suffix) const {
     return file_.get_u64_array(key(suffix));
 }

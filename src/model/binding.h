@@ -34,6 +34,8 @@ class HparamReader {
     // convert/gguf_keys.cpp). nullopt when absent.
     std::string strata_key(const std::string& suffix) const { return "strata." + arch_ + "." + suffix; }
     std::optional<int64_t> strata_u32(const std::string& suffix) const;
+    std::vector<int64_t> strata_int_array(const std::string& suffix) const;     // empty when absent
+    std::vector<uint64_t> strata_u64_array(const std::string& suffix) const;    // required
 
   private:
     const gguf::File& file_;

@@ -12,6 +12,7 @@
 #include "backend/cpu/packed.h"
 #include "core/error.h"
 #include "core/memory_info.h"
+#include "format/gguf_names.h"
 
 namespace strata {
 
@@ -24,7 +25,7 @@ void read_ahead(const gguf::File& file, const std::function<void(float)>& progre
     constexpr size_t kPage = 4096;
     uint64_t total = 0;
     for (const gguf::TensorInfo& t : file.tensors())
-        if (t.name != "per_layer_token_embd.weight") total += t.n_bytes;
+        if (!is_ple_table(t.name)) total += t.n_bytes;
     const uint64_t ram = physical_ram_bytes();
     if (total == 0 || (ram > 0 && total > ram / 2)) {
         progress(1.0f);
@@ -34,7 +35,7 @@ void read_ahead(const gguf::File& file, const std::function<void(float)>& progre
     int reported = -1;
     volatile uint8_t sink = 0;
     for (const gguf::TensorInfo& t : file.tensors()) {
-        if (t.name == "per_layer_token_embd.weight" || t.data == nullptr) continue;
+        if (is_ple_table(t.name) || t.data == nullptr) continue;
         uint8_t acc = 0;
         for (size_t off = 0; off < t.n_bytes; off += kPage) {
             acc ^= t.data[off];
@@ -81,7 +82,7 @@ namespace {
 bool packed_copies_fit(const gguf::File& file) {
     uint64_t total = 0;
     for (const gguf::TensorInfo& t : file.tensors()) {
-        if (t.name == "token_embd.weight" || t.name == "per_layer_token_embd.weight") continue;  // tables: not packed
+        if (t.name == "token_embd.weight" || is_ple_table(t.name)) continue;  // tables: not packed
         const Tensor view = t.view();
         if (cpu::packable(view)) total += cpu::packed_bytes(view);
     }

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "format/gguf.h"
+#include "format/gguf_names.h"
 #include "model/hybrid.h"
 
 namespace strata {
@@ -30,7 +31,7 @@ namespace {
 std::string weight_kind(const std::string& name) {
     if (name == "token_embd.weight") return "weights: token embeddings";
     if (name == "output.weight") return "weights: output head";
-    if (name == "per_layer_token_embd.weight") return "weights: PLE table";
+    if (is_ple_table(name)) return "weights: PLE table";
     if (name.find("_exps") != std::string::npos) return "weights: routed experts";
     if (name.find("nextn") != std::string::npos) return "weights: MTP";
     return "weights: dense (attention, GDN, shared experts, norms, routers)";
@@ -85,8 +86,11 @@ std::vector<MemoryPlanItem> plan_memory(const gguf::File& file, int64_t n_ctx) {
         if (hp.has("ple.layers") && !file.get_int_array(hp.key("ple.layers")).empty()) {
             const int64_t N = hp.u32("ple.ngram_size");
             const int64_t Kp = hp.u32("ple.conv_kernel");
+            // every PLE block keeps its own history (strata.qwen4exp.ple.layers lists them when there are several)
+            const uint64_t n_ple = std::max<uint64_t>(1, hp.strata_int_array("ple.layers").size());
             add("sequence: PLE token and conv history",
-                static_cast<uint64_t>((Kp - 1) * N * hc * H) * f + static_cast<uint64_t>(N - 1) * sizeof(int32_t));
+                n_ple * (static_cast<uint64_t>((Kp - 1) * N * hc * H) * f +
+                         static_cast<uint64_t>(N - 1) * sizeof(int32_t)));
         }
     }
     // Scratch for one forward of a 512-token batch: a handful of residual-wide rows per token plus the logits.
@@ -111,7 +115,7 @@ DecodeTraffic decode_traffic(const gguf::File& file, int64_t depth, KvCacheType 
         const int64_t n_rows = t.ne[1] * t.ne[2] * t.ne[3];
         const uint64_t row = n_rows > 0 ? t.n_bytes / static_cast<uint64_t>(n_rows) : 0;
         if (is_mtp_block_tensor(t.name, n_layer)) continue;
-        if (t.name == "per_layer_token_embd.weight")
+        if (is_ple_table(t.name))
             d.weights += static_cast<uint64_t>(ple_rows) * row;
         else if (t.name == "token_embd.weight")
             d.weights += output ? row : t.n_bytes;  // one row, or the whole table when it is also the head

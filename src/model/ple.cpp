@@ -9,17 +9,17 @@
 
 namespace strata {
 
-PleWeights bind_ple(const TensorBinder& binder, int64_t block, const PleShape& s) {
+PleWeights bind_ple(const TensorBinder& binder, int64_t block, const PleShape& s, const std::string& table) {
     auto name = [&](const char* n) { return block_tensor(block, n); };
     const int64_t HC = s.n_streams * s.n_embd;
     const int64_t width = s.n_heads() * s.row_width;
     PleWeights w;
-    w.table = binder.require_width("per_layer_token_embd.weight", s.row_width);
+    w.table = binder.require_width(table, s.row_width);
     for (int64_t h = 0; h < s.n_heads(); ++h)
         if (const uint64_t rows = static_cast<uint64_t>(w.table.ne[1]);
             s.sizes[h] == 0 || s.offsets[h] > rows || s.sizes[h] > rows - s.offsets[h])
             throw Error("PLE head " + std::to_string(h) + " reads " + std::to_string(s.sizes[h]) + " rows from row " +
-                        std::to_string(s.offsets[h]) + " but per_layer_token_embd.weight has " +
+                        std::to_string(s.offsets[h]) + " but " + table + " has " +
                         std::to_string(w.table.ne[1]) + " rows");
     w.key = binder.require(name("ple_key.weight"), {width, HC});
     w.value = binder.require(name("ple_value.weight"), {width, s.n_embd});

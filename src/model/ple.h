@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -40,7 +41,8 @@ struct PleWeights {
     std::vector<float> conv;                             // {Kp, HC}
 };
 
-PleWeights bind_ple(const TensorBinder& binder, int64_t block, const PleShape& shape);
+// table: the block's PLE table (format/gguf_names.h: ple_table_name).
+PleWeights bind_ple(const TensorBinder& binder, int64_t block, const PleShape& shape, const std::string& table);
 
 struct PleState {
     std::vector<int32_t> tokens;      // the last N - 1 tokens, oldest first (EOS before the sequence starts)

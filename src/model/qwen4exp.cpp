@@ -1,11 +1,12 @@
 // qwen4exp (Qwen3.8-Flash-Next): hyper-connection residual of hc streams; each block reads through a gated mix,
-// runs Gated DeltaNet or QSA attention, writes back, reads again, runs the MoE, writes back. One GDN block may first
-// add per-layer n-gram embeddings (PLE). A final mixer (no norm) feeds the head.
+// runs Gated DeltaNet or QSA attention, writes back, reads again, runs the MoE, writes back. GDN blocks may first
+// add per-layer n-gram embeddings (PLE), each with its own table and hashes. A final mixer (no norm) feeds the head.
 // Math: transformers Qwen4ExpTextModel; GGUF names, keys and conventions: gguf-qwen4exp.md sections 1.4, 2.1-2.2, 7.
 #include <algorithm>
 #include <string>
 
 #include "core/error.h"
+#include "format/gguf_names.h"
 #include "model/hybrid.h"
 #include "model/hyper_connection.h"
 #include "model/moe.h"
@@ -35,7 +36,7 @@ class Qwen4ExpModel final : public HybridModel {
                 layers[il].gdn.init(h_.gdn);
             else
                 layers[il].attention.init(h_.attention, &b.indexer, capacity);
-            if (b.has_ple) layers[il].ple.init(h_.ple);
+            if (b.has_ple) layers[il].ple.init(b.ple_shape);
         }
     }
 
@@ -58,7 +59,7 @@ class Qwen4ExpModel final : public HybridModel {
             const Qwen4ExpBlock& b = blocks_[il];
             const ScratchFrame frame(scratch);  // this block's buffers are reused by the next
             if (b.has_ple)
-                ple_forward({.shape = h_.ple,
+                ple_forward({.shape = b.ple_shape,
                              .weights = b.ple,
                              .states = batch.states(il, &LayerState::ple),
                              .sequences = batch.rows,
@@ -165,17 +166,27 @@ Qwen4ExpHparams read_qwen4exp_hparams(const gguf::File& file, const ModelInfo& i
     h.gdn.output_gate = GateActivation::Sigmoid;  // qwen4exp's GDN output gate
     h.moe = read_moe_shape(hp, H, n_block_all);
 
+    // llama.cpp's ple.layers names one block; a file with more lists them all in strata.qwen4exp.ple.layers (the
+    // first the same) and gives each further block its hash arrays under strata.qwen4exp.ple.blk.N.*.
     const std::vector<int64_t> ple_layers =
         hp.has("ple.layers") ? file.get_int_array(hp.key("ple.layers")) : std::vector<int64_t>{};
     if (ple_layers.size() > 1)
         throw Error(file.path() + ": key " + hp.key("ple.layers") + " lists " + std::to_string(ple_layers.size()) +
-                    " PLE blocks; the GGUF format carries one PLE table, so only one is supported");
-    if (!ple_layers.empty()) {
-        h.ple_block = ple_layers[0];
-        if (h.ple_block < 0 || h.ple_block >= n_layer || !h.recurrent[static_cast<size_t>(h.ple_block)])
-            throw Error(file.path() + ": PLE layer " + std::to_string(h.ple_block) +
-                        " is not a linear attention layer");
-        PleShape& p = h.ple;
+                    " PLE blocks; llama.cpp's key takes one (further PLE blocks go in " +
+                    hp.strata_key("ple.layers") + ")");
+    std::vector<int64_t> blocks = ple_layers;
+    if (std::vector<int64_t> all = hp.strata_int_array("ple.layers"); !all.empty()) {
+        if (ple_layers.empty() || all[0] != ple_layers[0])
+            throw Error(file.path() + ": key " + hp.strata_key("ple.layers") + " must start with the block " +
+                        hp.key("ple.layers") + " names");
+        for (size_t i = 1; i < all.size(); ++i)
+            if (all[i] <= all[i - 1])
+                throw Error(file.path() + ": key " + hp.strata_key("ple.layers") + " must list blocks in ascending "
+                            "order, each once");
+        blocks = std::move(all);
+    }
+    if (!blocks.empty()) {
+        PleShape p;
         p.n_embd = H;
         p.n_streams = h.hc.n_streams;
         p.ngram = hp.u32("ple.ngram_size");
@@ -183,9 +194,6 @@ Qwen4ExpHparams read_qwen4exp_hparams(const gguf::File& file, const ModelInfo& i
         p.row_width = hp.positive("embedding_length_per_layer_input");
         p.conv_kernel = hp.positive("ple.conv_kernel");
         p.eos = static_cast<int32_t>(hp.u32("ple.eos_token_id"));
-        p.multipliers = hp.u64_array("ple.layer_multipliers");
-        p.offsets = hp.u64_array("ple.head_offsets");
-        p.sizes = hp.u64_array("ple.head_vocab_sizes");
         p.eps = h.eps;
         if (p.ngram < 2 || p.ngram > 8) throw Error(file.path() + ": ple.ngram_size must be in 2..8");
         // The n-gram embedding (n_heads rows side by side) is hidden_size wide in every file llama.cpp loads; one
@@ -195,9 +203,28 @@ Qwen4ExpHparams read_qwen4exp_hparams(const gguf::File& file, const ModelInfo& i
             throw Error(file.path() + ": key " + hp.strata_key("ple.embedding_length") + " is " +
                         std::to_string(*width) + ", but " + std::to_string(p.n_heads()) + " PLE heads of " +
                         std::to_string(p.row_width) + " make " + std::to_string(embedding));
-        if (static_cast<int64_t>(p.multipliers.size()) < p.ngram ||
-            static_cast<int64_t>(p.offsets.size()) < p.n_heads() || static_cast<int64_t>(p.sizes.size()) < p.n_heads())
-            throw Error(file.path() + ": the PLE hash arrays are shorter than ngram_size / the number of PLE heads");
+        for (size_t k = 0; k < blocks.size(); ++k) {
+            const int64_t block = blocks[k];
+            if (block < 0 || block >= n_layer || !h.recurrent[static_cast<size_t>(block)])
+                throw Error(file.path() + ": PLE layer " + std::to_string(block) +
+                            " is not a linear attention layer");
+            const std::string prefix = "ple.blk." + std::to_string(block) + ".";
+            PleShape shape = p;
+            shape.multipliers = k == 0 ? hp.u64_array("ple.layer_multipliers")
+                                       : hp.strata_u64_array(prefix + "layer_multipliers");
+            shape.offsets =
+                k == 0 ? hp.u64_array("ple.head_offsets") : hp.strata_u64_array(prefix + "head_offsets");
+            shape.sizes =
+                k == 0 ? hp.u64_array("ple.head_vocab_sizes") : hp.strata_u64_array(prefix + "head_vocab_sizes");
+            if (static_cast<int64_t>(shape.multipliers.size()) < p.ngram ||
+                static_cast<int64_t>(shape.offsets.size()) < p.n_heads() ||
+                static_cast<int64_t>(shape.sizes.size()) < p.n_heads())
+                throw Error(file.path() + ": the PLE hash arrays of block " + std::to_string(block) +
+                            " are shorter than ngram_size / the number of PLE heads");
+            h.ple_blocks.push_back(block);
+            h.ple_shapes.push_back(std::move(shape));
+        }
+        h.ple = h.ple_shapes.front();
     }
     return h;
 }
@@ -219,9 +246,11 @@ std::vector<Qwen4ExpBlock> bind_qwen4exp_blocks(const TensorBinder& binder, cons
             b.attention = bind_attention(binder, il, h.attention, &b.indexer);
         }
         b.moe = bind_moe(binder, il, h.moe);
-        if (il == h.ple_block) {
+        if (const auto at = std::find(h.ple_blocks.begin(), h.ple_blocks.end(), il); at != h.ple_blocks.end()) {
+            const size_t k = static_cast<size_t>(at - h.ple_blocks.begin());
             b.has_ple = true;
-            b.ple = bind_ple(binder, il, h.ple);
+            b.ple_shape = h.ple_shapes[k];
+            b.ple = bind_ple(binder, il, b.ple_shape, ple_table_name(il, k == 0));
         }
         blocks.push_back(std::move(b));
     }

@@ -25,7 +25,10 @@ struct Qwen4ExpHparams {
     IndexerShape indexer;  // ratio filled in per block
     GdnShape gdn;
     MoeShape moe;
-    int64_t ple_block = -1;
+    // The PLE blocks (0-based, ascending) and the shape of each: they share everything but the hash arrays (and
+    // their tables). ple is the first one's (empty when there is no PLE block).
+    std::vector<int64_t> ple_blocks;
+    std::vector<PleShape> ple_shapes;
     PleShape ple;
 };
 
@@ -37,6 +40,7 @@ struct Qwen4ExpBlock {
     IndexerShape indexer;
     MoeWeights moe;
     bool has_ple = false;
+    PleShape ple_shape;  // its hash arrays
     PleWeights ple;
 };
 

@@ -1,6 +1,7 @@
 // The single-stream hybrids (qwen35moe, qwen3next): one residual stream; each block is attn_norm -> Gated DeltaNet or
-// gated attention -> residual add -> post_attention_norm -> MoE -> residual add; output_norm feeds the head; the GDN
-// output gate is SiLU. What differs between the two architectures is stated in their own files.
+// gated attention -> residual add -> post_attention_norm -> MoE (or qwen3next's dense MLP) -> residual add;
+// output_norm feeds the head; the GDN output gate is SiLU. What differs between the two architectures is stated in
+// their own files.
 #include "model/single_stream.h"
 
 #include <string>
@@ -75,15 +76,24 @@ class SingleStreamModel final : public HybridModel {
 
             for (int64_t t = 0; t < T; ++t)
                 cpu::rms_norm(residual + t * H, H, b.post_attention_norm.data(), h_.eps, normed + t * H);
-            moe_forward({.shape = h_.moe,
-                         .weights = b.moe,
-                         .x = normed,
-                         .out = out,
-                         .n_tokens = T,
-                         .scratch = scratch,
-                         .pool = pool(),
-                         .layer = static_cast<int64_t>(il),
-                         .routing = routing()});
+            if (b.dense)
+                dense_ffn_forward({.weights = b.ffn,
+                                   .n_embd = H,
+                                   .x = normed,
+                                   .out = out,
+                                   .n_tokens = T,
+                                   .scratch = scratch,
+                                   .pool = pool()});
+            else
+                moe_forward({.shape = h_.moe,
+                             .weights = b.moe,
+                             .x = normed,
+                             .out = out,
+                             .n_tokens = T,
+                             .scratch = scratch,
+                             .pool = pool(),
+                             .layer = static_cast<int64_t>(il),
+                             .routing = routing()});
             for (int64_t i = 0; i < T * H; ++i) residual[i] += out[i];
         }
         for (int64_t t = 0; t < T; ++t) cpu::rms_norm(residual + t * H, H, output_norm_.data(), h_.eps, hidden + t * H);
@@ -108,6 +118,20 @@ SingleStreamHparams read_single_stream_hparams(const gguf::File& file, const Sin
     h.gdn.tiled_value_heads = arch.tiled_value_heads;
     h.gdn.output_gate = GateActivation::Silu;
     h.moe = read_moe_shape(hp, H, n_block_all);
+    h.dense_mlp.assign(static_cast<size_t>(info.n_layer), false);
+    const std::vector<int64_t> dense = hp.strata_int_array("dense_mlp_layers");
+    for (size_t i = 0; i < dense.size(); ++i) {
+        if (dense[i] < 0 || dense[i] >= info.n_layer || (i > 0 && dense[i] <= dense[i - 1]))
+            throw Error(file.path() + ": key " + hp.strata_key("dense_mlp_layers") +
+                        " must list trunk blocks in ascending order, each once");
+        h.dense_mlp[static_cast<size_t>(dense[i])] = true;
+    }
+    if (!dense.empty()) {
+        h.n_ff_dense = hp.per_block("feed_forward_length", n_block_all, 0)[static_cast<size_t>(dense[0])];
+        if (h.n_ff_dense <= 0)
+            throw Error(file.path() + ": key " + hp.key("feed_forward_length") + " is missing (the width of the " +
+                        "dense MLP blocks " + hp.strata_key("dense_mlp_layers") + " lists)");
+    }
     return h;
 }
 
@@ -124,7 +148,11 @@ std::vector<SingleStreamBlock> bind_single_stream_blocks(const TensorBinder& bin
             b.gdn = bind_gdn(binder, il, h.gdn);
         else
             b.attention = bind_attention(binder, il, h.attention, nullptr);
-        b.moe = bind_moe(binder, il, h.moe);
+        b.dense = h.dense_mlp[static_cast<size_t>(il)];
+        if (b.dense)
+            b.ffn = bind_dense_ffn(binder, il, H, h.n_ff_dense);
+        else
+            b.moe = bind_moe(binder, il, h.moe);
         blocks.push_back(std::move(b));
     }
     return blocks;

@@ -6,6 +6,7 @@
 
 #include "model/attention.h"
 #include "model/binding.h"
+#include "model/dense_ffn.h"
 #include "model/gdn.h"
 #include "model/model.h"
 #include "model/moe.h"
@@ -28,6 +29,10 @@ struct SingleStreamHparams {
     AttentionShape attention;
     GdnShape gdn;
     MoeShape moe;
+    // Blocks whose MLP is a dense SwiGLU (strata.{arch}.dense_mlp_layers: qwen3next's mlp_only_layers /
+    // decoder_sparse_step), n_layer entries, and its width (feed_forward_length).
+    std::vector<bool> dense_mlp;
+    int64_t n_ff_dense = 0;
 };
 
 struct SingleStreamBlock {
@@ -35,7 +40,9 @@ struct SingleStreamBlock {
     std::vector<float> attn_norm, post_attention_norm;
     GdnWeights gdn;
     AttentionWeights attention;
-    MoeWeights moe;
+    MoeWeights moe;        // unless dense
+    bool dense = false;
+    DenseFfnWeights ffn;   // when dense
 };
 
 // The {arch}.* keys, checked, and every trunk block's weights (the CPU trunk and the CUDA one read them alike).

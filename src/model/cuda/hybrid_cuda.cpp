@@ -293,7 +293,7 @@ void CudaHybridModel::forward(SequenceState& state, std::span<const int32_t> tok
 void CudaHybridModel::check_weights_fit() const {
     uint64_t weights = 0, ple = 0, host_experts = 0;
     for (const gguf::TensorInfo& t : file_->tensors()) {
-        if (t.name == "per_layer_token_embd.weight") {
+        if (is_ple_table(t.name)) {
             ple += t.n_bytes;
             continue;
         }
@@ -305,8 +305,8 @@ void CudaHybridModel::check_weights_fit() const {
     }
     const size_t budget = ctx_->memory().budget();
     std::fprintf(stderr,
-                 "strata: CUDA memory plan: weights %.2f GiB in VRAM, routed experts %.2f GiB in host RAM, PLE table "
-                 "%.2f GiB in pinned host memory, budget %.2f GiB (--vram-budget; %.2f GiB free on %s)\n",
+                 "strata: CUDA memory plan: weights %.2f GiB in VRAM, routed experts %.2f GiB in host RAM, PLE "
+                 "tables %.2f GiB in pinned host memory, budget %.2f GiB (--vram-budget; %.2f GiB free on %s)\n",
                  static_cast<double>(weights) / (1 << 30), static_cast<double>(host_experts) / (1 << 30),
                  static_cast<double>(ple) / (1 << 30), static_cast<double>(budget) / (1 << 30),
                  static_cast<double>(ctx_->info().free_bytes_at_start) / (1 << 30), ctx_->info().name.c_str());

@@ -1,5 +1,5 @@
 // qwen4exp on CUDA (issue 7): the trunk of qwen4exp.cpp, block by block, over the CUDA backend's ops (the shared
-// machinery, windows and graphs in hybrid_cuda.h). Every weight except the PLE table lives in device memory; the PLE
+// machinery, windows and graphs in hybrid_cuda.h). Every weight except the PLE tables lives in device memory; each PLE
 // table sits in mapped pinned host memory (the real one does not fit in VRAM) and its rows are read over the bus.
 #include <algorithm>
 #include <cmath>
@@ -51,12 +51,12 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
         std::vector<BlockLayout> layout;
         for (const Qwen4ExpBlock& b : blocks)
             layout.push_back({.recurrent = b.recurrent, .indexer = b.indexer, .has_ple = b.has_ple});
-        set_shapes(h_.gdn, h_.attention, std::move(layout), h_.ple_block >= 0 ? &h_.ple : nullptr);
+        set_shapes(h_.gdn, h_.attention, std::move(layout), !h_.ple_blocks.empty() ? &h_.ple : nullptr);
         output_hc_ = hc_device(output_hc);
         for (const Qwen4ExpBlock& b : blocks) blocks_.push_back(block_device(b));
         finish_loading({.n_streams = h_.hc.n_streams,
                         .hc_work_floats = cuda::hyper_connection_workspace_floats(hc_dims(), kPromptWindow),
-                        .ple = h_.ple_block >= 0 ? &h_.ple : nullptr,
+                        .ple = !h_.ple_blocks.empty() ? &h_.ple : nullptr,
                         .ple_row_bytes = ple_row_bytes_},
                        weights_->tensor(embeddings.token_embd), weights_->tensor(embeddings.output));
     }
@@ -90,15 +90,15 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
             d.ple.norm_query = dw.floats(p.norm_query);
             d.ple.norm_conv = dw.floats(p.norm_conv);
             d.ple.conv = dw.floats(p.conv);
-            d.ple.multipliers = dw.u64s(h_.ple.multipliers);
-            d.ple.offsets = dw.u64s(h_.ple.offsets);
-            d.ple.sizes = dw.u64s(h_.ple.sizes);
+            d.ple.multipliers = dw.u64s(b.ple_shape.multipliers);  // each PLE block hashes with its own
+            d.ple.offsets = dw.u64s(b.ple_shape.offsets);
+            d.ple.sizes = dw.u64s(b.ple_shape.sizes);
             d.ple.table = std::make_unique<cuda::MappedHostBuffer>(p.table.n_bytes());
             std::copy_n(static_cast<const uint8_t*>(p.table.data), p.table.n_bytes(),
                         static_cast<uint8_t*>(d.ple.table->host()));
             d.ple.table_type = p.table.type;
             d.ple.table_rows = p.table.ne[1];
-            ple_row_bytes_ = p.table.nb[1];
+            ple_row_bytes_ = std::max(ple_row_bytes_, p.table.nb[1]);
         }
         return d;
     }
@@ -182,7 +182,7 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
 
     void ple_window(const PleDevice& w, LayerDeviceState& l, int64_t T) const {
         cuda::Context& ctx = *ctx_;
-        const PleShape& p = h_.ple;
+        const PleShape& p = h_.ple;  // the parts every PLE block shares; w holds this block's hash arrays
         const int64_t H = p.n_embd, hc = p.n_streams, HC = hc * H;
         mark(kPle);
         cuda::ple_gather(ctx, {.ngram = p.ngram,

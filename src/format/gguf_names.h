@@ -1,0 +1,24 @@
+// GGUF tensor names that more than one layer of strata treats specially.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace strata {
+
+// The PLE n-gram table of a PLE block: llama.cpp's one `per_layer_token_embd.weight` for the first PLE block (the
+// one its `ple.layers` key names), `blk.N.per_layer_token_embd.weight` for each further one (strata keys; a file
+// llama.cpp cannot load).
+inline std::string ple_table_name(int64_t block, bool first_ple_block) {
+    const std::string base = "per_layer_token_embd.weight";
+    return first_ple_block ? base : "blk." + std::to_string(block) + "." + base;
+}
+
+// Whether a tensor is a PLE table: read a few rows per token, never packed, possibly larger than RAM.
+inline bool is_ple_table(std::string_view name) {
+    constexpr std::string_view base = "per_layer_token_embd.weight";
+    return name == base || (name.starts_with("blk.") && name.ends_with(std::string(".") + std::string(base)));
+}
+
+}  // namespace strata

@@ -10,6 +10,7 @@
 #include "backend/cuda/block_ops.h"
 #include "backend/cuda/model_ops.h"
 #include "core/error.h"
+#include "format/gguf_names.h"
 #include "model/hybrid.h"
 
 namespace strata::cuda_model {

@@ -1,6 +1,6 @@
 // qwen35moe and qwen3next on CUDA (issue 7): the single-stream trunk of single_stream.cpp over the CUDA backend's ops
 // (the shared machinery, windows and graphs in hybrid_cuda.h): attn_norm -> GDN or gated attention -> residual add
-// -> post_attention_norm -> MoE -> residual add; output_norm feeds the head.
+// -> post_attention_norm -> MoE (or qwen3next's dense MLP) -> residual add; output_norm feeds the head.
 #include <memory>
 #include <vector>
 
@@ -20,7 +20,9 @@ struct BlockDevice {
     const float *attn_norm = nullptr, *post_attention_norm = nullptr;
     GdnDevice gdn{};
     AttentionDevice attention{};
-    MoeDevice moe;
+    MoeDevice moe;  // unless dense
+    bool dense = false;
+    const Tensor *ffn_gate = nullptr, *ffn_up = nullptr, *ffn_down = nullptr;  // qwen3next's dense MLP blocks
 };
 
 class SingleStreamCudaModel final : public CudaHybridModel {
@@ -44,8 +46,23 @@ class SingleStreamCudaModel final : public CudaHybridModel {
                 d.gdn = upload_gdn(b.gdn);
             else
                 d.attention = upload_attention(b.attention, IndexerShape{});
-            d.moe = upload_moe(b.moe, h_.moe, static_cast<int64_t>(blocks_.size()));
+            d.dense = b.dense;
+            if (b.dense) {
+                d.ffn_gate = weights_->tensor(b.ffn.gate);
+                d.ffn_up = weights_->tensor(b.ffn.up);
+                d.ffn_down = weights_->tensor(b.ffn.down);
+            } else {
+                d.moe = upload_moe(b.moe, h_.moe, static_cast<int64_t>(blocks_.size()));
+            }
             blocks_.push_back(std::move(d));
+        }
+        // The dense MLP's gate and up rows of one window (its own buffer: the shared window buffers are cut for
+        // the MoE).
+        if (h_.n_ff_dense > 0) {
+            const size_t floats = static_cast<size_t>(kPromptWindow * ((h_.n_ff_dense + 3) / 4 * 4));
+            ffn_buffer_ = ctx_->allocate(2 * floats * sizeof(float), "window");
+            ffn_gate_ = static_cast<float*>(ffn_buffer_.data());
+            ffn_up_ = ffn_gate_ + floats;
         }
         finish_loading({.n_streams = 1}, weights_->tensor(embeddings.token_embd), weights_->tensor(embeddings.output));
     }
@@ -83,7 +100,10 @@ class SingleStreamCudaModel final : public CudaHybridModel {
             mark(kResidual);
             cuda::add_inplace(ctx, w_.residual, w_.out, T * H);
             norm(w_.residual, w_.mixed, b.post_attention_norm, T);
-            moe_window(b.moe, w_.mixed, w_.out, T);
+            if (b.dense)
+                dense_ffn_window(b, w_.mixed, w_.out, T);
+            else
+                moe_window(b.moe, w_.mixed, w_.out, T);
             mark(kResidual);
             cuda::add_inplace(ctx, w_.residual, w_.out, T * H);
         }
@@ -92,9 +112,20 @@ class SingleStreamCudaModel final : public CudaHybridModel {
         cuda::matmul(ctx, {.w = *output_, .x = w_.hidden, .y = w_.logits, .n_tokens = T});
     }
 
+    // out = down . (silu(gate . x) * up . x), as dense_ffn_forward (the CPU's) computes it.
+    void dense_ffn_window(const BlockDevice& b, const float* x, float* out, int64_t T) const {
+        cuda::Context& ctx = *ctx_;
+        mark(kMoe);
+        cuda::matmul_shared_input(ctx, x, T, {{b.ffn_gate, ffn_gate_}, {b.ffn_up, ffn_up_}});
+        cuda::silu_mul(ctx, ffn_gate_, ffn_up_, T * h_.n_ff_dense);
+        cuda::matmul(ctx, {.w = *b.ffn_down, .x = ffn_gate_, .y = out, .n_tokens = T});
+    }
+
     SingleStreamHparams h_;
     const float* output_norm_ = nullptr;
     std::vector<BlockDevice> blocks_;
+    cuda::DeviceBuffer ffn_buffer_;
+    float *ffn_gate_ = nullptr, *ffn_up_ = nullptr;
 };
 
 }  // namespace

@@ -296,6 +296,54 @@ TEST(ConvertCommand, WarnsInOneLineThatLlamaCppCannotLoadTheFile) {
     for (const gguf::KeyValue& kv : g->kvs()) EXPECT_NE(kv.key.rfind("strata.", 0), 0u) << kv.key;
 }
 
+// qwen3next dense MLP layers and qwen4exp PLE on two layers from HF folders: one warning line each, naming why, and
+// files strata loads and runs (test_convert_layers checks their values).
+TEST(ConvertCommand, DenseMlpLayersAndSeveralPleLayersWarnInOneLine) {
+    TempDir tmp;
+    json dense = {{"architectures", {"Qwen3NextForCausalLM"}},
+                  {"vocab_size", 256},
+                  {"hidden_size", 64},
+                  {"intermediate_size", 96},
+                  {"num_hidden_layers", 4},
+                  {"num_attention_heads", 4},
+                  {"num_key_value_heads", 2},
+                  {"head_dim", 32},
+                  {"linear_num_key_heads", 2},
+                  {"linear_num_value_heads", 4},
+                  {"linear_key_head_dim", 16},
+                  {"linear_value_head_dim", 16},
+                  {"num_experts", 4},
+                  {"num_experts_per_tok", 2},
+                  {"moe_intermediate_size", 32},
+                  {"shared_expert_intermediate_size", 32},
+                  {"decoder_sparse_step", 2},
+                  {"eos_token_id", 255}};
+    json ple = qwen4exp_config(16, 64);
+    ple["ple_layer_ids"] = {3, 1};  // transformers sorts them
+    for (const auto& [name, config, reason] :
+         {std::tuple{"dense", dense, "dense MLP layers (mlp_only_layers / decoder_sparse_step) at blocks 0, 2"},
+          std::tuple{"ple", ple, "2 PLE layers"}}) {
+        SCOPED_TRACE(name);
+        const fs::path hf = fs::path(tmp.path()) / name;
+        write_hf_folder(hf, config);
+        const std::string out = tmp / (std::string(name) + ".gguf");
+        const auto r = testing::run_strata("convert --hf " + testing::shell_quote(hf.string()) + " --out " +
+                                           testing::shell_quote(out) + " --outtype f32 --vocab-placeholder");
+        ASSERT_EQ(r.status, 0) << r.err;
+        EXPECT_EQ(r.err_lines(), 1u) << r.err;
+        EXPECT_EQ(r.err.rfind("strata convert: warning: llama.cpp cannot load this file: ", 0), 0u) << r.err;
+        EXPECT_NE(r.err.find(reason), std::string::npos) << r.err;
+        auto model = load_model(out);
+        std::vector<float> logits(static_cast<size_t>(3 * model->info().n_vocab));
+        auto seq = model->new_sequence(3);
+        model->forward(*seq, std::vector<int32_t>{1, 255, 7}, logits);
+        for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+    }
+    const auto f = gguf::File::open(tmp / "ple.gguf");
+    EXPECT_EQ(f->get_int_array("strata.qwen4exp.ple.layers"), (std::vector<int64_t>{0, 2}));
+    EXPECT_NE(f->find_tensor("blk.2.per_layer_token_embd.weight"), nullptr);
+}
+
 // ple_embed_dim must split evenly over the n-gram heads (transformers' key_proj takes all of it, the table rows
 // ple_embed_dim / heads each, so a remainder cannot run there either): one line naming it.
 TEST(ConvertCommand, PleWidthThatDoesNotSplitOverTheHeadsIsRefused) {

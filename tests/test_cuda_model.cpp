@@ -399,13 +399,14 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, CudaModelTypes, ::testing::ValuesIn(kCpuWeigh
                          });
 
 // Issue 30's configs on the CUDA trunks: GDN value heads of another size than the key heads (the recurrence kernels
-// split a head's state by value columns, any dv; dk 16 and 32 here), a PLE embedding narrower than hidden_size, and 8
-// rotary dims without mrope_section; against the CPU backend on the synth presets (f32 weights: the bounds of
+// split a head's state by value columns, any dv; dk 16 and 32 here), a PLE embedding narrower than hidden_size, 8
+// rotary dims without mrope_section, qwen3next dense MLP blocks and qwen4exp PLE on three blocks; against the CPU backend on the synth presets (f32 weights: the bounds of
 // expect_matches_cpu hold with room), and against transformers on the goldens once tools/goldens has made them.
 TEST(CudaModel, UnevenHeadPresetsMatchTheCpuBackend) {
     SKIP_WITHOUT_CUDA_DEVICE();
     for (const char* preset :
-         {"qwen4exp-uneven-tiny", "qwen35moe-uneven-tiny", "qwen3next-uneven-tiny", "qwen4exp-rope8-tiny"}) {
+         {"qwen4exp-uneven-tiny", "qwen35moe-uneven-tiny", "qwen3next-uneven-tiny", "qwen4exp-rope8-tiny",
+          "qwen3next-dense-tiny", "qwen4exp-ple3-tiny"}) {
         SCOPED_TRACE(preset);
         expect_matches_cpu(synthesized_f32(preset), preset);
     }
@@ -417,7 +418,12 @@ TEST(CudaModel, UnevenHeadPresetsMatchTheCpuBackend) {
 // than the key heads, a PLE embedding narrower than hidden_size, 8 rotary dims without mrope_section). Prefill within
 // the CPU parity bound with every argmax equal, chunks of 3 equal to the prefill, and the greedy continuation.
 std::vector<std::string> golden_names() {
-    return strata::testing::fixtures_with({"hf/config.json", "logits.f32"});
+    std::vector<std::string> names = strata::testing::fixtures_with({"hf/config.json", "logits.f32"});
+    // issue 30's last configs: listed so that they show as skipped until tools/goldens has made them
+    if (!strata::testing::fixtures_overridden())
+        for (const char* name : {"qwen3next_dense", "qwen4exp_ple3"})
+            if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+    return names;
 }
 
 class CudaGoldens : public ::testing::TestWithParam<std::string> {};
@@ -425,6 +431,9 @@ class CudaGoldens : public ::testing::TestWithParam<std::string> {};
 TEST_P(CudaGoldens, MatchTransformers) {
     SKIP_WITHOUT_CUDA_DEVICE();
     const std::string name = GetParam();
+    if (!std::filesystem::exists(strata::testing::fixtures_root() / name / "logits.f32"))
+        GTEST_SKIP() << "fixture " << (strata::testing::fixtures_root() / name).string()
+                     << " is missing (tools/goldens/make_goldens.py --only qwen3next_dense,qwen4exp_ple3)";
     const Golden& g = golden(name);
     auto model = load_model(converted(DType::F32, name), cuda_options());
     const int64_t V = model->info().n_vocab;

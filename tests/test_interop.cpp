@@ -214,7 +214,7 @@ GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(FixtureInterop);
 TEST(Interop, ConfigFixturesPresent) {
     std::string missing;
     const std::vector<std::string> present = fixture_names();
-    for (const char* name : {"qwen4exp_uneven", "qwen3next_uneven"})
+    for (const char* name : {"qwen4exp_uneven", "qwen3next_uneven", "qwen3next_dense", "qwen4exp_ple3"})
         if (std::find(present.begin(), present.end(), name) == present.end()) missing += std::string(" ") + name;
     if (!missing.empty())
         GTEST_SKIP() << "fixtures missing from " << strata::testing::fixtures_root().string() << ":" << missing

@@ -223,9 +223,10 @@ std::vector<std::string> fixture_names() {
     std::vector<std::string> names;
     // Listed so that a missing one shows as skipped: the three architectures, then issue 30's configs (GDN value
     // heads of another size than the key heads with a PLE width other than hidden_size; the same in qwen3next's fused
-    // layout), which llama.cpp's keys cannot carry.
+    // layout; qwen3next with dense MLP layers; qwen4exp with PLE on three layers), which llama.cpp's keys cannot carry.
     if (!strata::testing::fixtures_overridden())
-        names = {"qwen4exp", "qwen35moe", "qwen3next", "qwen4exp_uneven", "qwen3next_uneven"};
+        names = {"qwen4exp",        "qwen35moe",       "qwen3next",     "qwen4exp_uneven",
+                 "qwen3next_uneven", "qwen3next_dense", "qwen4exp_ple3"};
     const fs::path root = strata::testing::fixtures_root();
     if (fs::is_directory(root))
         for (const auto& e : fs::directory_iterator(root)) {

@@ -109,6 +109,8 @@ int run_synth(const Args& args) {
                                           "q6_k", "iq4_nl", "iq4_xs", "iq2_xs", "iq3_xxs", "iq3_s", "iq1_m"});
     if (auto seed = args.get_u64("--seed")) options.seed = *seed;
     options.fast = args.has("--fast");
+    options.shapes_only = args.has("--shapes-only");
+    if (options.fast && options.shapes_only) throw Error("synth: give --fast or --shapes-only, not both");
     if (auto base = args.get_int("--ple-vocab-base", 1, 0x7FFFFFFF)) options.ple_vocab_base = *base;
     if (auto skew = args.get("--router-skew")) {
         size_t used = 0;
@@ -131,8 +133,10 @@ int run_synth(const Args& args) {
         return 0;
     }
     synth_model(options);
-    std::printf("wrote %s (preset %s, random weights%s)\n", options.out_path.c_str(), options.preset.c_str(),
-                options.fast ? ", random quant blocks" : "");
+    std::printf("wrote %s (preset %s, %s)\n", options.out_path.c_str(), options.preset.c_str(),
+                options.shapes_only ? "tensor shapes only: the data are a hole that reads as zeros"
+                : options.fast      ? "random weights, random quant blocks"
+                                    : "random weights");
     return 0;
 }
 
@@ -179,7 +183,7 @@ Command synth_command() {
                 .name = "synth",
                 .summary = "write a random-weight GGUF of a named shape (for tests and benchmarks)",
                 .usage = "strata synth --preset NAME [--arch ARCH] [--type T] --out FILE.gguf [--seed S] [--fast "
-                         "[--threads N]] [--ple-vocab-base N] [--router-skew S] [--dry-run]",
+                         "[--threads N]] [--ple-vocab-base N] [--router-skew S] [--dry-run] [--shapes-only]",
                 .flags =
                     {
                         {"--preset", "NAME", "the shape (see the presets below)"},
@@ -203,6 +207,10 @@ Command synth_command() {
                          "fed pseudo-random ids (as bench feeds them), near the 67% / 81% of a real Flash-Next; "
                          "larger is more skewed (up to 8)"},
                         {"--dry-run", "", "print the planned tensor bytes by type and write nothing (--out optional)"},
+                        {"--shapes-only", "",
+                         "write the keys and tensor directory with the tensor data left a hole (a sparse file "
+                         "that reads as zeros and takes only the header's disk space): for `strata info "
+                         "--vram-budget` plans of presets too large to write"},
                     },
                 .notes = presets +
                          "\n\nRandom weights give near-uniform expert routing: the pessimistic case for expert "

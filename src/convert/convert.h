@@ -45,6 +45,9 @@ struct SynthOptions {
     // preset's. Only for presets with a PLE table; shrinks the table while every other tensor keeps its shape.
     std::optional<int64_t> ple_vocab_base;
     int threads = 0;  // --fast: threads per tensor (0: all cores)
+    // --shapes-only: the tensor directory and keys of the file, its tensor data left a hole (gguf::Writer's
+    // set_data_holes: reads as zeros, takes no disk space), with the types --fast would write. For memory plans.
+    bool shapes_only = false;
     // --router-skew: 0 keeps the routers' rows N(0, 1/H); S > 0 scales expert e's row by exp(S * sigma * g_e - (S *
     // sigma)^2) with g_e ~ N(0, 1) drawn from the seed (synth.cpp's kRouterSkewSigma: S = 1 is the calibrated skew).
     double router_skew = 0.0;

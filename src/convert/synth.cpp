@@ -662,8 +662,9 @@ void synth_model(const SynthOptions& o) {
         std::fprintf(stderr, "%s\n", warning.c_str());
     gguf::Writer writer;
     add_synth_keys(writer, m);
-    if (o.fast)
-        add_fast_tensors(writer, m, o.seed, o.threads);
+    writer.set_data_holes(o.shapes_only);
+    if (o.fast || o.shapes_only)
+        add_fast_tensors(writer, m, o.seed, o.threads);  // with holes no tensor is filled
     else
         add_planned_tensors(writer, m.plan, m.types);
     writer.write(o.out_path);

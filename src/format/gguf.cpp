@@ -10,6 +10,8 @@
 #include <set>
 #include <utility>
 
+#include <unistd.h>
+
 #include "core/error.h"
 
 namespace strata::gguf {
@@ -423,9 +425,17 @@ public:
             pad -= n;
         }
     }
+    // n bytes left a hole: the file grows to cover them at close().
+    void skip(uint64_t n) {
+        if (n && ::fseeko(f_, static_cast<off_t>(n), SEEK_CUR) != 0)
+            throw Error("cannot write " + path_ + ": " + std::strerror(errno));
+        written_ += n;
+    }
     void close() {
         FILE* f = std::exchange(f_, nullptr);
-        if (std::fclose(f) != 0) throw Error("cannot write " + path_ + ": " + std::strerror(errno));
+        const bool ok = std::fflush(f) == 0 && ::ftruncate(::fileno(f), static_cast<off_t>(written_)) == 0;
+        const int err = errno;
+        if (std::fclose(f) != 0 || !ok) throw Error("cannot write " + path_ + ": " + std::strerror(ok ? errno : err));
     }
 
 private:
@@ -910,6 +920,11 @@ std::vector<std::string> Writer::write(const std::string& path, uint64_t split_m
         out.pad_to(alignment_);
         for (const size_t k : groups[s]) {
             const PendingTensor& t = tensors_[k];
+            if (holes_) {
+                out.skip(t.n_bytes);
+                out.skip(align_up(t.n_bytes, alignment_) - t.n_bytes);
+                continue;
+            }
             if (buffer.size() < t.n_bytes) buffer.resize(t.n_bytes);
             if (t.n_bytes > 0) {
                 if (!t.fill) throw Error("gguf writer: tensor " + t.name + " has no data source");

@@ -129,6 +129,9 @@ public:
     // dims in ggml order (ne0 first). Throws Error on a duplicate name or a row size that is not a block multiple.
     void add_tensor(const std::string& name, DType type, std::vector<int64_t> ne, Fill fill);
     void set_alignment(uint32_t alignment) { alignment_ = alignment; }
+    // Leaves every tensor's bytes a hole (no fill is called): the file has its full size and reads as zeros, but as a
+    // sparse file it takes only the header's disk space. For memory plans of models too large to write.
+    void set_data_holes(bool holes) { holes_ = holes; }
 
     // Writes one file, or split files NAME-0000N-of-0000M.gguf when split_max_bytes > 0 and the data exceed it
     // (llama.cpp's split.* keys). Returns the paths written. Writes to a temporary name and renames at the end.
@@ -143,6 +146,7 @@ private:
         Fill fill;
     };
     uint32_t alignment_ = 32;
+    bool holes_ = false;
     std::vector<KeyValue> kvs_;
     std::vector<PendingTensor> tensors_;
 };

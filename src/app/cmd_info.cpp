@@ -13,6 +13,7 @@
 #include "core/memory_info.h"
 #include "format/gguf.h"
 #include "model/model.h"
+#include "runtime/memory_plan.h"
 
 namespace strata::app {
 
@@ -184,6 +185,29 @@ int run_info(const Args& args) {
         n_ctx = std::min<int64_t>(kDefaultCtx, *train);
     }
     print_memory_plan(*file, n_ctx);
+    // The CUDA plan needs no GPU: it is worked out for a card of --vram-budget (people plan a purchase with it), not
+    // for the device this machine may have.
+    if (args.has("--vram-budget") || args.has("--ram-budget") || args.has("--kv-cache")) {
+        MemoryPlanInputs in{.n_ctx = n_ctx};
+        const auto size_flag = [&](const char* flag, const char* example) -> std::optional<uint64_t> {
+            const auto text = args.get(flag);
+            if (!text) return std::nullopt;
+            const auto size = parse_size(*text);
+            if (!size || *size < (uint64_t{1} << 20))
+                throw Error(std::string(flag) + " expects a size of at least 1M (e.g. " + example + "), got '" +
+                            *text + "'");
+            return size;
+        };
+        const auto vram = size_flag("--vram-budget", "12G");
+        if (!vram) throw Error("info: the CUDA memory plan needs --vram-budget SIZE (e.g. 12G)");
+        in.vram_budget = *vram;
+        in.ram_budget = size_flag("--ram-budget", "64G");
+        if (args.has("--kv-cache"))
+            in.kv_cache =
+                args.get_choice("--kv-cache", {"f16", "int8"}) == "int8" ? KvCacheType::Int8 : KvCacheType::F16;
+        std::fflush(stdout);  // what is printed so far stays in front of an error
+        std::printf("%s", plan_device_memory(*file, in).table().c_str());
+    }
     return 0;
 }
 
@@ -195,16 +219,24 @@ Command info_command() {
             {
                 .name = "info",
                 .summary = "show a GGUF's metadata, tensors, vocabulary and memory plan for this machine",
-                .usage = "strata info FILE.gguf [--ctx N]",
+                .usage = "strata info FILE.gguf [--ctx N] [--vram-budget SIZE [--ram-budget SIZE] [--kv-cache TYPE]]",
                 .flags =
                     {
                         {"--model", "FILE.gguf", "the file (instead of the positional FILE)"},
                         {"--ctx", "N",
                          "context length for the memory plan (default: min(4096, the model's "
                          "context_length))"},
+                        {"--vram-budget", "SIZE",
+                         "also print the CUDA memory plan for a card of SIZE (e.g. 12G; no GPU needed)"},
+                        {"--ram-budget", "SIZE",
+                         "host memory the plan may pin for experts and the PLE table (default: what is available)"},
+                        {"--kv-cache", "TYPE", "the CUDA plan's KV cache storage: f16 (default) or int8"},
                     },
                 .positional_name = "FILE.gguf",
-                .notes = "For a split model, give any of its NAME-0000i-of-0000n.gguf files.",
+                .notes = "For a split model, give any of its NAME-0000i-of-0000n.gguf files. With --vram-budget, "
+                         "the CUDA memory plan (where the dense weights, KV cache, expert cache, routed experts and PLE table "
+                         "go) is printed as `strata run --backend cuda` would make it; an impossible plan is an "
+                         "error (exit 2).",
             },
         .run = run_info,
     };

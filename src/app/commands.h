@@ -3,11 +3,13 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "app/flags.h"
 #include "model/model.h"
+#include "runtime/memory_plan.h"
 
 namespace strata::app {
 
@@ -55,6 +57,12 @@ int thread_count(const Args& args);
 // How to load the model: --threads, --backend cpu|cuda, --vram-budget SIZE, --no-cuda-graphs, --gdn-recurrence K.
 // Throws Error on a bad value; a CUDA backend that this build or machine lacks is reported when the model loads.
 LoadOptions load_options(const Args& args, bool read_threads = true);
+// With --backend cuda, before the model loads: the memory plan (runtime/memory_plan.h) for `path` with n_ctx tokens
+// in each of n_sequences sequences, from --vram-budget, --ram-budget and the device's free memory; printed to stderr
+// and its expert placement put in options.experts. Throws Error (exit 2) when no plan fits. nullopt with --backend
+// cpu, or without --vram-budget on a machine or build without a CUDA device (loading then says why).
+std::optional<MemoryPlan> plan_memory_for_load(const Args& args, const std::string& path, LoadOptions& options,
+                                               int64_t n_ctx, int64_t n_sequences = 1);
 // The flags load_options reads, for the commands' flag lists.
 extern const std::vector<FlagSpec> kLoadFlags;
 // Throws Error when path is not a readable regular file ("what" names it in the message).

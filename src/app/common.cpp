@@ -9,7 +9,12 @@
 
 #include "app/commands.h"
 #include "core/error.h"
+#include "format/gguf.h"
 #include "runtime/routing_trace.h"
+
+#if STRATA_HAS_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace strata::app {
 
@@ -17,6 +22,29 @@ namespace {
 
 constexpr uint64_t kMaxTokensFileBytes = 64ull << 20;  // a token list larger than this is a mistake, not a prompt
 
+// --vram-budget / --ram-budget: a size of at least 1M.
+std::optional<uint64_t> budget_flag(const Args& args, const std::string& flag) {
+    auto s = args.get(flag);
+    if (!s) return std::nullopt;
+    const auto bytes = parse_size(*s);
+    if (!bytes || *bytes < (uint64_t{1} << 20))
+        throw Error(flag + " expects a size of at least 1M (e.g. " + (flag == "--ram-budget" ? "64G" : "12G") +
+                    "), got '" + *s + "'");
+    return bytes;
+}
+
+// What the CUDA device reports before loading; nullopt in a build without CUDA or on a machine without a device.
+std::optional<DeviceMemory> cuda_device_memory([[maybe_unused]] int device) {
+#if STRATA_HAS_CUDA
+    if (cuda::device_count() == 0 || device < 0 || device >= cuda::device_count()) return std::nullopt;
+    const cuda::Context ctx({.device = device});
+    return DeviceMemory{.name = ctx.info().name,
+                        .free_bytes = ctx.info().free_bytes_at_start,
+                        .multiprocessors = ctx.info().multiprocessors};
+#else
+    return std::nullopt;
+#endif
+}
 
 }  // namespace
 
@@ -86,6 +114,8 @@ const std::vector<FlagSpec> kLoadFlags = {
     {"--threads", "N", "worker threads (default: all cores)"},
     {"--backend", "B", "cpu (default) or cuda (a build with -DSTRATA_CUDA=ON and an NVIDIA GPU)"},
     {"--vram-budget", "SIZE", "cuda: device memory strata may take, e.g. 12G (default: what is free less 5%)"},
+    {"--ram-budget", "SIZE",
+     "cuda: host memory the routed experts and the PLE table may pin, e.g. 64G (default: what is available)"},
     {"--no-cuda-graphs", "", "cuda: launch each window's kernels one by one instead of replaying a captured graph"},
     {"--gdn-recurrence", "K",
      "cuda: the GDN recurrence kernel, auto (default: the faster), column or shuffle (same outputs)"},
@@ -100,12 +130,8 @@ LoadOptions load_options(const Args& args, bool read_threads) {
     if (read_threads) o.n_threads = thread_count(args);
     const auto backend = args.get_choice("--backend", {"cpu", "cuda"});
     o.backend = backend == "cuda" ? Backend::Cuda : Backend::Cpu;
-    if (auto s = args.get("--vram-budget")) {
-        const auto bytes = parse_size(*s);
-        if (!bytes || *bytes < (uint64_t{1} << 20))
-            throw Error("--vram-budget expects a size of at least 1M (e.g. 12G), got '" + *s + "'");
-        o.vram_budget = static_cast<size_t>(*bytes);
-    }
+    if (auto bytes = budget_flag(args, "--vram-budget")) o.vram_budget = static_cast<size_t>(*bytes);
+    (void)budget_flag(args, "--ram-budget");  // checked here, read by plan_memory_for_load
     o.cuda_graphs = !args.has("--no-cuda-graphs");
     const auto recurrence = args.get_choice("--gdn-recurrence", {"auto", "column", "shuffle"});
     o.gdn_recurrence = recurrence == "column"    ? GdnRecurrenceKernel::Column
@@ -114,16 +140,36 @@ LoadOptions load_options(const Args& args, bool read_threads) {
     if (args.has("--kv-cache"))
         o.kv_cache = args.get_choice("--kv-cache", {"f16", "int8"}) == "int8" ? KvCacheType::Int8 : KvCacheType::F16;
     o.qsa_union = args.has("--qsa-union");
-    if (o.backend == Backend::Cpu && (args.has("--vram-budget") || args.has("--no-cuda-graphs") ||
-                                      args.has("--gdn-recurrence") || args.has("--kv-cache") || o.qsa_union))
-        throw Error("--vram-budget, --no-cuda-graphs, --gdn-recurrence, --kv-cache and --qsa-union apply to "
-                    "--backend cuda only");
+    if (o.backend == Backend::Cpu && (args.has("--vram-budget") || args.has("--ram-budget") ||
+                                      args.has("--no-cuda-graphs") || args.has("--gdn-recurrence") ||
+                                      args.has("--kv-cache") || o.qsa_union))
+        throw Error("--vram-budget, --ram-budget, --no-cuda-graphs, --gdn-recurrence, --kv-cache and --qsa-union "
+                    "apply to --backend cuda only");
     if (auto trace = args.get("--routing-trace")) {
         if (o.backend == Backend::Cuda)
             throw Error("--routing-trace records the CPU backend's routing only (use --backend cpu)");
         o.routing_trace = std::make_shared<RoutingTraceWriter>(*trace);
     }
     return o;
+}
+
+std::optional<MemoryPlan> plan_memory_for_load(const Args& args, const std::string& path, LoadOptions& options,
+                                               int64_t n_ctx, int64_t n_sequences) {
+    if (options.backend != Backend::Cuda) return std::nullopt;
+    MemoryPlanInputs in{.vram_budget = options.vram_budget,
+                        .ram_budget = budget_flag(args, "--ram-budget"),
+                        .n_ctx = std::max<int64_t>(n_ctx, 1),
+                        .n_sequences = std::max<int64_t>(n_sequences, 1),
+                        .kv_cache = options.kv_cache,
+                        .device = cuda_device_memory(options.cuda_device)};
+    // No budget and no device: loading says why there is no CUDA backend or device.
+    if (in.vram_budget == 0 && !in.device) return std::nullopt;
+    const std::unique_ptr<gguf::File> file = gguf::File::open(path);
+    MemoryPlan plan = plan_device_memory(*file, in);
+    std::fputs(("strata: " + plan.table()).c_str(), stderr);
+    options.experts.in_host = plan.placement().in_host;
+    options.experts.cache_slots = plan.placement().cache_slots;
+    return plan;
 }
 
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {

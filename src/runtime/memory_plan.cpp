@@ -1,0 +1,601 @@
+// The CUDA memory plan (memory_plan.h). Every device cost below mirrors an allocation of the CUDA trunk; the comment
+// on each names the code it follows, so a change there has one place to change here (tests/test_memory_plan.cpp
+// checks the arithmetic on synthesized files).
+#include "runtime/memory_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/memory_info.h"
+#include "format/gguf.h"
+#include "model/binding.h"
+#include "model/hybrid.h"
+#include "model/qwen4exp.h"
+#include "model/single_stream.h"
+
+namespace strata {
+
+namespace {
+
+// The CUDA trunk's window sizes (model/cuda/hybrid_cuda.h kPromptWindow, backend/cuda kMaxMatvecTokens) and the
+// backend constants the workspaces are cut by (backend/cuda/attention.h, decode_attention.cu, matmul.cu,
+// gemm_tensor_core.cuh).
+constexpr int64_t kPromptWindow = 64;
+constexpr int64_t kDecodeWindow = 8;
+constexpr int64_t kKvPageCells = 4;
+constexpr int64_t kKvInt8Group = 64;
+constexpr int64_t kMinCellsPerSplit = 32;
+constexpr int64_t kMaxAttentionSplits = 4096;
+constexpr int64_t kGemmRows = 128, kGemmTileK = 64, kGemmTargetBlocks = 264, kGemmMaxSplits = 8,
+                  kGemmMinTilesPerSplit = 4, kGemmFloatTile = 64;
+constexpr uint64_t kGemmPanelBytes = uint64_t{64} << 20;
+// Without a device: the decode attention's split count grows with the multiprocessors (2 blocks each); 192 is more
+// than any current GPU has (H200 132, RTX 5090 170), so the plan does not come out short.
+constexpr int kAssumedMultiprocessors = 192;
+
+constexpr const char* kPleTable = "per_layer_token_embd.weight";
+
+uint64_t round256(uint64_t n) {
+    return (n + 255) / 256 * 256;
+}
+// What a DeviceBuffer books: its size rounded up to 256 bytes, at least 256 (backend/cuda/context.cpp).
+uint64_t booked(uint64_t n) {
+    return std::max<uint64_t>(256, round256(n));
+}
+uint64_t u(int64_t n) {
+    return static_cast<uint64_t>(std::max<int64_t>(n, 0));
+}
+int64_t ceil_div(int64_t a, int64_t b) {
+    return (a + b - 1) / b;
+}
+
+std::string gib(uint64_t bytes) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f", static_cast<double>(bytes) / (1 << 30));
+    return buf;
+}
+
+bool float_type(DType t) {
+    return t == DType::F32 || t == DType::F16 || t == DType::BF16;
+}
+
+// backend/cuda/matmul.cu quantized_activation_bytes: int8 values, a scale per 32 and a sum per 16, each rounded up.
+uint64_t activation_bytes(DType w_type, int64_t n_values) {
+    if (float_type(w_type)) return 0;
+    const uint64_t n = u(n_values);
+    return round256(n) + round256(n / 32 * 4) + round256(n / 16 * 4);
+}
+
+// backend/cuda/matmul.cu gemm_plan: the split-K count of a prompt window's tensor-core GEMM.
+int64_t gemm_splits(int64_t rows, int64_t in, int64_t tokens) {
+    const int64_t tile_tokens = tokens >= 256 ? 128 : 64;
+    const int64_t tiles = ceil_div(rows, kGemmRows) * ceil_div(tokens, tile_tokens);
+    const int64_t k_tiles = ceil_div(in, kGemmTileK);
+    int64_t splits = 1;
+    while (splits < kGemmMaxSplits && tiles * splits * 2 * 4 <= kGemmTargetBlocks * 5 &&
+           k_tiles >= kGemmMinTilesPerSplit * splits * 2)
+        splits *= 2;
+    const int64_t per_split = ceil_div(k_tiles, splits);
+    return ceil_div(k_tiles, per_split);
+}
+
+// backend/cuda/matmul.cu scratch_layout(...).total(): the context scratch of one product over `tokens` tokens.
+uint64_t matmul_scratch(const gguf::TensorInfo& w, int64_t tokens) {
+    const int64_t in = w.ne[0], rows = w.ne[1];
+    const uint64_t n_act = u(tokens * in);
+    const bool quant = !float_type(w.type);
+    uint64_t total = 256;
+    if (quant) total += round256(n_act) + round256(n_act / 32 * 4) + round256(n_act / 16 * 4);
+    if (tokens <= kDecodeWindow) return total;
+    if (quant) {
+        const int64_t splits = gemm_splits(rows, in, tokens);
+        total += round256(n_act * 2) + round256(u(tokens) * 4);
+        if (splits > 1) total += round256(u(splits * rows * tokens) * 4);
+        return total;
+    }
+    const int64_t panel_rows =
+        std::clamp<int64_t>(static_cast<int64_t>(kGemmPanelBytes / (u(in) * 4)) / kGemmFloatTile * kGemmFloatTile,
+                            kGemmFloatTile, ceil_div(rows, kGemmFloatTile) * kGemmFloatTile);
+    return total + round256(u(panel_rows * in) * 4);
+}
+
+// backend/cuda matmul's supported weight types (supports_matmul).
+bool cuda_matmul_type(DType t) {
+    switch (t) {
+        case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0: case DType::Q2_K:
+        case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::IQ4_NL:
+        case DType::IQ4_XS: case DType::IQ2_XS: case DType::IQ3_XXS: case DType::IQ3_S: case DType::IQ1_M: return true;
+        default: return false;
+    }
+}
+
+// "blk.N." -> N; -1 for any other name.
+int64_t block_of(const std::string& name) {
+    if (name.rfind("blk.", 0) != 0) return -1;
+    const size_t dot = name.find('.', 4);
+    if (dot == std::string::npos || dot == 4) return -1;
+    int64_t n = 0;
+    for (size_t i = 4; i < dot; ++i) {
+        if (name[i] < '0' || name[i] > '9') return -1;
+        n = n * 10 + (name[i] - '0');
+    }
+    return n;
+}
+
+bool is_routed_expert(const std::string& name) {
+    return name.find("_exps") != std::string::npos;
+}
+
+// The shapes the device costs depend on, for both trunks (qwen4exp; qwen35moe and qwen3next).
+struct Shapes {
+    int64_t H = 0, V = 0, hc = 1, low_rank = 0, n_layer = 0;
+    std::vector<bool> recurrent;
+    std::vector<int64_t> ratio;  // per trunk block; 0: dense attention
+    AttentionShape attention;
+    IndexerShape indexer;
+    GdnShape gdn;
+    MoeShape moe;
+    int64_t ple_block = -1;
+    PleShape ple;
+    uint64_t ple_row_bytes = 0;
+    const gguf::TensorInfo* token_embd = nullptr;
+};
+
+Shapes read_shapes(const gguf::File& file) {
+    Shapes s;
+    int64_t n_all = 0;
+    const ModelInfo info = read_hybrid_info(file, &n_all);
+    s.H = info.n_embd;
+    s.n_layer = info.n_layer;
+    s.token_embd = file.find_tensor("token_embd.weight");
+    if (!s.token_embd) throw Error(file.path() + ": tensor token_embd.weight is missing");
+    s.V = s.token_embd->ne[1];
+    if (info.arch == "qwen4exp") {
+        const Qwen4ExpHparams h = read_qwen4exp_hparams(file, info, n_all);
+        s.hc = h.hc.n_streams;
+        s.low_rank = h.hc.low_rank;
+        s.recurrent = h.recurrent;
+        s.ratio = h.compress_ratio;
+        s.attention = h.attention;
+        s.indexer = h.indexer;
+        s.gdn = h.gdn;
+        s.moe = h.moe;
+        s.ple_block = h.ple_block;
+        s.ple = h.ple;
+        if (const gguf::TensorInfo* t = file.find_tensor(kPleTable))
+            s.ple_row_bytes = row_bytes(t->type, t->ne[0]);
+    } else if (info.arch == "qwen35moe" || info.arch == "qwen3next") {
+        const SingleStreamHparams h = read_single_stream_hparams(file, {info.arch.c_str(), true}, info, n_all);
+        s.recurrent = h.recurrent;
+        s.ratio.assign(s.recurrent.size(), 0);
+        s.attention = h.attention;
+        s.gdn = h.gdn;
+        s.moe = h.moe;
+    } else {
+        throw Error(file.path() + ": architecture '" + info.arch + "' has no CUDA memory plan (supported: qwen4exp, "
+                    "qwen35moe, qwen3next)");
+    }
+    s.ratio.resize(s.recurrent.size(), 0);
+    return s;
+}
+
+bool sparse(const Shapes& s, size_t il) {
+    return !s.recurrent[il] && s.ratio[il] > 0;
+}
+int64_t qsa_max_cells(const IndexerShape& ix, int64_t ratio) {
+    return ix.budget / ratio * ratio + ratio;
+}
+
+// One sequence's device state for `cap` tokens (hybrid_cuda.cpp allocate_sequence), by part.
+struct SequenceCost {
+    uint64_t kv = 0, gdn = 0, indexer = 0, ple = 0, attention_workspace = 0;
+    uint64_t total() const { return kv + gdn + indexer + ple + attention_workspace; }
+};
+
+SequenceCost sequence_cost(const Shapes& s, int64_t cap, KvCacheType kv, int multiprocessors) {
+    SequenceCost c;
+    const GdnShape& g = s.gdn;
+    const AttentionShape& a = s.attention;
+    const bool int8 = kv == KvCacheType::Int8;
+    int64_t max_blocks = 1, max_cells = 1;
+    bool any_dense = false, any_sparse = false;
+    for (size_t il = 0; il < s.recurrent.size(); ++il) {
+        if (s.recurrent[il]) {
+            c.gdn += booked(u((g.conv_kernel - 1) * g.conv_dim()) * 4);
+            c.gdn += booked(u(g.n_v_heads * g.k_head_dim * g.v_head_dim) * 4);
+        } else {
+            // backend/cuda/kv_cache.cu: K and V values per page of kKvPageCells cells, int8 with fp16 scales per 64.
+            const int64_t pages = ceil_div(cap, kKvPageCells);
+            const uint64_t values = u(a.n_head_kv * kKvPageCells * a.head_dim) * (int8 ? 1 : 2) * u(pages);
+            c.kv += 2 * booked(values);
+            if (int8) c.kv += 2 * booked(u(a.n_head_kv * kKvPageCells * (a.head_dim / kKvInt8Group)) * 2 * u(pages));
+            c.kv += booked(u(pages) * 4) + booked(4);  // identity page table, cache length
+            if (s.ratio[il] > 0) {
+                const int64_t di = s.indexer.head_dim, ratio = s.ratio[il];
+                c.indexer += booked(u(cap * di) * 4) + booked(u(std::max<int64_t>(cap / ratio, 1) * di) * 4);
+                max_blocks = std::max(max_blocks, cap / ratio + 1);
+                max_cells = std::max(max_cells, qsa_max_cells(s.indexer, ratio));
+                any_sparse = true;
+            } else {
+                any_dense = true;
+            }
+        }
+        if (static_cast<int64_t>(il) == s.ple_block) {
+            const PleShape& p = s.ple;
+            c.ple += booked(u(std::max<int64_t>(p.ngram - 1, 1)) * 4);
+            c.ple += booked(u(p.history_rows() * p.n_streams * p.n_embd) * 4);
+        }
+    }
+    c.attention_workspace = booked(u(max_blocks) * 4) + booked(u(max_blocks) * 8);  // QSA scores, keys
+    // decode_attention.cu decode_attention_splits and decode_attention_workspace_bytes.
+    const int sms = multiprocessors > 0 ? multiprocessors : kAssumedMultiprocessors;
+    auto splits = [&](int64_t cells) {
+        const int64_t by_cells = std::max<int64_t>(1, ceil_div(cells, kMinCellsPerSplit));
+        const int64_t by_device = std::max<int64_t>(1, ceil_div(2 * int64_t{sms}, std::max<int64_t>(a.n_head_kv, 1)));
+        return std::min({by_cells, by_device, kMaxAttentionSplits});
+    };
+    const int64_t dense_splits = any_dense ? splits(cap) : 1;
+    const int64_t sparse_splits = any_sparse ? splits(std::min(cap, max_cells)) : 1;
+    if (any_dense || any_sparse)
+        c.attention_workspace +=
+            booked(u(std::max(dense_splits, sparse_splits)) * u(a.n_head) * u(a.head_dim + 2) * 4);
+    return c;
+}
+
+// hybrid_cuda.cpp finish_loading: the window buffers of a prompt window, carved from one allocation.
+uint64_t window_bytes(const Shapes& s) {
+    const int64_t T = kPromptWindow, H = s.H, hc = s.hc, HC = hc * H, V = s.V;
+    const GdnShape& g = s.gdn;
+    const AttentionShape& a = s.attention;
+    int64_t max_cells = 1, index_heads = 0, index_dim = 0;
+    for (size_t il = 0; il < s.recurrent.size(); ++il)
+        if (sparse(s, il)) {
+            max_cells = std::max(max_cells, qsa_max_cells(s.indexer, s.ratio[il]));
+            index_heads = std::max(index_heads, s.indexer.n_head);
+            index_dim = std::max(index_dim, s.indexer.head_dim);
+        }
+    const bool ple = s.ple_block >= 0;
+    const int64_t ple_heads = ple ? s.ple.n_heads() : 0;
+    const int64_t ple_width = ple ? ple_heads * s.ple.row_width : 0;
+    const int64_t ple_rows = ple ? HC : 0;
+    uint64_t total = 0;
+    auto part = [&](uint64_t bytes) { total += round256(bytes); };
+    auto f32 = [&](int64_t n) { part(u(n) * 4); };
+    f32(3 * T);  // tokens, positions, lengths (int32)
+    f32(T * HC);
+    f32(T * H);
+    f32(T * H);
+    f32(T * hc);
+    part(activation_bytes(DType::Q8_0, H));
+    if (hc > 1) {
+        // backend/cuda/hyper_connection.cu read_workspace(nullptr, dims, T).floats
+        const int64_t R = s.low_rank;
+        const uint64_t low = u(T * HC) * 4, gate = low + u((T * R + 63) / 64 * 64) * 4, gate_end = gate + u(T * HC) * 4;
+        const uint64_t xn_q = round256(gate_end);
+        const uint64_t partials = xn_q + activation_bytes(DType::Q8_0, T * HC) + activation_bytes(DType::Q8_0, T * R);
+        f32(static_cast<int64_t>((gate_end + 256 + (partials - xn_q)) / 4) + T * hc * hc);
+    }
+    for (int64_t n : {T * g.conv_dim(), T * g.value_dim(), T * g.n_v_heads, T * g.n_v_heads, T * 2 * g.n_v_heads,
+                      T * g.conv_dim(), T * g.value_dim()})
+        f32(n);
+    for (int64_t n : {T * 2 * a.head_dim * a.n_head, T * a.n_head_kv * a.head_dim, T * a.n_head_kv * a.head_dim,
+                      T * a.n_head * a.head_dim, T * index_dim, T * index_heads * index_dim, T * max_cells, T})
+        f32(n);
+    part(u(T * ple_heads) * 8);
+    part(u(T * ple_heads) * s.ple_row_bytes);
+    f32(T * ple_width);
+    for (int i = 0; i < 5; ++i) f32(T * ple_rows);
+    f32(ple ? T * H : 0);
+    f32(T * H);
+    f32(T * V);
+    // backend/cuda/block_ops.cu embed_staging_bytes
+    part(round256(u(T) * row_bytes(s.token_embd->type, s.token_embd->ne[0])) + u(T * s.token_embd->ne[0]) * 4);
+    return booked(total);
+}
+
+// backend/cuda/moe.cu MoeWorkspace: one per MoE layer, cut for a decode window.
+uint64_t moe_workspace_bytes(const Shapes& s, DType gate_type, DType down_type, DType shared_in, DType shared_down) {
+    const int64_t T = kDecodeWindow, H = s.H, E = s.moe.n_expert, K = s.moe.n_expert_used, F = s.moe.n_ff,
+                  FS = s.moe.n_ff_shared, pairs = T * K;
+    const uint64_t sizes[] = {u(T * E) * 4,        u(pairs) * 4,           u(pairs) * 4,
+                              activation_bytes(gate_type, T * H),            u(pairs * 2 * F) * 4,
+                              u(pairs * F) * 4,    activation_bytes(down_type, pairs * F),
+                              u(pairs * H) * 4,    activation_bytes(FS > 0 ? shared_in : DType::F32, T * H),
+                              u(T * FS) * 4,       u(T * FS) * 4,          u(T * FS) * 4,
+                              u(T * H) * 4,        activation_bytes(FS > 0 ? shared_down : DType::F32, T * FS)};
+    uint64_t total = 0;
+    for (uint64_t b : sizes) total += round256(b);
+    return booked(total);
+}
+
+// The file's tensors by role.
+struct TensorTotals {
+    uint64_t dense = 0, ple = 0, mtp = 0, experts = 0;
+    std::vector<uint64_t> expert_bytes;  // per trunk block: one expert's bytes
+    uint64_t matmul_scratch = 0;
+    uint64_t moe_workspaces = 0;
+    int64_t n_moe_layers = 0;
+};
+
+TensorTotals classify(const gguf::File& file, const Shapes& s) {
+    TensorTotals t;
+    t.expert_bytes.assign(u(s.n_layer), 0);
+    const int64_t E = std::max<int64_t>(s.moe.n_expert, 1);
+    for (const gguf::TensorInfo& info : file.tensors()) {
+        if (info.name == kPleTable) {
+            t.ple += info.n_bytes;
+            continue;
+        }
+        if (is_mtp_block_tensor(info.name, s.n_layer)) {
+            t.mtp += info.n_bytes;
+            continue;
+        }
+        const int64_t block = block_of(info.name);
+        if (is_routed_expert(info.name) && block >= 0 && block < s.n_layer) {
+            t.experts += info.n_bytes;
+            t.expert_bytes[static_cast<size_t>(block)] += info.n_bytes / u(E);
+            continue;
+        }
+        // model/cuda/device_weights.cpp: each bound file tensor is one upload (a DeviceBuffer).
+        t.dense += booked(info.n_bytes);
+        if (info.ne[2] == 1 && info.ne[3] == 1 && cuda_matmul_type(info.type))
+            t.matmul_scratch = std::max({t.matmul_scratch, matmul_scratch(info, kDecodeWindow),
+                                         matmul_scratch(info, kPromptWindow)});
+    }
+    t.matmul_scratch = t.matmul_scratch ? booked(t.matmul_scratch) : 0;
+    for (int64_t il = 0; il < s.n_layer; ++il) {
+        const std::string p = "blk." + std::to_string(il) + ".";
+        auto type_of = [&](const char* name, DType fallback) {
+            const gguf::TensorInfo* ti = file.find_tensor(p + name);
+            return ti ? ti->type : fallback;
+        };
+        const gguf::TensorInfo* down = file.find_tensor(p + "ffn_down_exps.weight");
+        if (!down) continue;
+        const DType gate = type_of("ffn_gate_up_exps.weight", type_of("ffn_gate_exps.weight", down->type));
+        t.moe_workspaces += moe_workspace_bytes(s, gate, down->type, type_of("ffn_gate_shexp.weight", DType::F32),
+                                                type_of("ffn_down_shexp.weight", DType::F32));
+        ++t.n_moe_layers;
+    }
+    return t;
+}
+
+std::string tokens_text(int64_t n_ctx, int64_t n_sequences) {
+    std::string out = std::to_string(n_ctx) + " tokens";
+    if (n_sequences > 1) out += " x " + std::to_string(n_sequences) + " sequences";
+    return out;
+}
+
+}  // namespace
+
+const char* plan_place_name(PlanPlace place) {
+    switch (place) {
+        case PlanPlace::Vram: return "VRAM";
+        case PlanPlace::PinnedHost: return "pinned RAM";
+        case PlanPlace::MappedFile: return "mapped file";
+        case PlanPlace::NotLoaded: return "not loaded";
+    }
+    return "?";
+}
+
+uint64_t MemoryPlan::vram_total() const {
+    uint64_t total = 0;
+    for (const PlanLine& l : lines)
+        if (l.place == PlanPlace::Vram) total += l.bytes;
+    return total;
+}
+
+uint64_t MemoryPlan::pinned_total() const {
+    uint64_t total = 0;
+    for (const PlanLine& l : lines)
+        if (l.place == PlanPlace::PinnedHost) total += l.bytes;
+    return total;
+}
+
+ExpertPlacement MemoryPlan::placement() const {
+    ExpertPlacement p;
+    p.in_host = !experts_in_vram;
+    if (p.in_host) p.cache_slots = cache_slots;
+    return p;
+}
+
+std::string MemoryPlan::summary() const {
+    std::string out;
+    if (n_expert == 0 || experts_in_vram) {
+        out = "experts all in VRAM";
+    } else {
+        const int64_t lo = cache_slots.empty() ? 0 : *std::min_element(cache_slots.begin(), cache_slots.end());
+        const int64_t hi = cache_slots.empty() ? 0 : *std::max_element(cache_slots.begin(), cache_slots.end());
+        out = "expert cache " + (lo == hi ? std::to_string(lo) : std::to_string(lo) + "-" + std::to_string(hi)) +
+              " of " + std::to_string(n_expert) + " per layer, experts " +
+              (experts_pinned ? "in pinned RAM" : "read from the mapped file");
+    }
+    if (has_ple) out += std::string(", PLE table ") + (ple_pinned ? "in pinned RAM" : "rows from the file");
+    return out + "; VRAM " + gib(vram_total()) + " of " + gib(vram_budget) + " GiB, pinned RAM " +
+           gib(pinned_total()) + " of " + gib(ram_budget) + " GiB";
+}
+
+std::string MemoryPlan::table() const {
+    std::string out = "memory plan (--backend cuda) for " + tokens_text(n_ctx, n_sequences) + ", KV cache " +
+                      (kv_cache == KvCacheType::Int8 ? "int8" : "f16") + ":\n";
+    size_t width = 26;
+    for (const PlanLine& l : lines) width = std::max(width, l.what.size());
+    auto row = [&](const std::string& what, const std::string& where, const std::string& amount) {
+        char buf[512];
+        std::snprintf(buf, sizeof buf, "  %-*s  %-11s %9s\n", static_cast<int>(width), what.c_str(), where.c_str(),
+                      amount.c_str());
+        out += buf;
+    };
+    row("part", "where", "GiB");
+    for (const PlanLine& l : lines) row(l.what, plan_place_name(l.place), gib(l.bytes));
+    row("VRAM total", "", gib(vram_total()));
+    out += "  VRAM budget " + gib(vram_budget) + " GiB (" + vram_budget_source + "), " +
+           gib(vram_budget - std::min(vram_budget, vram_total())) + " GiB left; pinned RAM " + gib(pinned_total()) +
+           " of " + gib(ram_budget) + " GiB (" + ram_budget_source + ")\n";
+    out += "  " + summary() + "\n";
+    return out;
+}
+
+MemoryPlan plan_device_memory(const gguf::File& file, const MemoryPlanInputs& in) {
+    if (in.n_ctx < 1) throw Error("the memory plan needs a context of at least one token");
+    if (in.n_sequences < 1) throw Error("the memory plan needs at least one sequence");
+    const Shapes s = read_shapes(file);
+    const TensorTotals t = classify(file, s);
+    const int sms = in.device ? in.device->multiprocessors : 0;
+
+    MemoryPlan plan;
+    plan.n_ctx = in.n_ctx;
+    plan.n_sequences = in.n_sequences;
+    plan.kv_cache = in.kv_cache;
+    plan.n_expert = t.experts > 0 ? s.moe.n_expert : 0;
+    plan.expert_bytes = t.expert_bytes;
+    plan.has_ple = t.ple > 0;
+    if (in.vram_budget > 0) {
+        plan.vram_budget = in.vram_budget;
+        plan.vram_budget_source = "--vram-budget";
+        if (in.device && in.device->free_bytes < in.vram_budget) {
+            plan.vram_budget = in.device->free_bytes;
+            plan.vram_budget_source = "--vram-budget capped at what is free on " + in.device->name;
+        }
+    } else if (in.device) {
+        plan.vram_budget = in.device->free_bytes / 20 * 19;  // backend/cuda/context.cpp's default budget
+        plan.vram_budget_source = "free on " + in.device->name + " less 5%";
+    } else {
+        throw Error("the memory plan needs a VRAM budget: give --vram-budget SIZE (e.g. 12G)");
+    }
+    if (in.ram_budget) {
+        plan.ram_budget = *in.ram_budget;
+        plan.ram_budget_source = "--ram-budget";
+    } else {
+        plan.ram_budget = available_ram_bytes().value_or(physical_ram_bytes());
+        plan.ram_budget_source = "available now";
+    }
+
+    // The reserve: kCudaContextReserve is what a CUDA 12-13 primary context takes on a recent GPU with lazy module
+    // loading (the driver's own allocations and the kernel images as they load: a few hundred MiB; the figure is
+    // rounded up, to be checked against the H200's log line "CUDA memory plan ... free"), kAllocatorSlack what
+    // cudaMalloc's page rounding adds over the hundreds of weight uploads.
+    const uint64_t reserve = kCudaContextReserve + kAllocatorSlack;
+    const uint64_t fixed = t.dense + window_bytes(s) + t.moe_workspaces + t.matmul_scratch;
+    auto states = [&](int64_t ctx) {
+        return sequence_cost(s, ctx, in.kv_cache, sms).total() * u(in.n_sequences);
+    };
+    const uint64_t minimum = reserve + fixed + states(in.n_ctx);
+    const std::string at_least = "; this model needs at least " + gib(minimum) + " GiB for " +
+                                 tokens_text(in.n_ctx, in.n_sequences) + " with every routed expert in host RAM";
+    if (plan.vram_budget == 0)
+        throw Error("the VRAM budget is 0 bytes (" + plan.vram_budget_source + "): nothing can be placed" + at_least);
+    if (plan.vram_budget <= reserve)
+        throw Error("the VRAM budget of " + gib(plan.vram_budget) + " GiB (" + plan.vram_budget_source +
+                    ") is not more than the " + gib(reserve) +
+                    " GiB the CUDA context and allocator slack take: nothing else fits; raise --vram-budget" +
+                    at_least);
+    if (reserve + t.dense > plan.vram_budget)
+        throw Error("the dense weights (attention, GDN, routers, shared experts, embeddings, head) need " +
+                    gib(t.dense) + " GiB, but the VRAM budget of " + gib(plan.vram_budget) + " GiB leaves " +
+                    gib(plan.vram_budget - reserve) + " GiB after the " + gib(reserve) +
+                    " GiB reserve; raise --vram-budget or use a smaller model" + at_least);
+    if (minimum > plan.vram_budget) {
+        const uint64_t need = fixed - t.dense + states(in.n_ctx);
+        const uint64_t left = plan.vram_budget - std::min(plan.vram_budget, reserve + fixed);
+        std::string largest = "not even one token fits";
+        if (reserve + fixed < plan.vram_budget && states(1) <= left) {
+            int64_t lo = 1, hi = in.n_ctx - 1;  // states(lo) fits, states(hi + 1) does not
+            while (lo < hi) {
+                const int64_t mid = lo + (hi - lo + 1) / 2;
+                if (states(mid) <= left) lo = mid;
+                else hi = mid - 1;
+            }
+            largest = "the largest context that fits is " + std::to_string(lo) + " tokens" +
+                      (in.n_sequences > 1 ? " per sequence" : "");
+        }
+        throw Error("the KV cache, states and workspaces for " + tokens_text(in.n_ctx, in.n_sequences) + " need " +
+                    gib(need) + " GiB, but " +
+                    gib(plan.vram_budget - std::min(plan.vram_budget, reserve + t.dense)) +
+                    " GiB are left after the dense weights and the reserve; " + largest +
+                    ": ask for a smaller context or raise --vram-budget to at least " + gib(minimum) + " GiB");
+    }
+
+    const SequenceCost seq = sequence_cost(s, in.n_ctx, in.kv_cache, sms);
+    auto vram = [&](const std::string& what, uint64_t bytes) {
+        if (bytes > 0) plan.lines.push_back({what, PlanPlace::Vram, bytes});
+    };
+    const uint64_t n = u(in.n_sequences);
+    vram("CUDA context + allocator slack", reserve);
+    vram("dense weights", t.dense);
+    vram(std::string("KV cache (") + (in.kv_cache == KvCacheType::Int8 ? "int8" : "f16") + ", " +
+             tokens_text(in.n_ctx, in.n_sequences) + ")",
+         seq.kv * n);
+    vram("GDN conv + recurrent state", seq.gdn * n);
+    vram("QSA indexer keys (raw + pooled)", seq.indexer * n);
+    vram("PLE token + conv history", seq.ple * n);
+    vram("attention workspaces", seq.attention_workspace * n);
+    vram("window buffers (64-token window)", window_bytes(s));
+    vram("MoE workspaces (" + std::to_string(t.n_moe_layers) + " layers)", t.moe_workspaces);
+    vram("matmul scratch", t.matmul_scratch);
+
+    // What is left goes to the experts: all of them, or the same number of slots in every layer (one expert: its
+    // gate, up and down), the layers that cost less given one more slot each while the rest allows.
+    const uint64_t left = plan.vram_budget - minimum;
+    uint64_t all_experts = 0;
+    for (uint64_t b : t.expert_bytes) all_experts += b ? round256(b * u(s.moe.n_expert)) : 0;
+    if (t.experts == 0 || all_experts <= left) {
+        plan.experts_in_vram = true;
+        vram("routed experts (all " + std::to_string(s.moe.n_expert) + " per layer)", all_experts);
+    } else {
+        plan.experts_in_vram = false;
+        uint64_t per_slot_row = 0;  // one slot in every layer
+        for (uint64_t b : t.expert_bytes) per_slot_row += b;
+        // Each layer's cache is one allocation: its 256-byte rounding is held back first.
+        const uint64_t rounding = 256 * u(t.n_moe_layers);
+        const uint64_t usable = left > rounding ? left - rounding : 0;
+        const int64_t uniform = std::min<int64_t>(s.moe.n_expert, static_cast<int64_t>(usable / per_slot_row));
+        plan.cache_slots.assign(t.expert_bytes.size(), 0);
+        uint64_t spent = 0;
+        for (size_t il = 0; il < t.expert_bytes.size(); ++il)
+            if (t.expert_bytes[il] > 0) {
+                plan.cache_slots[il] = uniform;
+                spent += u(uniform) * t.expert_bytes[il];
+            }
+        uint64_t cheapest_cost = 0, dearest_cost = 0;
+        for (uint64_t b : t.expert_bytes)
+            if (b > 0) {
+                cheapest_cost = cheapest_cost ? std::min(cheapest_cost, b) : b;
+                dearest_cost = std::max(dearest_cost, b);
+            }
+        const bool uneven = cheapest_cost != dearest_cost;
+        if (uneven) {
+            std::vector<size_t> cheapest;
+            for (size_t il = 0; il < t.expert_bytes.size(); ++il)
+                if (t.expert_bytes[il] > 0) cheapest.push_back(il);
+            std::stable_sort(cheapest.begin(), cheapest.end(),
+                             [&](size_t a, size_t b) { return t.expert_bytes[a] < t.expert_bytes[b]; });
+            for (size_t il : cheapest)
+                if (plan.cache_slots[il] < s.moe.n_expert && spent + t.expert_bytes[il] <= usable) {
+                    ++plan.cache_slots[il];
+                    spent += t.expert_bytes[il];
+                }
+        }
+        uint64_t cache = 0;
+        for (size_t il = 0; il < t.expert_bytes.size(); ++il)
+            if (t.expert_bytes[il] > 0) cache += round256(u(plan.cache_slots[il]) * t.expert_bytes[il]);
+        vram("expert cache (" + std::to_string(uniform) + (uneven ? "+" : "") + " of " +
+                 std::to_string(s.moe.n_expert) + " per layer)",
+             cache);
+        plan.experts_pinned = t.experts <= plan.ram_budget;
+        plan.lines.push_back({"routed experts", plan.experts_pinned ? PlanPlace::PinnedHost : PlanPlace::MappedFile,
+                              t.experts});
+    }
+    if (t.ple > 0) {
+        const uint64_t ram_left = plan.ram_budget - std::min(plan.ram_budget, plan.pinned_total());
+        plan.ple_pinned = t.ple <= ram_left;
+        plan.lines.push_back({plan.ple_pinned ? "PLE table" : "PLE table (rows read with a row cache)",
+                              plan.ple_pinned ? PlanPlace::PinnedHost : PlanPlace::MappedFile, t.ple});
+    }
+    if (t.mtp > 0) plan.lines.push_back({"MTP blocks", PlanPlace::NotLoaded, t.mtp});
+    return plan;
+}
+
+}  // namespace strata

@@ -1,0 +1,95 @@
+// The memory plan of a model on the CUDA backend (issue 25; DESIGN.md section 9): from a GGUF, the VRAM and RAM
+// budgets and the context to reserve, where every part goes. Dense weights (attention, GDN, routers, shared experts,
+// norms, embeddings, head), KV pages, GDN and indexer state, window buffers, MoE workspaces and matmul scratch go to
+// VRAM; what is left of the budget becomes a per-layer VRAM expert cache when the routed experts do not all fit; the
+// routed experts then live in a pinned host arena (registered pages of the mapped file) when the RAM budget holds
+// them, else they are read from the mapped file (page cache / SSD). The PLE table stays in host memory, pinned when
+// it fits what RAM is left, else read row by row from the file with a row cache. MTP blocks are not loaded.
+//
+// Plain arithmetic over the file's tensor directory and keys: it never touches CUDA (the device's free memory is an
+// input), so `strata info FILE --vram-budget 12G` prints the same plan on a machine without a GPU. The non-weight
+// device costs are worked out the way the CUDA trunk allocates them (model/cuda/hybrid_cuda.cpp finish_loading and
+// allocate_sequence, backend/cuda's KvCache, MoeWorkspace, matmul scratch); memory_plan.cpp names the source of each.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+
+namespace strata::gguf {
+class File;
+}
+
+namespace strata {
+
+// The fixed part of the VRAM plan that no allocation of strata's accounts for: the CUDA context (the runtime's own
+// memory, module images loaded lazily, the driver's reserve) and the allocator's slack (cudaMalloc rounds large
+// allocations to its page size). memory_plan.cpp says where the numbers come from.
+inline constexpr uint64_t kCudaContextReserve = uint64_t{512} << 20;
+inline constexpr uint64_t kAllocatorSlack = uint64_t{128} << 20;
+
+// What the device reports before loading (the caller asks the CUDA backend; the planner never does).
+struct DeviceMemory {
+    std::string name;
+    uint64_t free_bytes = 0;
+    int multiprocessors = 0;  // sizes the decode attention's split results; 0: kAssumedMultiprocessors
+};
+
+struct MemoryPlanInputs {
+    // Bytes strata may take on the device (--vram-budget); 0: the device's free memory less 5% (the CUDA context's
+    // default budget), which needs `device`.
+    uint64_t vram_budget = 0;
+    // Host bytes strata may pin (--ram-budget); nullopt: what is available now (core/memory_info.h).
+    std::optional<uint64_t> ram_budget;
+    int64_t n_ctx = 4096;     // tokens each sequence holds
+    int64_t n_sequences = 1;  // sequences alive at once (server slots)
+    KvCacheType kv_cache = KvCacheType::F16;
+    std::optional<DeviceMemory> device;
+};
+
+enum class PlanPlace { Vram, PinnedHost, MappedFile, NotLoaded };
+const char* plan_place_name(PlanPlace place);
+
+struct PlanLine {
+    std::string what;
+    PlanPlace place = PlanPlace::Vram;
+    uint64_t bytes = 0;
+};
+
+struct MemoryPlan {
+    std::vector<PlanLine> lines;  // in print order
+    uint64_t vram_budget = 0;
+    std::string vram_budget_source;  // "--vram-budget", "free on <device> less 5%"
+    uint64_t ram_budget = 0;
+    std::string ram_budget_source;  // "--ram-budget", "available now"
+    int64_t n_ctx = 0;
+    int64_t n_sequences = 1;
+    KvCacheType kv_cache = KvCacheType::F16;
+
+    int64_t n_expert = 0;                   // routed experts per MoE layer (0: the file has none)
+    std::vector<uint64_t> expert_bytes;     // per trunk block: one expert's gate + up + down bytes (0: no experts)
+    bool experts_in_vram = true;            // every routed expert fits: no cache, nothing in host memory
+    std::vector<int64_t> cache_slots;       // per trunk block, when !experts_in_vram
+    bool experts_pinned = false;            // host side: pinned arena (else read from the mapped file)
+    bool has_ple = false;
+    bool ple_pinned = false;                // else rows read from the file with a row cache
+
+    uint64_t vram_total() const;  // every VRAM line, the reserve included
+    uint64_t pinned_total() const;
+    // The placement the CUDA trunk follows (in_host and cache_slots; no warm set, advisor or CPU workers).
+    ExpertPlacement placement() const;
+    // The aligned table (GiB with two decimals), one line a part, then the totals against the budgets.
+    std::string table() const;
+    // One line: "experts all in VRAM" or "expert cache 64/512 per layer, experts in pinned RAM", and the totals.
+    std::string summary() const;
+};
+
+// Throws Error (one line, naming the number and what to do) when no plan fits: a budget of 0 or below the fixed
+// reserve, a budget too small for the dense part, or for the KV cache and states of the asked context (naming the
+// largest context that fits). Also throws for files that are not one of the hybrid MoE architectures.
+MemoryPlan plan_device_memory(const gguf::File& file, const MemoryPlanInputs& inputs);
+
+}  // namespace strata

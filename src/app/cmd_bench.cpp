@@ -345,7 +345,9 @@ int run_bench(const Args& args) {
         throw Error("bench: --tokens and --heads apply to `strata bench gdn-recurrence` only");
     if (args.has("--positions") || args.has("--context"))
         throw Error("bench: --positions and --context apply to `strata bench qsa-union` only");
-    const BenchPlan plan = read_plan(args);
+    BenchPlan plan = read_plan(args);
+    // The CUDA memory plan (stderr) for the one sequence below; +1: the decode test's prompt.
+    plan_memory_for_load(args, plan.model_path, plan.load, plan.depth + plan.n_prompt + plan.n_gen + 1);
     const auto file = gguf::File::open(plan.model_path);  // for the summary and the rooflines; the model maps its own
     const ModelSummary summary = summarize(*file);
     std::string device;

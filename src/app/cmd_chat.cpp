@@ -178,6 +178,13 @@ struct Engine {
 Engine load_engine(const Args& args) {
     const std::string path = model_path_or_default(args);
     LoadOptions options = load_options(args);
+    if (options.backend == Backend::Cuda) {
+        // The plan reserves the context a sequence gets without --ctx (a longer `run` prompt may ask for more).
+        const std::unique_ptr<gguf::File> file = gguf::File::open(path);
+        const auto trained = file->get_u32_opt(file->get_str("general.architecture") + ".context_length");
+        const int64_t context = trained && *trained > 0 ? std::min<int64_t>(*trained, kDefaultContext) : kDefaultContext;
+        plan_memory_for_load(args, path, options, args.get_int("--ctx", 1, kMaxContext).value_or(context));
+    }
     Engine e;
     {
         ProgressBar bar("loading " + std::filesystem::path(path).filename().string());

@@ -83,7 +83,7 @@ int run_perplexity(const Args& args) {
     const int64_t ctx = args.get_int("--ctx", 2, kMaxContext).value_or(4096);
     const int64_t chunk = args.get_int("--chunk", 1, kMaxContext).value_or(512);
     const int64_t score_from = args.get_int("--score-from", 1, kMaxContext).value_or(1);
-    const LoadOptions options = load_options(args);
+    LoadOptions options = load_options(args);
     const std::string model_path = model_path_or_default(args);
     // Every input is read and tokenized before the model loads, so a bad file costs no load.
     const bool ids = args.has("--ids");
@@ -111,6 +111,9 @@ int run_perplexity(const Args& args) {
         if (!jsonl) throw Error("perplexity: cannot write --jsonl " + *path);
     }
 
+    int64_t longest = 1;
+    for (const std::vector<int32_t>& tokens : inputs) longest = std::max(longest, std::ssize(tokens));
+    plan_memory_for_load(args, model_path, options, longest);
     auto model = load_model(model_path, options);
     for (const auto& tokens : inputs) check_token_range(tokens, model->info().n_vocab);
     std::printf("| file | tokens scored | mean NLL | perplexity |\n| --- | ---: | ---: | ---: |\n");

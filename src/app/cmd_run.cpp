@@ -39,11 +39,12 @@ int64_t tokens_per_call(const Args& args, int64_t n_tokens) {
 int run_logits(const Args& args) {
     std::string model_path = args.require("--model");
     std::string out_path = args.require("--out");
-    const LoadOptions options = load_options(args);
+    LoadOptions options = load_options(args);
     std::vector<int32_t> tokens = read_tokens(args);
     const auto n_tokens = static_cast<int64_t>(tokens.size());
     const int64_t per_call = tokens_per_call(args, n_tokens);
     require_file(model_path, "--model");
+    plan_memory_for_load(args, model_path, options, n_tokens);
 
     auto model = load_model(model_path, options);
     const int64_t n_vocab = model->info().n_vocab;
@@ -73,8 +74,11 @@ int run_generate(const Args& args) {
         throw Error("generate: give the prompt either as --prompt TEXT or as token ids, not both");
     std::vector<int32_t> prompt = text_prompt ? std::vector<int32_t>{} : read_tokens(args);
     const bool stop_at_eog = args.has("--stop-at-eog");
-    const LoadOptions options = load_options(args);
+    LoadOptions options = load_options(args);
     const std::string model_path = model_path_or_default(args);
+    // A text prompt is tokenized after loading; it has at most one token a byte.
+    const int64_t prompt_bound = text_prompt ? static_cast<int64_t>(text_prompt->size()) : std::ssize(prompt);
+    plan_memory_for_load(args, model_path, options, prompt_bound + *n_generate);
 
     auto model = load_model(model_path, options);
     const ModelInfo& info = model->info();

@@ -1,10 +1,12 @@
 // `strata serve`: the OpenAI- and Anthropic-compatible HTTP server and web app (src/server). This file turns flags and
 // the environment (STRATA_API_KEY) into one ServeOptions and starts it.
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
 #include "app/commands.h"
 #include "core/error.h"
+#include "format/gguf.h"
 #include "server/server.h"
 
 namespace strata::app {
@@ -38,6 +40,16 @@ int run_serve(const Args& args) {
         o.api_key = *k;
     } else if (const char* env = std::getenv("STRATA_API_KEY"); env != nullptr && *env != '\0') {
         o.api_key = env;
+    }
+    if (o.load.backend == Backend::Cuda) {
+        // Every slot's sequence at once; without --ctx-size the server gives each min(training context, 4096).
+        int64_t per_slot = o.engine.ctx_per_slot;
+        if (per_slot <= 0) {
+            const std::unique_ptr<gguf::File> file = gguf::File::open(o.model_path);
+            const auto trained = file->get_u32_opt(file->get_str("general.architecture") + ".context_length");
+            per_slot = trained && *trained > 0 ? std::min<int64_t>(*trained, 4096) : 4096;
+        }
+        o.cuda_plan = plan_memory_for_load(args, o.model_path, o.load, per_slot, o.engine.n_slots);
     }
     o.cors_origins = args.get_all("--cors-origin");
     o.aliases = args.get_all("--alias");

@@ -58,6 +58,14 @@ std::string gib(uint64_t bytes) {
     return buf;
 }
 
+// In messages: GiB with two decimals from 1 GiB, MiB with one below (a tiny model's 0.00 GiB says nothing).
+std::string size_text(uint64_t bytes) {
+    char buf[32];
+    if (bytes >= (uint64_t{1} << 30)) return gib(bytes) + " GiB";
+    std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+    return buf;
+}
+
 bool float_type(DType t) {
     return t == DType::F32 || t == DType::F16 || t == DType::BF16;
 }
@@ -105,10 +113,25 @@ uint64_t matmul_scratch(const gguf::TensorInfo& w, int64_t tokens) {
 // backend/cuda matmul's supported weight types (supports_matmul).
 bool cuda_matmul_type(DType t) {
     switch (t) {
-        case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0: case DType::Q2_K:
-        case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::IQ4_NL:
-        case DType::IQ4_XS: case DType::IQ2_XS: case DType::IQ3_XXS: case DType::IQ3_S: case DType::IQ1_M: return true;
-        default: return false;
+        case DType::F32:
+        case DType::F16:
+        case DType::BF16:
+        case DType::Q8_0:
+        case DType::Q4_0:
+        case DType::Q2_K:
+        case DType::Q3_K:
+        case DType::Q4_K:
+        case DType::Q5_K:
+        case DType::Q6_K:
+        case DType::IQ4_NL:
+        case DType::IQ4_XS:
+        case DType::IQ2_XS:
+        case DType::IQ3_XXS:
+        case DType::IQ3_S:
+        case DType::IQ1_M:
+            return true;
+        default:
+            return false;
     }
 }
 
@@ -165,8 +188,7 @@ Shapes read_shapes(const gguf::File& file) {
         s.moe = h.moe;
         s.ple_block = h.ple_block;
         s.ple = h.ple;
-        if (const gguf::TensorInfo* t = file.find_tensor(kPleTable))
-            s.ple_row_bytes = row_bytes(t->type, t->ne[0]);
+        if (const gguf::TensorInfo* t = file.find_tensor(kPleTable)) s.ple_row_bytes = row_bytes(t->type, t->ne[0]);
     } else if (info.arch == "qwen35moe" || info.arch == "qwen3next") {
         const SingleStreamHparams h = read_single_stream_hparams(file, {info.arch.c_str(), true}, info, n_all);
         s.recurrent = h.recurrent;
@@ -175,7 +197,8 @@ Shapes read_shapes(const gguf::File& file) {
         s.gdn = h.gdn;
         s.moe = h.moe;
     } else {
-        throw Error(file.path() + ": architecture '" + info.arch + "' has no CUDA memory plan (supported: qwen4exp, "
+        throw Error(file.path() + ": architecture '" + info.arch +
+                    "' has no CUDA memory plan (supported: qwen4exp, "
                     "qwen35moe, qwen3next)");
     }
     s.ratio.resize(s.recurrent.size(), 0);
@@ -240,8 +263,7 @@ SequenceCost sequence_cost(const Shapes& s, int64_t cap, KvCacheType kv, int mul
     const int64_t dense_splits = any_dense ? splits(cap) : 1;
     const int64_t sparse_splits = any_sparse ? splits(std::min(cap, max_cells)) : 1;
     if (any_dense || any_sparse)
-        c.attention_workspace +=
-            booked(u(std::max(dense_splits, sparse_splits)) * u(a.n_head) * u(a.head_dim + 2) * 4);
+        c.attention_workspace += booked(u(std::max(dense_splits, sparse_splits)) * u(a.n_head) * u(a.head_dim + 2) * 4);
     return c;
 }
 
@@ -300,12 +322,20 @@ uint64_t window_bytes(const Shapes& s) {
 uint64_t moe_workspace_bytes(const Shapes& s, DType gate_type, DType down_type, DType shared_in, DType shared_down) {
     const int64_t T = kDecodeWindow, H = s.H, E = s.moe.n_expert, K = s.moe.n_expert_used, F = s.moe.n_ff,
                   FS = s.moe.n_ff_shared, pairs = T * K;
-    const uint64_t sizes[] = {u(T * E) * 4,        u(pairs) * 4,           u(pairs) * 4,
-                              activation_bytes(gate_type, T * H),            u(pairs * 2 * F) * 4,
-                              u(pairs * F) * 4,    activation_bytes(down_type, pairs * F),
-                              u(pairs * H) * 4,    activation_bytes(FS > 0 ? shared_in : DType::F32, T * H),
-                              u(T * FS) * 4,       u(T * FS) * 4,          u(T * FS) * 4,
-                              u(T * H) * 4,        activation_bytes(FS > 0 ? shared_down : DType::F32, T * FS)};
+    const uint64_t sizes[] = {u(T * E) * 4,
+                              u(pairs) * 4,
+                              u(pairs) * 4,
+                              activation_bytes(gate_type, T * H),
+                              u(pairs * 2 * F) * 4,
+                              u(pairs * F) * 4,
+                              activation_bytes(down_type, pairs * F),
+                              u(pairs * H) * 4,
+                              activation_bytes(FS > 0 ? shared_in : DType::F32, T * H),
+                              u(T * FS) * 4,
+                              u(T * FS) * 4,
+                              u(T * FS) * 4,
+                              u(T * H) * 4,
+                              activation_bytes(FS > 0 ? shared_down : DType::F32, T * FS)};
     uint64_t total = 0;
     for (uint64_t b : sizes) total += round256(b);
     return booked(total);
@@ -342,8 +372,8 @@ TensorTotals classify(const gguf::File& file, const Shapes& s) {
         // model/cuda/device_weights.cpp: each bound file tensor is one upload (a DeviceBuffer).
         t.dense += booked(info.n_bytes);
         if (info.ne[2] == 1 && info.ne[3] == 1 && cuda_matmul_type(info.type))
-            t.matmul_scratch = std::max({t.matmul_scratch, matmul_scratch(info, kDecodeWindow),
-                                         matmul_scratch(info, kPromptWindow)});
+            t.matmul_scratch =
+                std::max({t.matmul_scratch, matmul_scratch(info, kDecodeWindow), matmul_scratch(info, kPromptWindow)});
     }
     t.matmul_scratch = t.matmul_scratch ? booked(t.matmul_scratch) : 0;
     for (int64_t il = 0; il < s.n_layer; ++il) {
@@ -372,10 +402,14 @@ std::string tokens_text(int64_t n_ctx, int64_t n_sequences) {
 
 const char* plan_place_name(PlanPlace place) {
     switch (place) {
-        case PlanPlace::Vram: return "VRAM";
-        case PlanPlace::PinnedHost: return "pinned RAM";
-        case PlanPlace::MappedFile: return "mapped file";
-        case PlanPlace::NotLoaded: return "not loaded";
+        case PlanPlace::Vram:
+            return "VRAM";
+        case PlanPlace::PinnedHost:
+            return "pinned RAM";
+        case PlanPlace::MappedFile:
+            return "mapped file";
+        case PlanPlace::NotLoaded:
+            return "not loaded";
     }
     return "?";
 }
@@ -413,8 +447,8 @@ std::string MemoryPlan::summary() const {
               (experts_pinned ? "in pinned RAM" : "read from the mapped file");
     }
     if (has_ple) out += std::string(", PLE table ") + (ple_pinned ? "in pinned RAM" : "rows from the file");
-    return out + "; VRAM " + gib(vram_total()) + " of " + gib(vram_budget) + " GiB, pinned RAM " +
-           gib(pinned_total()) + " of " + gib(ram_budget) + " GiB";
+    return out + "; VRAM " + gib(vram_total()) + " of " + gib(vram_budget) + " GiB, pinned RAM " + gib(pinned_total()) +
+           " of " + gib(ram_budget) + " GiB";
 }
 
 std::string MemoryPlan::table() const {
@@ -479,43 +513,43 @@ MemoryPlan plan_device_memory(const gguf::File& file, const MemoryPlanInputs& in
     // cudaMalloc's page rounding adds over the hundreds of weight uploads.
     const uint64_t reserve = kCudaContextReserve + kAllocatorSlack;
     const uint64_t fixed = t.dense + window_bytes(s) + t.moe_workspaces + t.matmul_scratch;
-    auto states = [&](int64_t ctx) {
-        return sequence_cost(s, ctx, in.kv_cache, sms).total() * u(in.n_sequences);
-    };
+    auto states = [&](int64_t ctx) { return sequence_cost(s, ctx, in.kv_cache, sms).total() * u(in.n_sequences); };
     const uint64_t minimum = reserve + fixed + states(in.n_ctx);
-    const std::string at_least = "; this model needs at least " + gib(minimum) + " GiB for " +
+    const std::string at_least = "; this model needs at least " + size_text(minimum) + " for " +
                                  tokens_text(in.n_ctx, in.n_sequences) + " with every routed expert in host RAM";
     if (plan.vram_budget == 0)
         throw Error("the VRAM budget is 0 bytes (" + plan.vram_budget_source + "): nothing can be placed" + at_least);
     if (plan.vram_budget <= reserve)
-        throw Error("the VRAM budget of " + gib(plan.vram_budget) + " GiB (" + plan.vram_budget_source +
-                    ") is not more than the " + gib(reserve) +
-                    " GiB the CUDA context and allocator slack take: nothing else fits; raise --vram-budget" +
-                    at_least);
+        throw Error("the VRAM budget of " + size_text(plan.vram_budget) + " (" + plan.vram_budget_source +
+                    ") is not more than the " + size_text(reserve) +
+                    " the CUDA context and allocator slack take: nothing else fits; raise --vram-budget" + at_least);
     if (reserve + t.dense > plan.vram_budget)
         throw Error("the dense weights (attention, GDN, routers, shared experts, embeddings, head) need " +
-                    gib(t.dense) + " GiB, but the VRAM budget of " + gib(plan.vram_budget) + " GiB leaves " +
-                    gib(plan.vram_budget - reserve) + " GiB after the " + gib(reserve) +
-                    " GiB reserve; raise --vram-budget or use a smaller model" + at_least);
+                    size_text(t.dense) + ", but the VRAM budget of " + size_text(plan.vram_budget) + " leaves " +
+                    size_text(plan.vram_budget - reserve) + " after the " + size_text(reserve) +
+                    " reserve; raise --vram-budget or use a smaller model" + at_least);
     if (minimum > plan.vram_budget) {
         const uint64_t need = fixed - t.dense + states(in.n_ctx);
         const uint64_t left = plan.vram_budget - std::min(plan.vram_budget, reserve + fixed);
-        std::string largest = "not even one token fits";
+        std::string largest =
+            "the workspaces alone need " + size_text(fixed - t.dense) + ", so not even one token fits";
         if (reserve + fixed < plan.vram_budget && states(1) <= left) {
             int64_t lo = 1, hi = in.n_ctx - 1;  // states(lo) fits, states(hi + 1) does not
             while (lo < hi) {
                 const int64_t mid = lo + (hi - lo + 1) / 2;
-                if (states(mid) <= left) lo = mid;
-                else hi = mid - 1;
+                if (states(mid) <= left)
+                    lo = mid;
+                else
+                    hi = mid - 1;
             }
             largest = "the largest context that fits is " + std::to_string(lo) + " tokens" +
                       (in.n_sequences > 1 ? " per sequence" : "");
         }
         throw Error("the KV cache, states and workspaces for " + tokens_text(in.n_ctx, in.n_sequences) + " need " +
-                    gib(need) + " GiB, but " +
-                    gib(plan.vram_budget - std::min(plan.vram_budget, reserve + t.dense)) +
-                    " GiB are left after the dense weights and the reserve; " + largest +
-                    ": ask for a smaller context or raise --vram-budget to at least " + gib(minimum) + " GiB");
+                    size_text(need) + ", but " +
+                    size_text(plan.vram_budget - std::min(plan.vram_budget, reserve + t.dense)) +
+                    " are left after the dense weights and the reserve; " + largest +
+                    ": ask for a smaller context or raise --vram-budget to at least " + size_text(minimum));
     }
 
     const SequenceCost seq = sequence_cost(s, in.n_ctx, in.kv_cache, sms);
@@ -585,8 +619,8 @@ MemoryPlan plan_device_memory(const gguf::File& file, const MemoryPlanInputs& in
                  std::to_string(s.moe.n_expert) + " per layer)",
              cache);
         plan.experts_pinned = t.experts <= plan.ram_budget;
-        plan.lines.push_back({"routed experts", plan.experts_pinned ? PlanPlace::PinnedHost : PlanPlace::MappedFile,
-                              t.experts});
+        plan.lines.push_back(
+            {"routed experts", plan.experts_pinned ? PlanPlace::PinnedHost : PlanPlace::MappedFile, t.experts});
     }
     if (t.ple > 0) {
         const uint64_t ram_left = plan.ram_budget - std::min(plan.ram_budget, plan.pinned_total());

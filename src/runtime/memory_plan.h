@@ -69,13 +69,13 @@ struct MemoryPlan {
     int64_t n_sequences = 1;
     KvCacheType kv_cache = KvCacheType::F16;
 
-    int64_t n_expert = 0;                   // routed experts per MoE layer (0: the file has none)
-    std::vector<uint64_t> expert_bytes;     // per trunk block: one expert's gate + up + down bytes (0: no experts)
-    bool experts_in_vram = true;            // every routed expert fits: no cache, nothing in host memory
-    std::vector<int64_t> cache_slots;       // per trunk block, when !experts_in_vram
-    bool experts_pinned = false;            // host side: pinned arena (else read from the mapped file)
+    int64_t n_expert = 0;                // routed experts per MoE layer (0: the file has none)
+    std::vector<uint64_t> expert_bytes;  // per trunk block: one expert's gate + up + down bytes (0: no experts)
+    bool experts_in_vram = true;         // every routed expert fits: no cache, nothing in host memory
+    std::vector<int64_t> cache_slots;    // per trunk block, when !experts_in_vram
+    bool experts_pinned = false;         // host side: pinned arena (else read from the mapped file)
     bool has_ple = false;
-    bool ple_pinned = false;                // else rows read from the file with a row cache
+    bool ple_pinned = false;  // else rows read from the file with a row cache
 
     uint64_t vram_total() const;  // every VRAM line, the reserve included
     uint64_t pinned_total() const;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/memory_plan.h"
 #include "server/constraints.h"
 #include "server/engine.h"
 #include "server/reply_parser.h"
@@ -66,6 +67,7 @@ struct ServerContext {
     ServerLimits limits;
     std::chrono::steady_clock::time_point started;
     int64_t created_unix = 0;
+    const MemoryPlan* cuda_plan = nullptr;  // --backend cuda: the plan the load followed
 };
 
 // Per-request facts for the one log line the server writes per request (filled by the handlers, printed by the

@@ -128,6 +128,22 @@ Json tokenize_pieces(const Tokenizer& tokenizer, const std::vector<int32_t>& ids
     return out;
 }
 
+// The CUDA memory plan (runtime/memory_plan.h) as /v1/status shows it; null with --backend cpu.
+Json cuda_plan_json(const MemoryPlan* plan) {
+    if (!plan) return nullptr;
+    Json lines = Json::array();
+    for (const PlanLine& l : plan->lines)
+        lines.push_back({{"what", l.what}, {"where", plan_place_name(l.place)}, {"bytes", l.bytes}});
+    return {{"summary", plan->summary()},
+            {"vram_budget_bytes", plan->vram_budget},
+            {"vram_bytes", plan->vram_total()},
+            {"ram_budget_bytes", plan->ram_budget},
+            {"pinned_bytes", plan->pinned_total()},
+            {"experts_in_vram", plan->experts_in_vram},
+            {"expert_cache_slots", plan->cache_slots},
+            {"lines", lines}};
+}
+
 Json status_json(const ServerContext& ctx, const gguf::File& file) {
     const EngineSnapshot snap = ctx.engine->snapshot();
     Json slots = Json::array();
@@ -165,6 +181,7 @@ Json status_json(const ServerContext& ctx, const gguf::File& file) {
               {"n_ctx_train", info.n_ctx_train},
               {"chat_template", ctx.builtin_template ? "built-in ChatML" : "from the model"}}},
             {"memory_plan", {{"per_slot_context", o.ctx_per_slot}, {"items", plan}, {"total_bytes", total}}},
+            {"cuda_memory_plan", cuda_plan_json(ctx.cuda_plan)},
             {"slots", slots},
             {"queue", {{"waiting", snap.load.waiting}, {"limit", snap.queue_limit}, {"running", snap.load.running}}},
             {"kv_cache_usage", snap.load.kv_usage},
@@ -262,6 +279,7 @@ int serve(const ServeOptions& options) {
     ctx.started = Clock::now();
     ctx.created_unix = static_cast<int64_t>(std::time(nullptr));
     ctx.model_path = options.model_path;
+    ctx.cuda_plan = options.cuda_plan ? &*options.cuda_plan : nullptr;
     std::unique_ptr<Model> model = load_model(options.model_path, options.load);
     std::unique_ptr<gguf::File> file = gguf::File::open(options.model_path);
     if (!file->find("tokenizer.ggml.model"))

@@ -2,9 +2,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "runtime/memory_plan.h"
 #include "server/engine.h"
 
 namespace strata::server {
@@ -20,6 +22,7 @@ struct ServeOptions {
     std::vector<std::string> aliases;   // more names the `model` field may use
     size_t max_body = 1 << 20;
     int http_threads = 0;               // 0: slots + queue + 8
+    std::optional<MemoryPlan> cuda_plan;  // --backend cuda: the memory plan the load follows (shown by /v1/status)
 };
 
 // Loads the model, starts the engine and listens until SIGINT or SIGTERM; then finishes what runs and returns 0.

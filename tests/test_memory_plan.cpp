@@ -1,0 +1,366 @@
+// The CUDA memory plan (src/runtime/memory_plan.h) without a GPU: on GGUFs written by `strata synth --shapes-only`
+// (gguf::Writer::set_data_holes: the tensor directory of a real shape, its data a hole), and variants of them with an
+// MTP block or one layer's experts in another type. Oracles: the tensor bytes summed here from each tensor's shape
+// and type (core/dtype.h row sizes), classified by name as the GGUF layout says (shared/reference/gguf-qwen4exp.md:
+// `*_exps` routed experts, `per_layer_token_embd.weight` the PLE table, blocks from block_count -
+// nextn_predict_layers on MTP); KV and GDN state from the hyperparameters (K and V of fp16 or int8 with an fp16 scale
+// per 64 values, the conv history of kernel - 1 rows and the dk x dv recurrent state per head); the cache slots as
+// the steps of one expert per layer. Device buffers are booked in 256-byte units (backend/cuda/context.cpp).
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "convert/convert.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "format/gguf.h"
+#include "runtime/memory_plan.h"
+#include "test_util.h"
+
+namespace strata {
+namespace {
+
+using testing::expect_error;
+using testing::process_temp_dir;
+using testing::run_strata;
+using testing::shell_quote;
+
+constexpr uint64_t kGiB = uint64_t{1} << 30, kMiB = uint64_t{1} << 20;
+
+uint64_t booked(uint64_t n) {
+    return std::max<uint64_t>(256, (n + 255) / 256 * 256);
+}
+
+uint64_t shape_bytes(const gguf::TensorInfo& t) {
+    return row_bytes(t.type, t.ne[0]) * static_cast<uint64_t>(t.ne[1] * t.ne[2] * t.ne[3]);
+}
+
+// qwen4exp-mid (16 layers, hidden 1024, 64 experts, PLE) with Q4_K experts: 1.07 GiB of shapes, 1 MB on disk.
+const std::string& mid_path() {
+    static const std::string path = [] {
+        const std::string p = process_temp_dir() / "mid.gguf";
+        synth_model({.preset = "qwen4exp-mid", .expert_type = DType::Q4_K, .out_path = p, .shapes_only = true});
+        return p;
+    }();
+    return path;
+}
+
+// mid with changes: one more block as an MTP block (nextn_predict_layers 1), or block 0's experts as Q8_0.
+std::string mid_variant(const std::string& name, bool mtp, bool q8_0_block0) {
+    const std::string path = process_temp_dir() / name;
+    const auto src = gguf::File::open(mid_path());
+    gguf::Writer w;
+    for (const gguf::KeyValue& kv : src->kvs()) {
+        gguf::Value v = kv.value;
+        if (mtp && kv.key == "qwen4exp.block_count") v = gguf::Value::of_u32(17);
+        if (mtp && kv.key == "qwen4exp.attention.compress_ratios") v.arr.push_back(v.arr.front());
+        w.set(kv.key, v);
+    }
+    if (mtp) w.set("qwen4exp.nextn_predict_layers", gguf::Value::of_u32(1));
+    for (const gguf::TensorInfo& t : src->tensors()) {
+        const bool expert0 = q8_0_block0 && t.name.rfind("blk.0.", 0) == 0 && t.name.find("_exps") != std::string::npos;
+        w.add_tensor(t.name, expert0 ? DType::Q8_0 : t.type, {t.ne, t.ne + t.n_dims}, nullptr);
+    }
+    if (mtp) {
+        w.add_tensor("blk.16.nextn.eh_proj.weight", DType::F16, {2048, 1024}, nullptr);
+        w.add_tensor("blk.16.ffn_down_exps.weight", DType::Q8_0, {256, 1024, 64}, nullptr);
+    }
+    w.set_data_holes(true);
+    w.write(path);
+    return path;
+}
+
+struct Roles {
+    uint64_t dense = 0, experts = 0, ple = 0, mtp = 0;
+    std::vector<uint64_t> per_layer;  // one expert's bytes, per trunk block
+    uint64_t row() const {            // one slot in every layer
+        uint64_t r = 0;
+        for (uint64_t b : per_layer) r += b;
+        return r;
+    }
+    uint64_t all_experts() const {  // every layer's experts, each layer one allocation
+        uint64_t r = 0;
+        for (uint64_t b : per_layer) r += (b * 64 + 255) / 256 * 256;
+        return r;
+    }
+};
+
+Roles roles(const gguf::File& f) {
+    const int64_t n_all = f.get_u32("qwen4exp.block_count");
+    const int64_t n_trunk = n_all - f.get_u32_opt("qwen4exp.nextn_predict_layers").value_or(0);
+    const int64_t n_expert = f.get_u32("qwen4exp.expert_count");
+    Roles r;
+    r.per_layer.assign(static_cast<size_t>(n_trunk), 0);
+    for (const gguf::TensorInfo& t : f.tensors()) {
+        const uint64_t bytes = shape_bytes(t);
+        int64_t block = -1;
+        if (t.name.rfind("blk.", 0) == 0) block = std::stoll(t.name.substr(4));
+        if (t.name == "per_layer_token_embd.weight") r.ple += bytes;
+        else if (block >= n_trunk) r.mtp += bytes;
+        else if (t.name.find("_exps") != std::string::npos) {
+            r.experts += bytes;
+            r.per_layer[static_cast<size_t>(block)] += bytes / static_cast<uint64_t>(n_expert);
+        } else {
+            r.dense += booked(bytes);
+        }
+    }
+    return r;
+}
+
+uint64_t line(const MemoryPlan& plan, const std::string& prefix, PlanPlace* place = nullptr) {
+    for (const PlanLine& l : plan.lines)
+        if (l.what.rfind(prefix, 0) == 0) {
+            if (place) *place = l.place;
+            return l.bytes;
+        }
+    ADD_FAILURE() << "no plan line starting with '" << prefix << "'";
+    return 0;
+}
+
+bool has_line(const MemoryPlan& plan, const std::string& prefix) {
+    return std::any_of(plan.lines.begin(), plan.lines.end(),
+                       [&](const PlanLine& l) { return l.what.rfind(prefix, 0) == 0; });
+}
+
+MemoryPlan plan_for(const std::string& path, uint64_t vram, uint64_t ram = 1024 * kGiB, int64_t ctx = 4096,
+                    KvCacheType kv = KvCacheType::F16) {
+    const auto f = gguf::File::open(path);
+    return plan_device_memory(*f, {.vram_budget = vram, .ram_budget = ram, .n_ctx = ctx, .kv_cache = kv});
+}
+
+// VRAM the plan takes besides the experts, at a budget where they all fit (measured once; the tests below check
+// steps from it of sizes worked out here).
+uint64_t non_expert_vram(const std::string& path) {
+    const MemoryPlan p = plan_for(path, 64 * kGiB);
+    EXPECT_TRUE(p.experts_in_vram);
+    return p.vram_total() - line(p, "routed experts (all");
+}
+
+TEST(MemoryPlan, HoleFileHasItsFullSizeAndReadsAsZeros) {
+    const auto f = gguf::File::open(mid_path());
+    uint64_t data = 0;
+    for (const gguf::TensorInfo& t : f->tensors()) {
+        EXPECT_EQ(t.n_bytes, shape_bytes(t)) << t.name;
+        data += t.n_bytes;
+    }
+    EXPECT_GT(data, kGiB);
+    struct stat st {};
+    ASSERT_EQ(::stat(mid_path().c_str(), &st), 0);
+    EXPECT_GE(static_cast<uint64_t>(st.st_size), data);
+    EXPECT_LT(static_cast<uint64_t>(st.st_blocks) * 512, 64 * kMiB);  // sparse: the header's blocks only
+    const gguf::TensorInfo* t = f->find_tensor("blk.3.ffn_down_exps.weight");
+    ASSERT_NE(t, nullptr);
+    EXPECT_TRUE(std::all_of(t->data, t->data + 4096, [](uint8_t b) { return b == 0; }));
+}
+
+TEST(MemoryPlan, TensorsArePlacedByRole) {
+    const std::string path = mid_variant("mid_mtp.gguf", /*mtp=*/true, false);
+    const auto f = gguf::File::open(path);
+    const Roles r = roles(*f);
+    ASSERT_GT(r.mtp, 0u);
+    ASSERT_GT(r.ple, 0u);
+    const MemoryPlan p = plan_for(path, 64 * kGiB);
+    PlanPlace place{};
+    EXPECT_EQ(line(p, "dense weights", &place), r.dense);
+    EXPECT_EQ(place, PlanPlace::Vram);
+    EXPECT_EQ(line(p, "routed experts (all 64 per layer)", &place), r.all_experts());
+    EXPECT_EQ(place, PlanPlace::Vram);
+    EXPECT_EQ(line(p, "PLE table", &place), r.ple);
+    EXPECT_EQ(place, PlanPlace::PinnedHost);
+    EXPECT_EQ(line(p, "MTP blocks", &place), r.mtp);
+    EXPECT_EQ(place, PlanPlace::NotLoaded);
+    EXPECT_EQ(line(p, "CUDA context", &place), kCudaContextReserve + kAllocatorSlack);
+    EXPECT_EQ(p.expert_bytes, r.per_layer);
+    // Every tensor is in exactly one of the four.
+    uint64_t file_bytes = 0, dense_raw = 0;
+    for (const gguf::TensorInfo& t : f->tensors()) file_bytes += shape_bytes(t);
+    dense_raw = file_bytes - r.experts - r.ple - r.mtp;
+    EXPECT_LE(dense_raw, r.dense);
+    EXPECT_LT(r.dense - dense_raw, 256 * f->tensors().size());
+    const ExpertPlacement e = p.placement();
+    EXPECT_FALSE(e.in_host);
+    EXPECT_TRUE(e.cache_slots.empty());
+}
+
+TEST(MemoryPlan, KvCacheAndGdnStateFollowTheHyperparameters) {
+    // mid: 16 blocks, every 4th attention (4 of them), 2 KV heads of 128; GDN: 8 key heads of dk 64, 16 value heads of
+    // dv 1024 / 16 = 64, conv kernel 4 over 2 * 8 * 64 + 16 * 64 = 2048 channels.
+    const int64_t n_attention = 4, n_recurrent = 12, nkv = 2, hd = 128;
+    for (int64_t ctx : {int64_t{256}, int64_t{4096}, int64_t{65536}}) {
+        const uint64_t cells = static_cast<uint64_t>(ctx * nkv * hd);
+        // K and V, the identity page table (one int32 a 4-cell page) and the cache length.
+        const uint64_t f16 = n_attention * (2 * cells * 2 + static_cast<uint64_t>(ctx) + 256);
+        const uint64_t int8 = n_attention * (2 * cells + 2 * (cells / 64) * 2 + static_cast<uint64_t>(ctx) + 256);
+        EXPECT_EQ(line(plan_for(mid_path(), 64 * kGiB, kGiB, ctx), "KV cache (f16"), f16) << ctx;
+        EXPECT_EQ(line(plan_for(mid_path(), 64 * kGiB, kGiB, ctx, KvCacheType::Int8), "KV cache (int8"), int8) << ctx;
+    }
+    const uint64_t gdn = n_recurrent * (booked(3 * 2048 * 4) + booked(16 * 64 * 64 * 4));
+    EXPECT_EQ(line(plan_for(mid_path(), 64 * kGiB), "GDN conv + recurrent state"), gdn);
+    // Two sequences (server slots) hold twice the state.
+    const auto f = gguf::File::open(mid_path());
+    const MemoryPlan two =
+        plan_device_memory(*f, {.vram_budget = 64 * kGiB, .ram_budget = kGiB, .n_ctx = 4096, .n_sequences = 2});
+    EXPECT_EQ(line(two, "GDN conv + recurrent state"), 2 * gdn);
+    EXPECT_EQ(line(two, "KV cache (f16"), 2 * n_attention * (2 * uint64_t{4096 * nkv * hd} * 2 + 4096 + 256));
+}
+
+TEST(MemoryPlan, LeftoverBecomesTheSameSlotCountInEveryLayer) {
+    const auto f = gguf::File::open(mid_path());
+    const Roles r = roles(*f);
+    const uint64_t base = non_expert_vram(mid_path());
+    const uint64_t hold_back = 256 * r.per_layer.size();  // each layer's cache: one allocation rounded to 256
+    for (int64_t k : {0, 1, 17, 63}) {
+        const MemoryPlan p = plan_for(mid_path(), base + hold_back + static_cast<uint64_t>(k) * r.row() + r.row() / 2);
+        EXPECT_FALSE(p.experts_in_vram) << k;
+        ASSERT_EQ(p.cache_slots.size(), r.per_layer.size());
+        for (int64_t slots : p.cache_slots) EXPECT_EQ(slots, k);
+        uint64_t cache = 0;
+        for (uint64_t b : r.per_layer) cache += (b * static_cast<uint64_t>(k) + 255) / 256 * 256;
+        if (k > 0) {
+            EXPECT_EQ(line(p, "expert cache (" + std::to_string(k) + " of 64 per layer)"), cache);
+        }
+        EXPECT_LE(p.vram_total(), p.vram_budget);
+        const ExpertPlacement e = p.placement();
+        EXPECT_TRUE(e.in_host);
+        EXPECT_EQ(e.cache_slots, p.cache_slots);
+    }
+    // Every expert fits: no cache, nothing in host memory for them.
+    const MemoryPlan all = plan_for(mid_path(), base + r.all_experts());
+    EXPECT_TRUE(all.experts_in_vram);
+    EXPECT_TRUE(std::none_of(all.lines.begin(), all.lines.end(),
+                             [](const PlanLine& l) { return l.what == "routed experts"; }));
+    EXPECT_FALSE(has_line(all, "expert cache"));
+    const MemoryPlan short_by_one = plan_for(mid_path(), base + r.all_experts() - 1);
+    EXPECT_FALSE(short_by_one.experts_in_vram);
+    for (int64_t slots : short_by_one.cache_slots) EXPECT_EQ(slots, 63);
+}
+
+TEST(MemoryPlan, CheaperLayersGetTheSlotsTheRemainderAllows) {
+    // Block 0's experts in Q8_0 cost more than the Q4_K of the other 15: after the common count, what is left buys
+    // one more slot in as many of the cheap layers as it pays for.
+    const std::string path = mid_variant("mid_q8_0_block0.gguf", false, /*q8_0_block0=*/true);
+    const Roles r = roles(*gguf::File::open(path));
+    ASSERT_GT(r.per_layer[0], r.per_layer[1]);
+    const uint64_t base = non_expert_vram(path);
+    const uint64_t hold_back = 256 * r.per_layer.size();
+    const int64_t k = 20;
+    const MemoryPlan p = plan_for(path, base + hold_back + k * r.row() + 3 * r.per_layer[1] + r.per_layer[1] / 2);
+    ASSERT_FALSE(p.experts_in_vram);
+    EXPECT_EQ(p.cache_slots[0], k);
+    EXPECT_EQ(std::count(p.cache_slots.begin(), p.cache_slots.end(), k + 1), 3);
+    EXPECT_EQ(std::count(p.cache_slots.begin(), p.cache_slots.end(), k), 13);
+}
+
+TEST(MemoryPlan, HostSidePinsWhatTheRamBudgetHolds) {
+    const Roles r = roles(*gguf::File::open(mid_path()));
+    const uint64_t host_plan_vram = non_expert_vram(mid_path()) + 4 * r.row() + 256 * 16;
+    PlanPlace place{};
+    MemoryPlan p = plan_for(mid_path(), host_plan_vram, r.experts + r.ple);
+    EXPECT_TRUE(p.experts_pinned);
+    EXPECT_TRUE(p.ple_pinned);
+    EXPECT_EQ(line(p, "routed experts", &place), r.experts);
+    EXPECT_EQ(place, PlanPlace::PinnedHost);
+    EXPECT_EQ(p.pinned_total(), r.experts + r.ple);
+    p = plan_for(mid_path(), host_plan_vram, r.experts + r.ple - 1);  // the PLE table no longer fits beside them
+    EXPECT_TRUE(p.experts_pinned);
+    EXPECT_FALSE(p.ple_pinned);
+    EXPECT_EQ(line(p, "PLE table (rows read with a row cache)", &place), r.ple);
+    EXPECT_EQ(place, PlanPlace::MappedFile);
+    p = plan_for(mid_path(), host_plan_vram, r.experts - 1);
+    EXPECT_FALSE(p.experts_pinned);
+    EXPECT_EQ(line(p, "routed experts", &place), r.experts);
+    EXPECT_EQ(place, PlanPlace::MappedFile);
+    EXPECT_NE(p.summary().find("read from the mapped file"), std::string::npos);
+    // Experts all in VRAM: the PLE table has the whole RAM budget.
+    p = plan_for(mid_path(), 64 * kGiB, r.ple);
+    EXPECT_TRUE(p.ple_pinned);
+}
+
+TEST(MemoryPlan, ImpossiblePlansAreOneLineErrors) {
+    const auto f = gguf::File::open(mid_path());
+    const Roles r = roles(*f);
+    const uint64_t reserve = kCudaContextReserve + kAllocatorSlack;
+    auto plan = [&](uint64_t vram, int64_t ctx = 4096) {
+        return plan_device_memory(*f, {.vram_budget = vram, .ram_budget = kGiB, .n_ctx = ctx});
+    };
+    expect_error([&] { plan_device_memory(*f, {.n_ctx = 4096}); }, "needs a VRAM budget: give --vram-budget");
+    expect_error([&] { plan_device_memory(*f, {.n_ctx = 4096, .device = DeviceMemory{.name = "X"}}); },
+                 "VRAM budget is 0 bytes");
+    expect_error([&] { plan(reserve); }, "not more than the 640.0 MiB the CUDA context and allocator slack take");
+    expect_error([&] { plan(256 * kMiB); }, "raise --vram-budget");
+    expect_error([&] { plan(reserve + r.dense - 1); }, "the dense weights");
+    char dense_text[32];
+    std::snprintf(dense_text, sizeof dense_text, "need %.1f MiB", static_cast<double>(r.dense) / kMiB);
+    expect_error([&] { plan(reserve + r.dense - 1); }, dense_text);
+    // The dense part fits, the state of 65536 tokens does not: the message names the largest context that does.
+    const uint64_t budget = reserve + r.dense + 200 * kMiB;
+    std::string message;
+    try {
+        plan(budget, 65536);
+    } catch (const Error& e) {
+        message = e.what();
+    }
+    ASSERT_NE(message.find("the KV cache, states and workspaces for 65536 tokens"), std::string::npos) << message;
+    const std::string marker = "the largest context that fits is ";
+    const size_t at = message.find(marker);
+    ASSERT_NE(at, std::string::npos) << message;
+    const int64_t largest = std::stoll(message.substr(at + marker.size()));
+    EXPECT_GT(largest, 0);
+    EXPECT_LT(largest, 65536);
+    EXPECT_NO_THROW(plan(budget, largest));
+    expect_error([&] { plan(budget, largest + 1); }, marker + std::to_string(largest) + " tokens");
+    // One more token costs, in each of the 4 attention layers (all QSA, ratio 4, indexer keys of 64): K and V rows of
+    // 2 heads x 128 fp16, a quarter of a page-table entry, a raw indexer key of 64 floats and a quarter of a pooled
+    // one. 1024 more tokens fit in that much more budget, give or take what the largest context left unused (less
+    // than a token) and the 256-byte rounding of the 20 buffers that grow with the context.
+    const uint64_t per_token = 4 * (2 * 2 * 128 * 2 + 1 + 64 * 4 + 64), rounding = 20 * 256;
+    EXPECT_NO_THROW(plan(budget + 1024 * per_token + rounding, largest + 1024));
+    expect_error([&] { plan(budget + 1024 * per_token - per_token - rounding, largest + 1024); },
+                 "the largest context that fits");
+}
+
+TEST(MemoryPlan, DeviceFreeMemoryCapsOrSetsTheBudget) {
+    const auto f = gguf::File::open(mid_path());
+    const DeviceMemory card{.name = "Test GPU", .free_bytes = 10 * kGiB, .multiprocessors = 40};
+    const MemoryPlan capped = plan_device_memory(*f, {.vram_budget = 24 * kGiB, .ram_budget = kGiB, .device = card});
+    EXPECT_EQ(capped.vram_budget, 10 * kGiB);
+    EXPECT_NE(capped.vram_budget_source.find("capped at what is free on Test GPU"), std::string::npos);
+    const MemoryPlan by_free = plan_device_memory(*f, {.ram_budget = kGiB, .device = card});
+    EXPECT_EQ(by_free.vram_budget, 10 * kGiB / 20 * 19);
+}
+
+TEST(MemoryPlan, InfoPrintsThePlanWithoutAGpu) {
+    const Roles r = roles(*gguf::File::open(mid_path()));
+    const testing::ShellRun ok = run_strata("info " + shell_quote(mid_path()) + " --vram-budget 4G --ram-budget 64G");
+    ASSERT_EQ(ok.status, 0) << ok.err;
+    EXPECT_NE(ok.out.find("memory plan (--backend cuda) for 4096 tokens"), std::string::npos) << ok.out;
+    char dense[32];
+    std::snprintf(dense, sizeof dense, "%.2f", static_cast<double>(r.dense) / kGiB);
+    const size_t at = ok.out.find("\n  dense weights ");
+    ASSERT_NE(at, std::string::npos) << ok.out;
+    std::istringstream row(ok.out.substr(at + 1, ok.out.find('\n', at + 1) - at - 1));
+    std::vector<std::string> words;
+    for (std::string w; row >> w;) words.push_back(w);
+    EXPECT_EQ(words, (std::vector<std::string>{"dense", "weights", "VRAM", dense})) << ok.out;
+    EXPECT_NE(ok.out.find("experts all in VRAM"), std::string::npos) << ok.out;
+    EXPECT_NE(ok.out.find("VRAM budget 4.00 GiB (--vram-budget)"), std::string::npos) << ok.out;
+
+    testing::expect_user_error(run_strata("info " + shell_quote(mid_path()) + " --vram-budget 700M"), "dense weights");
+    testing::expect_user_error(run_strata("info " + shell_quote(mid_path()) + " --vram-budget 12X"),
+                               "--vram-budget expects a size");
+    // Every loading command plans before it loads, in any build: an impossible plan is exit 2 before the backend.
+    testing::expect_user_error(run_strata("generate --model " + shell_quote(mid_path()) +
+                                          " --tokens '1 2' -n 2 --backend cuda --vram-budget 100M"),
+                               "CUDA context and allocator slack");
+    testing::expect_user_error(run_strata("generate --model " + shell_quote(mid_path()) +
+                                          " --tokens '1 2' -n 2 --ram-budget 1G"),
+                               "apply to --backend cuda only");
+}
+
+}  // namespace
+}  // namespace strata

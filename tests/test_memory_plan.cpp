@@ -100,8 +100,10 @@ Roles roles(const gguf::File& f) {
         const uint64_t bytes = shape_bytes(t);
         int64_t block = -1;
         if (t.name.rfind("blk.", 0) == 0) block = std::stoll(t.name.substr(4));
-        if (t.name == "per_layer_token_embd.weight") r.ple += bytes;
-        else if (block >= n_trunk) r.mtp += bytes;
+        if (t.name == "per_layer_token_embd.weight")
+            r.ple += bytes;
+        else if (block >= n_trunk)
+            r.mtp += bytes;
         else if (t.name.find("_exps") != std::string::npos) {
             r.experts += bytes;
             r.per_layer[static_cast<size_t>(block)] += bytes / static_cast<uint64_t>(n_expert);
@@ -232,8 +234,8 @@ TEST(MemoryPlan, LeftoverBecomesTheSameSlotCountInEveryLayer) {
     // Every expert fits: no cache, nothing in host memory for them.
     const MemoryPlan all = plan_for(mid_path(), base + r.all_experts());
     EXPECT_TRUE(all.experts_in_vram);
-    EXPECT_TRUE(std::none_of(all.lines.begin(), all.lines.end(),
-                             [](const PlanLine& l) { return l.what == "routed experts"; }));
+    EXPECT_TRUE(
+        std::none_of(all.lines.begin(), all.lines.end(), [](const PlanLine& l) { return l.what == "routed experts"; }));
     EXPECT_FALSE(has_line(all, "expert cache"));
     const MemoryPlan short_by_one = plan_for(mid_path(), base + r.all_experts() - 1);
     EXPECT_FALSE(short_by_one.experts_in_vram);
@@ -357,9 +359,9 @@ TEST(MemoryPlan, InfoPrintsThePlanWithoutAGpu) {
     testing::expect_user_error(run_strata("generate --model " + shell_quote(mid_path()) +
                                           " --tokens '1 2' -n 2 --backend cuda --vram-budget 100M"),
                                "CUDA context and allocator slack");
-    testing::expect_user_error(run_strata("generate --model " + shell_quote(mid_path()) +
-                                          " --tokens '1 2' -n 2 --ram-budget 1G"),
-                               "apply to --backend cuda only");
+    testing::expect_user_error(
+        run_strata("generate --model " + shell_quote(mid_path()) + " --tokens '1 2' -n 2 --ram-budget 1G"),
+        "apply to --backend cuda only");
 }
 
 }  // namespace

@@ -334,6 +334,11 @@ TEST(MemoryPlan, DeviceFreeMemoryCapsOrSetsTheBudget) {
     EXPECT_NE(capped.vram_budget_source.find("capped at what is free on Test GPU"), std::string::npos);
     const MemoryPlan by_free = plan_device_memory(*f, {.ram_budget = kGiB, .device = card});
     EXPECT_EQ(by_free.vram_budget, 10 * kGiB / 20 * 19);
+    // Free memory is read after the CUDA context started: only the allocator slack is held back then.
+    EXPECT_EQ(line(by_free, "allocator slack (context started)"), kAllocatorSlack);
+    EXPECT_EQ(line(capped, "allocator slack (context started)"), kAllocatorSlack);
+    const MemoryPlan given = plan_device_memory(*f, {.vram_budget = 8 * kGiB, .ram_budget = kGiB, .device = card});
+    EXPECT_EQ(line(given, "CUDA context + allocator slack"), kCudaContextReserve + kAllocatorSlack);
 }
 
 TEST(MemoryPlan, InfoPrintsThePlanWithoutAGpu) {

@@ -507,11 +507,14 @@ MemoryPlan plan_device_memory(const gguf::File& file, const MemoryPlanInputs& in
         plan.ram_budget_source = "available now";
     }
 
-    // The reserve: kCudaContextReserve is what a CUDA 12-13 primary context takes on a recent GPU with lazy module
-    // loading (the driver's own allocations and the kernel images as they load: a few hundred MiB; the figure is
-    // rounded up, to be checked against the H200's log line "CUDA memory plan ... free"), kAllocatorSlack what
-    // cudaMalloc's page rounding adds over the hundreds of weight uploads.
-    const uint64_t reserve = kCudaContextReserve + kAllocatorSlack;
+    // The reserve. kCudaContextReserve: what a CUDA 12-13 primary context takes on a recent GPU with lazy module
+    // loading (the driver's own allocations and the kernel images as they load: a few hundred MiB, rounded up here;
+    // on the H200, total minus free memory right after the context starts measures it). kAllocatorSlack: what
+    // cudaMalloc's page rounding adds over the hundreds of weight uploads. A --vram-budget stands for the whole card,
+    // context included; a budget read from the device's free memory comes after its context started, which is then
+    // not counted again.
+    const bool context_in_budget = in.vram_budget > 0 && plan.vram_budget == in.vram_budget;
+    const uint64_t reserve = (context_in_budget ? kCudaContextReserve : 0) + kAllocatorSlack;
     const uint64_t fixed = t.dense + window_bytes(s) + t.moe_workspaces + t.matmul_scratch;
     auto states = [&](int64_t ctx) { return sequence_cost(s, ctx, in.kv_cache, sms).total() * u(in.n_sequences); };
     const uint64_t minimum = reserve + fixed + states(in.n_ctx);
@@ -557,7 +560,7 @@ MemoryPlan plan_device_memory(const gguf::File& file, const MemoryPlanInputs& in
         if (bytes > 0) plan.lines.push_back({what, PlanPlace::Vram, bytes});
     };
     const uint64_t n = u(in.n_sequences);
-    vram("CUDA context + allocator slack", reserve);
+    vram(context_in_budget ? "CUDA context + allocator slack" : "allocator slack (context started)", reserve);
     vram("dense weights", t.dense);
     vram(std::string("KV cache (") + (in.kv_cache == KvCacheType::Int8 ? "int8" : "f16") + ", " +
              tokens_text(in.n_ctx, in.n_sequences) + ")",

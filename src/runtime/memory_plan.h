@@ -27,7 +27,8 @@ namespace strata {
 
 // The fixed part of the VRAM plan that no allocation of strata's accounts for: the CUDA context (the runtime's own
 // memory, module images loaded lazily, the driver's reserve) and the allocator's slack (cudaMalloc rounds large
-// allocations to its page size). memory_plan.cpp says where the numbers come from.
+// allocations to its page size). memory_plan.cpp says where the numbers come from. The context's part is held back
+// only from a --vram-budget (the card's size): a budget from the device's free memory was read after it started.
 inline constexpr uint64_t kCudaContextReserve = uint64_t{512} << 20;
 inline constexpr uint64_t kAllocatorSlack = uint64_t{128} << 20;
 

@@ -15,10 +15,10 @@ model=$dir/mid.gguf
 [[ -s $model ]] || "$strata" synth --preset qwen4exp-mid --type iq2_xs --fast --out "$model"
 
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv
-"$strata" generate --model "$model" --backend cuda --vram-budget 24G --tokens "1 2 3" -n 4000 --ids \
+"$strata" generate --model "$model" --backend cuda --vram-budget 24G --tokens "1 2 3" -n 30000 --ids \
     > /dev/null 2> "$dir/generate.err" &
 pid=$!
-sleep 15
+sleep 10  # loaded and decoding (30000 tokens take longer than that)
 echo "== nvidia-smi while decoding (pid $pid)"
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv
 wait "$pid" || true

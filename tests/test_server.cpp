@@ -203,6 +203,8 @@ TEST(Server, HealthModelsAndStatus) {
     EXPECT_EQ(status["model"]["arch"], "qwen4exp");
     EXPECT_EQ(status["slots"].size(), 4u);
     EXPECT_GT(status["memory_plan"]["total_bytes"].get<double>(), 0);
+    EXPECT_TRUE(status.contains("cuda_memory_plan"));  // the CUDA plan: null on the CPU backend
+    EXPECT_TRUE(status["cuda_memory_plan"].is_null());
     // The doorbell's timeout counter is exported (zero: no device waits for a host doorbell in this model).
     EXPECT_EQ(s.metric("strata:doorbell_timeouts_total"), 0);
     auto root = s.client().Get("/");

@@ -77,17 +77,14 @@ std::string mid_variant(const std::string& name, bool mtp, bool q8_0_block0) {
 
 struct Roles {
     uint64_t dense = 0, experts = 0, ple = 0, mtp = 0;
-    std::vector<uint64_t> per_layer;  // one expert's bytes, per trunk block
+    uint64_t experts_uploaded = 0;    // every expert tensor one upload
+    std::vector<uint64_t> per_layer;  // one cache slot per trunk block: each expert tensor's slice at 256 bytes
     uint64_t row() const {            // one slot in every layer
         uint64_t r = 0;
         for (uint64_t b : per_layer) r += b;
         return r;
     }
-    uint64_t all_experts() const {  // every layer's experts, each layer one allocation
-        uint64_t r = 0;
-        for (uint64_t b : per_layer) r += (b * 64 + 255) / 256 * 256;
-        return r;
-    }
+    uint64_t all_experts() const { return experts_uploaded; }
 };
 
 Roles roles(const gguf::File& f) {
@@ -106,7 +103,8 @@ Roles roles(const gguf::File& f) {
             r.mtp += bytes;
         else if (t.name.find("_exps") != std::string::npos) {
             r.experts += bytes;
-            r.per_layer[static_cast<size_t>(block)] += bytes / static_cast<uint64_t>(n_expert);
+            r.experts_uploaded += booked(bytes);
+            r.per_layer[static_cast<size_t>(block)] += booked(bytes / static_cast<uint64_t>(n_expert));
         } else {
             r.dense += booked(bytes);
         }
@@ -216,9 +214,12 @@ TEST(MemoryPlan, LeftoverBecomesTheSameSlotCountInEveryLayer) {
     const Roles r = roles(*f);
     const uint64_t base = non_expert_vram(mid_path());
     const uint64_t hold_back = 256 * r.per_layer.size();  // each layer's cache: one allocation rounded to 256
+    const uint64_t tables = 16 * 3 * 64 * 8;              // per layer, where each expert's 3 tensors are now
     for (int64_t k : {0, 1, 17, 63}) {
-        const MemoryPlan p = plan_for(mid_path(), base + hold_back + static_cast<uint64_t>(k) * r.row() + r.row() / 2);
+        const MemoryPlan p =
+            plan_for(mid_path(), base + tables + hold_back + static_cast<uint64_t>(k) * r.row() + r.row() / 2);
         EXPECT_FALSE(p.experts_in_vram) << k;
+        EXPECT_EQ(line(p, "expert address tables"), tables);
         ASSERT_EQ(p.cache_slots.size(), r.per_layer.size());
         for (int64_t slots : p.cache_slots) EXPECT_EQ(slots, k);
         uint64_t cache = 0;
@@ -251,7 +252,9 @@ TEST(MemoryPlan, CheaperLayersGetTheSlotsTheRemainderAllows) {
     const uint64_t base = non_expert_vram(path);
     const uint64_t hold_back = 256 * r.per_layer.size();
     const int64_t k = 20;
-    const MemoryPlan p = plan_for(path, base + hold_back + k * r.row() + 3 * r.per_layer[1] + r.per_layer[1] / 2);
+    const uint64_t tables = 16 * 3 * 64 * 8;
+    const MemoryPlan p =
+        plan_for(path, base + tables + hold_back + k * r.row() + 3 * r.per_layer[1] + r.per_layer[1] / 2);
     ASSERT_FALSE(p.experts_in_vram);
     EXPECT_EQ(p.cache_slots[0], k);
     EXPECT_EQ(std::count(p.cache_slots.begin(), p.cache_slots.end(), k + 1), 3);
@@ -260,7 +263,7 @@ TEST(MemoryPlan, CheaperLayersGetTheSlotsTheRemainderAllows) {
 
 TEST(MemoryPlan, HostSidePinsWhatTheRamBudgetHolds) {
     const Roles r = roles(*gguf::File::open(mid_path()));
-    const uint64_t host_plan_vram = non_expert_vram(mid_path()) + 4 * r.row() + 256 * 16;
+    const uint64_t host_plan_vram = non_expert_vram(mid_path()) + 16 * 3 * 64 * 8 + 4 * r.row() + 256 * 16;
     PlanPlace place{};
     MemoryPlan p = plan_for(mid_path(), host_plan_vram, r.experts + r.ple);
     EXPECT_TRUE(p.experts_pinned);

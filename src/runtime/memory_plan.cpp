@@ -344,7 +344,8 @@ uint64_t moe_workspace_bytes(const Shapes& s, DType gate_type, DType down_type, 
 // The file's tensors by role.
 struct TensorTotals {
     uint64_t dense = 0, ple = 0, mtp = 0, experts = 0;
-    std::vector<uint64_t> expert_bytes;  // per trunk block: one expert's bytes
+    uint64_t experts_uploaded = 0;       // every expert tensor uploaded whole (all in VRAM)
+    std::vector<uint64_t> expert_bytes;  // per trunk block: one cache slot (one expert's gate, up and down)
     uint64_t matmul_scratch = 0;
     uint64_t moe_workspaces = 0;
     int64_t n_moe_layers = 0;
@@ -366,7 +367,9 @@ TensorTotals classify(const gguf::File& file, const Shapes& s) {
         const int64_t block = block_of(info.name);
         if (is_routed_expert(info.name) && block >= 0 && block < s.n_layer) {
             t.experts += info.n_bytes;
-            t.expert_bytes[static_cast<size_t>(block)] += info.n_bytes / u(E);
+            t.experts_uploaded += booked(info.n_bytes);
+            // model/cuda/expert_cache.cpp add_layer: a slot holds each expert tensor's slice at a 256-byte boundary.
+            t.expert_bytes[static_cast<size_t>(block)] += round256(info.n_bytes / u(E));
             continue;
         }
         // model/cuda/device_weights.cpp: each bound file tensor is one upload (a DeviceBuffer).
@@ -515,8 +518,13 @@ MemoryPlan plan_device_memory(const gguf::File& file, const MemoryPlanInputs& in
     // not counted again.
     const bool context_in_budget = in.vram_budget > 0 && plan.vram_budget == in.vram_budget;
     const uint64_t reserve = (context_in_budget ? kCudaContextReserve : 0) + kAllocatorSlack;
-    const uint64_t fixed = t.dense + window_bytes(s) + t.moe_workspaces + t.matmul_scratch;
     auto states = [&](int64_t ctx) { return sequence_cost(s, ctx, in.kv_cache, sms).total() * u(in.n_sequences); };
+    // With experts in host RAM, every layer has an address table of 3 tensors x n_expert pointers (expert_cache.cpp):
+    // part of the fixed cost whenever the experts do not all fit beside the rest.
+    const uint64_t tables = booked(u(s.n_layer) * 3 * u(s.moe.n_expert) * 8);
+    uint64_t fixed = t.dense + window_bytes(s) + t.moe_workspaces + t.matmul_scratch;
+    const bool all_fit = t.experts == 0 || reserve + fixed + states(in.n_ctx) + t.experts_uploaded <= plan.vram_budget;
+    if (!all_fit) fixed += tables;
     const uint64_t minimum = reserve + fixed + states(in.n_ctx);
     const std::string at_least = "; this model needs at least " + size_text(minimum) + " for " +
                                  tokens_text(in.n_ctx, in.n_sequences) + " with every routed expert in host RAM";
@@ -576,15 +584,14 @@ MemoryPlan plan_device_memory(const gguf::File& file, const MemoryPlanInputs& in
     // What is left goes to the experts: all of them, or the same number of slots in every layer (one expert: its
     // gate, up and down), the layers that cost less given one more slot each while the rest allows.
     const uint64_t left = plan.vram_budget - minimum;
-    uint64_t all_experts = 0;
-    for (uint64_t b : t.expert_bytes) all_experts += b ? round256(b * u(s.moe.n_expert)) : 0;
-    if (t.experts == 0 || all_experts <= left) {
+    if (all_fit) {
         plan.experts_in_vram = true;
-        vram("routed experts (all " + std::to_string(s.moe.n_expert) + " per layer)", all_experts);
+        vram("routed experts (all " + std::to_string(s.moe.n_expert) + " per layer)", t.experts_uploaded);
     } else {
         plan.experts_in_vram = false;
         uint64_t per_slot_row = 0;  // one slot in every layer
         for (uint64_t b : t.expert_bytes) per_slot_row += b;
+        vram("expert address tables", tables);
         // Each layer's cache is one allocation: its 256-byte rounding is held back first.
         const uint64_t rounding = 256 * u(t.n_moe_layers);
         const uint64_t usable = left > rounding ? left - rounding : 0;
@@ -617,7 +624,7 @@ MemoryPlan plan_device_memory(const gguf::File& file, const MemoryPlanInputs& in
         }
         uint64_t cache = 0;
         for (size_t il = 0; il < t.expert_bytes.size(); ++il)
-            if (t.expert_bytes[il] > 0) cache += round256(u(plan.cache_slots[il]) * t.expert_bytes[il]);
+            if (plan.cache_slots[il] > 0) cache += booked(u(plan.cache_slots[il]) * t.expert_bytes[il]);
         vram("expert cache (" + std::to_string(uniform) + (uneven ? "+" : "") + " of " +
                  std::to_string(s.moe.n_expert) + " per layer)",
              cache);

@@ -199,10 +199,16 @@ TEST(MemoryPlan, KvCacheAndGdnStateFollowTheHyperparameters) {
         EXPECT_EQ(line(plan_for(mid_path(), 64 * kGiB, kGiB, ctx), "KV cache (f16"), f16) << ctx;
         EXPECT_EQ(line(plan_for(mid_path(), 64 * kGiB, kGiB, ctx, KvCacheType::Int8), "KV cache (int8"), int8) << ctx;
     }
+    // --qsa-union adds its workspace and nothing else.
+    const auto f = gguf::File::open(mid_path());
+    const MemoryPlan plain = plan_device_memory(*f, {.vram_budget = 64 * kGiB, .ram_budget = kGiB});
+    const MemoryPlan with_union =
+        plan_device_memory(*f, {.vram_budget = 64 * kGiB, .ram_budget = kGiB, .qsa_union = true});
+    EXPECT_FALSE(has_line(plain, "QSA union workspace"));
+    EXPECT_EQ(with_union.vram_total() - plain.vram_total(), line(with_union, "QSA union workspace"));
     const uint64_t gdn = n_recurrent * (booked(3 * 2048 * 4) + booked(16 * 64 * 64 * 4));
     EXPECT_EQ(line(plan_for(mid_path(), 64 * kGiB), "GDN conv + recurrent state"), gdn);
     // Two sequences (server slots) hold twice the state.
-    const auto f = gguf::File::open(mid_path());
     const MemoryPlan two =
         plan_device_memory(*f, {.vram_budget = 64 * kGiB, .ram_budget = kGiB, .n_ctx = 4096, .n_sequences = 2});
     EXPECT_EQ(line(two, "GDN conv + recurrent state"), 2 * gdn);

@@ -187,15 +187,15 @@ int run_info(const Args& args) {
     print_memory_plan(*file, n_ctx);
     // The CUDA plan needs no GPU: it is worked out for a card of --vram-budget (people plan a purchase with it), not
     // for the device this machine may have.
-    if (args.has("--vram-budget") || args.has("--ram-budget") || args.has("--kv-cache")) {
-        MemoryPlanInputs in{.n_ctx = n_ctx};
+    if (args.has("--vram-budget") || args.has("--ram-budget") || args.has("--kv-cache") || args.has("--qsa-union")) {
+        MemoryPlanInputs in{.n_ctx = n_ctx, .qsa_union = args.has("--qsa-union")};
         const auto size_flag = [&](const char* flag, const char* example) -> std::optional<uint64_t> {
             const auto text = args.get(flag);
             if (!text) return std::nullopt;
             const auto size = parse_size(*text);
             if (!size || *size < (uint64_t{1} << 20))
-                throw Error(std::string(flag) + " expects a size of at least 1M (e.g. " + example + "), got '" +
-                            *text + "'");
+                throw Error(std::string(flag) + " expects a size of at least 1M (e.g. " + example + "), got '" + *text +
+                            "'");
             return size;
         };
         const auto vram = size_flag("--vram-budget", "12G");
@@ -219,7 +219,8 @@ Command info_command() {
             {
                 .name = "info",
                 .summary = "show a GGUF's metadata, tensors, vocabulary and memory plan for this machine",
-                .usage = "strata info FILE.gguf [--ctx N] [--vram-budget SIZE [--ram-budget SIZE] [--kv-cache TYPE]]",
+                .usage = "strata info FILE.gguf [--ctx N] [--vram-budget SIZE [--ram-budget SIZE] [--kv-cache TYPE] "
+                         "[--qsa-union]]",
                 .flags =
                     {
                         {"--model", "FILE.gguf", "the file (instead of the positional FILE)"},
@@ -231,12 +232,13 @@ Command info_command() {
                         {"--ram-budget", "SIZE",
                          "host memory the plan may pin for experts and the PLE table (default: what is available)"},
                         {"--kv-cache", "TYPE", "the CUDA plan's KV cache storage: f16 (default) or int8"},
+                        {"--qsa-union", "", "the CUDA plan includes the workspace of --qsa-union"},
                     },
                 .positional_name = "FILE.gguf",
                 .notes = "For a split model, give any of its NAME-0000i-of-0000n.gguf files. With --vram-budget, "
-                         "the CUDA memory plan (where the dense weights, KV cache, expert cache, routed experts and PLE table "
-                         "go) is printed as `strata run --backend cuda` would make it; an impossible plan is an "
-                         "error (exit 2).",
+                         "the CUDA memory plan (where the dense weights, KV cache, expert cache, routed experts and "
+                         "PLE table go) is printed as `strata run --backend cuda` would make it; an impossible plan "
+                         "is an error (exit 2).",
             },
         .run = run_info,
     };

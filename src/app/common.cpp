@@ -161,6 +161,7 @@ std::optional<MemoryPlan> plan_memory_for_load(const Args& args, const std::stri
                         .n_ctx = std::max<int64_t>(n_ctx, 1),
                         .n_sequences = std::max<int64_t>(n_sequences, 1),
                         .kv_cache = options.kv_cache,
+                        .qsa_union = options.qsa_union,
                         .device = cuda_device_memory(options.cuda_device)};
     // No budget and no device: loading says why there is no CUDA backend or device.
     if (in.vram_budget == 0 && !in.device) return std::nullopt;

@@ -214,11 +214,23 @@ int64_t qsa_max_cells(const IndexerShape& ix, int64_t ratio) {
 
 // One sequence's device state for `cap` tokens (hybrid_cuda.cpp allocate_sequence), by part.
 struct SequenceCost {
-    uint64_t kv = 0, gdn = 0, indexer = 0, ple = 0, attention_workspace = 0;
-    uint64_t total() const { return kv + gdn + indexer + ple + attention_workspace; }
+    uint64_t kv = 0, gdn = 0, indexer = 0, ple = 0, attention_workspace = 0, union_workspace = 0;
+    uint64_t total() const { return kv + gdn + indexer + ple + attention_workspace + union_workspace; }
 };
 
-SequenceCost sequence_cost(const Shapes& s, int64_t cap, KvCacheType kv, int multiprocessors) {
+// backend/cuda/qsa_union.cu qsa_union_splits (for a decode window) and workspace_layout (for a prompt window).
+uint64_t qsa_union_bytes(int64_t max_cells, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int sms) {
+    constexpr int64_t kGroup = 8, kChunk = 64;  // qsa_union.h kQsaUnionGroup, kQsaUnionChunk
+    const int64_t max_chunks = std::max<int64_t>(1, ceil_div(kGroup * max_cells, kChunk));
+    const int64_t blocks = std::max<int64_t>(1, n_head_kv) * std::max<int64_t>(1, ceil_div(kDecodeWindow, kGroup));
+    const int64_t splits = std::clamp<int64_t>(ceil_div(sms, blocks), 1, max_chunks);
+    const uint64_t groups = u(ceil_div(kPromptWindow, kGroup)), stride = u(kGroup * max_cells);
+    const uint64_t rows = u(splits * kPromptWindow * n_head);
+    return booked(round256(groups * stride * 4) + round256(groups * stride) + round256(groups * 4) +
+                  round256(rows * u(head_dim) * 4) + 2 * round256(rows * 4));
+}
+
+SequenceCost sequence_cost(const Shapes& s, int64_t cap, KvCacheType kv, int multiprocessors, bool qsa_union) {
     SequenceCost c;
     const GdnShape& g = s.gdn;
     const AttentionShape& a = s.attention;
@@ -262,6 +274,7 @@ SequenceCost sequence_cost(const Shapes& s, int64_t cap, KvCacheType kv, int mul
     };
     const int64_t dense_splits = any_dense ? splits(cap) : 1;
     const int64_t sparse_splits = any_sparse ? splits(std::min(cap, max_cells)) : 1;
+    if (qsa_union && any_sparse) c.union_workspace = qsa_union_bytes(max_cells, a.n_head, a.n_head_kv, a.head_dim, sms);
     if (any_dense || any_sparse)
         c.attention_workspace += booked(u(std::max(dense_splits, sparse_splits)) * u(a.n_head) * u(a.head_dim + 2) * 4);
     return c;
@@ -518,7 +531,9 @@ MemoryPlan plan_device_memory(const gguf::File& file, const MemoryPlanInputs& in
     // not counted again.
     const bool context_in_budget = in.vram_budget > 0 && plan.vram_budget == in.vram_budget;
     const uint64_t reserve = (context_in_budget ? kCudaContextReserve : 0) + kAllocatorSlack;
-    auto states = [&](int64_t ctx) { return sequence_cost(s, ctx, in.kv_cache, sms).total() * u(in.n_sequences); };
+    auto states = [&](int64_t ctx) {
+        return sequence_cost(s, ctx, in.kv_cache, sms, in.qsa_union).total() * u(in.n_sequences);
+    };
     // With experts in host RAM, every layer has an address table of 3 tensors x n_expert pointers (expert_cache.cpp):
     // part of the fixed cost whenever the experts do not all fit beside the rest.
     const uint64_t tables = booked(u(s.n_layer) * 3 * u(s.moe.n_expert) * 8);
@@ -563,7 +578,7 @@ MemoryPlan plan_device_memory(const gguf::File& file, const MemoryPlanInputs& in
                     ": ask for a smaller context or raise --vram-budget to at least " + size_text(minimum));
     }
 
-    const SequenceCost seq = sequence_cost(s, in.n_ctx, in.kv_cache, sms);
+    const SequenceCost seq = sequence_cost(s, in.n_ctx, in.kv_cache, sms, in.qsa_union);
     auto vram = [&](const std::string& what, uint64_t bytes) {
         if (bytes > 0) plan.lines.push_back({what, PlanPlace::Vram, bytes});
     };
@@ -577,6 +592,7 @@ MemoryPlan plan_device_memory(const gguf::File& file, const MemoryPlanInputs& in
     vram("QSA indexer keys (raw + pooled)", seq.indexer * n);
     vram("PLE token + conv history", seq.ple * n);
     vram("attention workspaces", seq.attention_workspace * n);
+    vram("QSA union workspace (--qsa-union)", seq.union_workspace * n);
     vram("window buffers (64-token window)", window_bytes(s));
     vram("MoE workspaces (" + std::to_string(t.n_moe_layers) + " layers)", t.moe_workspaces);
     vram("matmul scratch", t.matmul_scratch);

@@ -48,6 +48,7 @@ struct MemoryPlanInputs {
     int64_t n_ctx = 4096;     // tokens each sequence holds
     int64_t n_sequences = 1;  // sequences alive at once (server slots)
     KvCacheType kv_cache = KvCacheType::F16;
+    bool qsa_union = false;  // --qsa-union: each sequence also holds the union kernel's workspace
     std::optional<DeviceMemory> device;
 };
 

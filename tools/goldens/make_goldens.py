@@ -269,7 +269,7 @@ def fixtures_configs():
 
 
 # Issue 30, item 2's remainder: the last configs transformers builds that llama.cpp's keys cannot carry. Small shapes
-# (hidden 32, vocab 128, prompt 40) keep each fixture near 250 KB; the shapes are ones the CUDA trunk runs (attention
+# (hidden 32, vocab 256, prompt 40) keep each fixture near 250 KB; the shapes are ones the CUDA trunk runs (attention
 # heads of 32, GDN key heads of 16).
 def small_qwen3next_dense():
     return dict(
@@ -292,7 +292,7 @@ def small_qwen3next_dense():
             "conversion (its qwen3next loader wants the MoE tensors in every block)."
         ),
         config=dict(
-            vocab_size=128,
+            vocab_size=256,
             hidden_size=32,
             intermediate_size=48,
             num_hidden_layers=4,
@@ -341,7 +341,7 @@ def small_qwen4exp_ple3():
             "4 experts top-2. No tokenizer (eos 5). llama.cpp cannot load the conversion (one PLE layer there)."
         ),
         config=dict(
-            vocab_size=128,
+            vocab_size=256,
             hidden_size=32,
             num_hidden_layers=4,
             layer_types=[LIN, LIN, QSA, LIN],

@@ -250,10 +250,32 @@ DeviceBuffer Context::upload(const void* host, size_t bytes, const std::string& 
     // On the context's stream, then waited for: a plain cudaMemcpy from pageable memory may return before its DMA
     // has landed, and it is not ordered with this non-blocking stream, so a kernel queued next could read stale bytes
     // (seen on the H200: a greedy test read the previous row's logits at a reused address).
-    if (bytes) {
-        STRATA_CUDA_CHECK(cudaMemcpyAsync(b.data(), host, bytes, cudaMemcpyHostToDevice, stream_->handle()));
+    if (!bytes) return b;
+    const cudaError_t err = cudaMemcpyAsync(b.data(), host, bytes, cudaMemcpyHostToDevice, stream_->handle());
+    if (err != cudaErrorInvalidValue) {
+        STRATA_CUDA_CHECK(err);
         stream_->synchronize();
+        return b;
     }
+    // A source that straddles page-locked and pageable memory (a tensor beside the expert pages that the offload
+    // registers: their first and last pages are shared) is refused whole: copy it through a page-locked bounce.
+    (void)cudaGetLastError();
+    constexpr size_t kChunk = size_t{16} << 20;
+    void* bounce = nullptr;
+    STRATA_CUDA_CHECK(cudaMallocHost(&bounce, std::min(bytes, kChunk)));
+    try {
+        for (size_t done = 0; done < bytes; done += kChunk) {
+            const size_t n = std::min(kChunk, bytes - done);
+            std::memcpy(bounce, static_cast<const uint8_t*>(host) + done, n);
+            STRATA_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(b.data()) + done, bounce, n,
+                                              cudaMemcpyHostToDevice, stream_->handle()));
+            stream_->synchronize();
+        }
+    } catch (...) {
+        (void)cudaFreeHost(bounce);
+        throw;
+    }
+    STRATA_CUDA_CHECK(cudaFreeHost(bounce));
     return b;
 }
 

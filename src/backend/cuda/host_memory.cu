@@ -4,6 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <thread>
 #include <chrono>
 #include <string>
 
@@ -12,9 +15,53 @@
 
 namespace strata::cuda {
 
-HostRegistration::HostRegistration(const Context& ctx, std::vector<std::pair<const void*, size_t>> ranges) {
+HostRegistration::HostRegistration(const Context& ctx, std::vector<std::pair<const void*, size_t>> ranges,
+                                   HostPinning pinning)
+    : pinning_(pinning) {
     const auto start = std::chrono::steady_clock::now();
     STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
+    if (pinning == HostPinning::Copy) {
+        std::sort(ranges.begin(), ranges.end());
+        size_t total = 0;
+        for (const auto& [p, n] : ranges) total += (n + 255) / 256 * 256;
+        const cudaError_t err = cudaHostAlloc(&arena_, std::max<size_t>(total, 1), cudaHostAllocMapped |
+                                                                                  cudaHostAllocPortable);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            arena_ = nullptr;
+            throw Error("CUDA: cannot pin " + std::to_string(total >> 20) + " MiB of host memory for the experts: " +
+                        cudaGetErrorString(err) + "; check free RAM and `ulimit -l`, or lower --ram-budget");
+        }
+        void* device = nullptr;
+        STRATA_CUDA_CHECK(cudaHostGetDevicePointer(&device, arena_, 0));
+        size_t at = 0;
+        for (const auto& [p, n] : ranges) {
+            regions_.push_back({static_cast<const uint8_t*>(p), n, static_cast<const uint8_t*>(arena_) + at,
+                                static_cast<const uint8_t*>(device) + at});
+            at += (n + 255) / 256 * 256;
+        }
+        bytes_ = total;
+        // The copy in pieces of 64 MiB over every core: page faults on the mapped file then overlap.
+        std::vector<std::pair<const uint8_t*, uint8_t*>> pieces;
+        std::vector<size_t> piece_bytes;
+        constexpr size_t kPiece = size_t{64} << 20;
+        for (const Region& r : regions_)
+            for (size_t off = 0; off < r.bytes; off += kPiece) {
+                pieces.push_back({r.original + off, const_cast<uint8_t*>(r.host) + off});
+                piece_bytes.push_back(std::min(kPiece, r.bytes - off));
+            }
+        std::atomic<size_t> next{0};
+        const unsigned n_threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+        std::vector<std::thread> threads;
+        for (unsigned t = 0; t < n_threads; ++t)
+            threads.emplace_back([&] {
+                for (size_t i; (i = next.fetch_add(1)) < pieces.size();)
+                    std::memcpy(pieces[i].second, pieces[i].first, piece_bytes[i]);
+            });
+        for (std::thread& t : threads) t.join();
+        seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        return;
+    }
     const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
     std::vector<std::pair<uintptr_t, uintptr_t>> spans;  // page-aligned [begin, end)
     for (const auto& [p, n] : ranges) {
@@ -38,7 +85,7 @@ HostRegistration::HostRegistration(const Context& ctx, std::vector<std::pair<con
         const cudaError_t err = cudaHostRegister(host, e - b, flags);
         if (err != cudaSuccess) {
             (void)cudaGetLastError();
-            for (const Region& r : regions_) (void)cudaHostUnregister(const_cast<uint8_t*>(r.host));
+            for (const Region& r : regions_) (void)cudaHostUnregister(const_cast<uint8_t*>(r.original));
             regions_.clear();
             throw Error("CUDA: cannot pin " + std::to_string((e - b) >> 20) + " MiB of the model's expert pages (" +
                         std::to_string(bytes_ >> 20) + " MiB pinned before it): " + cudaGetErrorString(err) +
@@ -46,25 +93,39 @@ HostRegistration::HostRegistration(const Context& ctx, std::vector<std::pair<con
         }
         void* device = nullptr;
         STRATA_CUDA_CHECK(cudaHostGetDevicePointer(&device, host, 0));
-        regions_.push_back({static_cast<const uint8_t*>(host), e - b, static_cast<const uint8_t*>(device)});
+        regions_.push_back({static_cast<const uint8_t*>(host), e - b, static_cast<const uint8_t*>(host),
+                            static_cast<const uint8_t*>(device)});
         bytes_ += e - b;
     }
     seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 HostRegistration::~HostRegistration() {
+    if (arena_) {
+        if (cudaFreeHost(arena_) != cudaSuccess) (void)cudaGetLastError();
+        return;
+    }
     for (const Region& r : regions_)
-        if (cudaHostUnregister(const_cast<uint8_t*>(r.host)) != cudaSuccess) (void)cudaGetLastError();
+        if (cudaHostUnregister(const_cast<uint8_t*>(r.original)) != cudaSuccess) (void)cudaGetLastError();
 }
 
-const void* HostRegistration::device(const void* host) const {
-    const auto* p = static_cast<const uint8_t*>(host);
+const HostRegistration::Region& HostRegistration::region(const void* original) const {
+    const auto* p = static_cast<const uint8_t*>(original);
     auto it = std::upper_bound(regions_.begin(), regions_.end(), p,
-                               [](const uint8_t* q, const Region& r) { return q < r.host; });
-    if (it == regions_.begin() || p >= (it - 1)->host + (it - 1)->bytes)
-        throw Error("CUDA: a host address outside the registered expert pages");
-    --it;
-    return it->device + (p - it->host);
+                               [](const uint8_t* q, const Region& r) { return q < r.original; });
+    if (it == regions_.begin() || p >= (it - 1)->original + (it - 1)->bytes)
+        throw Error("CUDA: a host address outside the pinned expert bytes");
+    return *(it - 1);
+}
+
+const void* HostRegistration::device(const void* original) const {
+    const Region& r = region(original);
+    return r.device + (static_cast<const uint8_t*>(original) - r.original);
+}
+
+const void* HostRegistration::host(const void* original) const {
+    const Region& r = region(original);
+    return r.host + (static_cast<const uint8_t*>(original) - r.original);
 }
 
 CopyStream::CopyStream(const Context& ctx) {

@@ -14,28 +14,41 @@
 
 namespace strata::cuda {
 
-// Pages of existing host memory (a mapped file) registered with the driver: page-locked, mapped, portable, and
-// read-only where the device supports it. Ranges that share pages are merged first (the driver refuses a page twice).
+// The model's expert bytes where the device can read them: a page-locked, mapped copy (cudaHostAlloc, filled by
+// several threads from the mapped file), or the mapped file's own pages registered with the driver (page-locked,
+// mapped, read-only where supported; ranges that share pages are merged first, since the driver refuses a page twice).
+// Registering avoids the second copy in RAM, but the driver pins a private file mapping page by page (and a kernel
+// may unshare each page it pins): on the H200 machine 43 GB did not register within two minutes, so copying is the
+// default.
+enum class HostPinning { Copy, Register };
+
 class HostRegistration {
 public:
     // Throws Error, with the bytes asked for, when the system will not pin them (ulimit -l, or too little RAM).
-    HostRegistration(const Context& ctx, std::vector<std::pair<const void*, size_t>> ranges);
+    HostRegistration(const Context& ctx, std::vector<std::pair<const void*, size_t>> ranges,
+                     HostPinning pinning = HostPinning::Copy);
     ~HostRegistration();
     HostRegistration(const HostRegistration&) = delete;
     HostRegistration& operator=(const HostRegistration&) = delete;
 
-    // The device address of a registered host byte; throws Error for one outside every range.
+    // Where a byte of one of the ranges lies for the device, and for host reads (the copy's host address, or the byte
+    // itself when registered); throw Error for one outside every range.
     const void* device(const void* host) const;
+    const void* host(const void* original) const;
     size_t bytes() const { return bytes_; }
-    double seconds() const { return seconds_; }  // how long registering took (the pages are read in)
+    double seconds() const { return seconds_; }  // how long pinning (and copying) took
 
 private:
     struct Region {
-        const uint8_t* host;
+        const uint8_t* original;
         size_t bytes;
+        const uint8_t* host;
         const uint8_t* device;
     };
-    std::vector<Region> regions_;  // by host address
+    const Region& region(const void* original) const;
+    std::vector<Region> regions_;  // by original address
+    HostPinning pinning_;
+    void* arena_ = nullptr;  // the copy (HostPinning::Copy)
     size_t bytes_ = 0;
     double seconds_ = 0;
 };

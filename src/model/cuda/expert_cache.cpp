@@ -31,9 +31,15 @@ ExpertCache::ExpertCache(cuda::Context& ctx, const gguf::File& file, int64_t n_b
             bytes += t.n_bytes;
         }
     if (ranges.empty()) throw Error(file.path() + ": experts in host RAM asked for, but the model has no routed experts");
+    std::fprintf(stderr, "strata: experts in host RAM: pinning %.2f GiB of routed experts...\n",
+                 static_cast<double>(bytes) / (1 << 30));
     registration_ = std::make_unique<cuda::HostRegistration>(ctx, std::move(ranges));
-    std::fprintf(stderr, "strata: experts in host RAM: %.2f GiB of expert pages pinned in %.1f s\n",
-                 static_cast<double>(bytes) / (1 << 30), registration_->seconds());
+    std::fprintf(stderr, "strata: experts in host RAM: %.2f GiB pinned and copied in %.1f s (%.1f GB/s)\n",
+                 static_cast<double>(bytes) / (1 << 30), registration_->seconds(),
+                 static_cast<double>(bytes) / 1e9 / std::max(registration_->seconds(), 1e-9));
+    // The copy serves every read from now on: the file's pages go back to the system.
+    for (const gguf::TensorInfo& t : file.tensors())
+        if (is_routed_expert_tensor(t.name, n_block) && t.data) file.drop_pages(t.data, t.n_bytes);
     copies_ = std::make_unique<cuda::CopyStream>(ctx);
     layers_.resize(static_cast<size_t>(n_block));
 }
@@ -61,7 +67,7 @@ void ExpertCache::add_layer(int64_t block, const MoeWeights& host, const MoeShap
         if (t->ne[2] != shape.n_expert || t->nb[2] < t->nb[1] * static_cast<size_t>(t->ne[1]))
             throw Error(file_.path() + ": expert tensor " + t->name + " is not laid out one expert after another");
         const size_t slice = t->nb[1] * static_cast<size_t>(t->ne[1]);
-        l.parts.push_back({.cpu = static_cast<const uint8_t*>(t->data),
+        l.parts.push_back({.cpu = static_cast<const uint8_t*>(registration_->host(t->data)),
                            .host = static_cast<const uint8_t*>(registration_->device(t->data)),
                            .stride = t->nb[2],
                            .bytes = slice,

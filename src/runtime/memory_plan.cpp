@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/memory_info.h"
 #include "format/gguf.h"
+#include "format/gguf_names.h"
 #include "model/binding.h"
 #include "model/hybrid.h"
 #include "model/qwen4exp.h"
@@ -161,7 +162,7 @@ struct Shapes {
     IndexerShape indexer;
     GdnShape gdn;
     MoeShape moe;
-    int64_t ple_block = -1;
+    std::vector<int64_t> ple_blocks;  // blocks with a PLE layer (each keeps its own history)
     PleShape ple;
     uint64_t ple_row_bytes = 0;
     const gguf::TensorInfo* token_embd = nullptr;
@@ -186,7 +187,7 @@ Shapes read_shapes(const gguf::File& file) {
         s.indexer = h.indexer;
         s.gdn = h.gdn;
         s.moe = h.moe;
-        s.ple_block = h.ple_block;
+        s.ple_blocks = h.ple_blocks;
         s.ple = h.ple;
         if (const gguf::TensorInfo* t = file.find_tensor(kPleTable)) s.ple_row_bytes = row_bytes(t->type, t->ne[0]);
     } else if (info.arch == "qwen35moe" || info.arch == "qwen3next") {
@@ -258,7 +259,7 @@ SequenceCost sequence_cost(const Shapes& s, int64_t cap, KvCacheType kv, int mul
                 any_dense = true;
             }
         }
-        if (static_cast<int64_t>(il) == s.ple_block) {
+        if (std::find(s.ple_blocks.begin(), s.ple_blocks.end(), static_cast<int64_t>(il)) != s.ple_blocks.end()) {
             const PleShape& p = s.ple;
             c.ple += booked(u(std::max<int64_t>(p.ngram - 1, 1)) * 4);
             c.ple += booked(u(p.history_rows() * p.n_streams * p.n_embd) * 4);
@@ -292,7 +293,7 @@ uint64_t window_bytes(const Shapes& s) {
             index_heads = std::max(index_heads, s.indexer.n_head);
             index_dim = std::max(index_dim, s.indexer.head_dim);
         }
-    const bool ple = s.ple_block >= 0;
+    const bool ple = !s.ple_blocks.empty();
     const int64_t ple_heads = ple ? s.ple.n_heads() : 0;
     const int64_t ple_width = ple ? ple_heads * s.ple.row_width : 0;
     const int64_t ple_rows = ple ? HC : 0;
@@ -369,7 +370,7 @@ TensorTotals classify(const gguf::File& file, const Shapes& s) {
     t.expert_bytes.assign(u(s.n_layer), 0);
     const int64_t E = std::max<int64_t>(s.moe.n_expert, 1);
     for (const gguf::TensorInfo& info : file.tensors()) {
-        if (info.name == kPleTable) {
+        if (is_ple_table(info.name)) {
             t.ple += info.n_bytes;
             continue;
         }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cpu/gemm_packed.h"
+#include "backend/cpu/matmul_rows.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/packed.h"
 #include "backend/cpu/quant_dot.h"
@@ -24,18 +25,11 @@ constexpr int64_t kTokenBlock = 64;
 // How a job's activations are laid out: the dot kernels' activation type, or one of the packed GEMMs' layouts.
 enum class ActLayout { Kernel, BiasedQ8_0, SignedQ8_0, Q8_KSums, Q8_KGroups, BiasedQ8_K };
 
+// A job of matmul_many: its plan (matmul_rows.h) and where its activations and outputs go.
 struct PreparedJob {
-    const Tensor* w = nullptr;
+    MatmulRowsPlan plan;
     float* y = nullptr;
-    int64_t n_tokens = 0;
-    DotFn kernel = nullptr;  // null: the packed GEMM
-    void (*gemm)(const PackedGemm&) = nullptr;  // the packed GEMM of this type and instruction set
-    int cols = kDotCols;     // columns per kernel call
-    bool decode_once = false;  // IQ2_XS: decode the unit's rows once into a scratch for all its tokens
-    bool by_group = false;     // ... in the AVX-512 by-group layout (else the AVX2 one)
-    bool rows8 = false;        // IQ2_XS with AVX-VNNI: the unit's rows decoded 8 at a time for the 8-row GEMM
     size_t act_offset = 0;  // into the activation buffer
-    size_t act_stride = 0;  // bytes per token
     int64_t rows_per_unit = 0;
     int64_t first_unit = 0;
 };
@@ -88,11 +82,10 @@ int64_t rows_per_unit(const Tensor& w, int64_t n_tokens, int n_threads, bool pac
     return std::clamp<int64_t>(rows, 1, out);
 }
 
-void run_packed_unit(const PreparedJob& j, const uint8_t* activations, int64_t row_begin, int64_t row_end) {
+void run_packed_unit(const MatmulRowsPlan& j, const uint8_t* act, float* y, int64_t row_begin, int64_t row_end) {
     const Tensor& w = *j.w;
     const int64_t out = w.ne[1];
     const size_t group_bytes = packed_group_bytes(w);
-    const uint8_t* act = activations + j.act_offset;
     const bool q8_0 = w.type == DType::Q8_0;
     const int64_t cols = q8_0 ? kPackedCols : kPackedColsQ4_K;
     for (int64_t t0 = 0; t0 < j.n_tokens; t0 += kTokenBlock) {
@@ -106,7 +99,7 @@ void run_packed_unit(const PreparedJob& j, const uint8_t* activations, int64_t r
                                    .act = act + static_cast<size_t>(t) * j.act_stride,
                                    .act_stride = j.act_stride,
                                    .n_cols = static_cast<int>(std::min<int64_t>(cols, t_end - t)),
-                                   .y = j.y + t * out + r,
+                                   .y = y + t * out + r,
                                    .y_stride = static_cast<size_t>(out),
                                    .n_rows = static_cast<int>(std::min<int64_t>(kPackRows, row_end - r))};
                 j.gemm(g);
@@ -115,10 +108,9 @@ void run_packed_unit(const PreparedJob& j, const uint8_t* activations, int64_t r
     }
 }
 
-void run_unit(const PreparedJob& j, const uint8_t* activations, int64_t row_begin, int64_t row_end) {
+void run_unit(const MatmulRowsPlan& j, const uint8_t* act, float* y, int64_t row_begin, int64_t row_end) {
     const Tensor& w = *j.w;
     const int64_t in = w.ne[0], out = w.ne[1];
-    const uint8_t* act = activations + j.act_offset;
     float tile[kMaxDotCols];
     for (int64_t t0 = 0; t0 < j.n_tokens; t0 += kTokenBlock) {
         const int64_t t_end = std::min(j.n_tokens, t0 + kTokenBlock);
@@ -127,7 +119,7 @@ void run_unit(const PreparedJob& j, const uint8_t* activations, int64_t row_begi
             const uint8_t* a = act + static_cast<size_t>(t) * j.act_stride;
             for (int64_t r = row_begin; r < row_end; ++r) {
                 j.kernel(in, w.row(r), a, j.act_stride, tile, cols);
-                for (int c = 0; c < cols; ++c) j.y[(t + c) * out + r] = tile[c];
+                for (int c = 0; c < cols; ++c) y[(t + c) * out + r] = tile[c];
             }
         }
     }
@@ -135,16 +127,13 @@ void run_unit(const PreparedJob& j, const uint8_t* activations, int64_t row_begi
 
 // A unit's rows decoded once, then every token chunk against them: the decode (gathers, sign masks, the transpose by
 // group) costs about as much as 8 tokens' arithmetic, so a 64-token expert saves three quarters of it.
-void run_decoded_unit(const PreparedJob& j, const uint8_t* activations, int64_t row_begin, int64_t row_end) {
+void run_decoded_unit(const MatmulRowsPlan& j, const uint8_t* act, float* y, int64_t row_begin, int64_t row_end,
+                      uint8_t* decoded) {
     const Tensor& w = *j.w;
     const int64_t in = w.ne[0], out = w.ne[1];
     const size_t row_bytes = static_cast<size_t>(in / kQK_K) * kIq2XsDecodedBlockBytes;
-    const size_t need = row_bytes * static_cast<size_t>(row_end - row_begin) + 64;
-    if (t_decoded.size() < need) t_decoded.resize(need);
-    uint8_t* decoded = t_decoded.data() + (64 - reinterpret_cast<uintptr_t>(t_decoded.data()) % 64) % 64;
     for (int64_t r = row_begin; r < row_end; ++r)
         decode_iq2_xs_groups(in, w.row(r), decoded + row_bytes * static_cast<size_t>(r - row_begin));
-    const uint8_t* act = activations + j.act_offset;
     float tile[kIq2XsPairCols];
     for (int64_t t = 0; t < j.n_tokens; t += kIq2XsPairCols) {
         const int cols = static_cast<int>(std::min<int64_t>(kIq2XsPairCols, j.n_tokens - t));
@@ -153,27 +142,24 @@ void run_decoded_unit(const PreparedJob& j, const uint8_t* activations, int64_t 
         for (; r + 1 < row_end; r += 2) {
             const uint8_t* row0 = decoded + row_bytes * static_cast<size_t>(r - row_begin);
             dot_iq2_xs_decoded_pair({.n = in, .row0 = row0, .row1 = row0 + row_bytes, .act = a,
-                                     .act_stride = j.act_stride, .y = j.y + t * out + r,
+                                     .act_stride = j.act_stride, .y = y + t * out + r,
                                      .y_stride = static_cast<size_t>(out), .n_cols = cols});
         }
         if (r < row_end) {  // an odd last row: the kernel that decodes as it goes (the same bits)
             dot_iq2_xs_groups(in, w.row(r), a, j.act_stride, tile, cols);
-            for (int c = 0; c < cols; ++c) j.y[(t + c) * out + r] = tile[c];
+            for (int c = 0; c < cols; ++c) y[(t + c) * out + r] = tile[c];
         }
     }
 }
 
 // The same for AVX2: the rows decoded once, then each token chunk against each row (kernels in dot_iq2_avx2.cpp).
-void run_decoded_unit_avx2(const PreparedJob& j, const uint8_t* activations, int64_t row_begin, int64_t row_end) {
+void run_decoded_unit_avx2(const MatmulRowsPlan& j, const uint8_t* act, float* y, int64_t row_begin, int64_t row_end,
+                           uint8_t* decoded) {
     const Tensor& w = *j.w;
     const int64_t in = w.ne[0], out = w.ne[1];
     const size_t row_bytes = static_cast<size_t>(in / kQK_K) * kIq2XsDecodedAvx2BlockBytes;
-    const size_t need = row_bytes * static_cast<size_t>(row_end - row_begin) + 64;
-    if (t_decoded.size() < need) t_decoded.resize(need);
-    uint8_t* decoded = t_decoded.data() + (64 - reinterpret_cast<uintptr_t>(t_decoded.data()) % 64) % 64;
     for (int64_t r = row_begin; r < row_end; ++r)
         decode_iq2_xs_avx2(in, w.row(r), decoded + row_bytes * static_cast<size_t>(r - row_begin));
-    const uint8_t* act = activations + j.act_offset;
     float tile[kIq2XsDecodedAvx2Cols];
     for (int64_t t = 0; t < j.n_tokens; t += kIq2XsDecodedAvx2Cols) {
         const int cols = static_cast<int>(std::min<int64_t>(kIq2XsDecodedAvx2Cols, j.n_tokens - t));
@@ -181,21 +167,19 @@ void run_decoded_unit_avx2(const PreparedJob& j, const uint8_t* activations, int
         for (int64_t r = row_begin; r < row_end; ++r) {
             dot_iq2_xs_decoded_avx2(in, decoded + row_bytes * static_cast<size_t>(r - row_begin), a, j.act_stride,
                                     tile, cols);
-            for (int c = 0; c < cols; ++c) j.y[(t + c) * out + r] = tile[c];
+            for (int c = 0; c < cols; ++c) y[(t + c) * out + r] = tile[c];
         }
     }
 }
 
 // IQ2_XS with AVX-VNNI: the unit's rows decoded once, 8 to a block of the 8-row layout, then every chunk of tokens
 // against each block of rows (kernel in dot_iq2_avxvnni.cpp; the row kernel's bits).
-void run_rows8_unit(const PreparedJob& j, const uint8_t* activations, int64_t row_begin, int64_t row_end) {
+void run_rows8_unit(const MatmulRowsPlan& j, const uint8_t* act, float* y, int64_t row_begin, int64_t row_end,
+                    uint8_t* decoded) {
     const Tensor& w = *j.w;
     const int64_t in = w.ne[0], out = w.ne[1];
     const int64_t n_groups = (row_end - row_begin + 7) / 8;
     const size_t group_bytes = static_cast<size_t>(in / kQK_K) * kIq2XsRows8BlockBytes;
-    const size_t need = group_bytes * static_cast<size_t>(n_groups) + 64;
-    if (t_decoded.size() < need) t_decoded.resize(need);
-    uint8_t* decoded = t_decoded.data() + (64 - reinterpret_cast<uintptr_t>(t_decoded.data()) % 64) % 64;
     for (int64_t g = 0; g < n_groups; ++g) {
         const void* rows[8];
         const int64_t first = row_begin + 8 * g;
@@ -203,7 +187,6 @@ void run_rows8_unit(const PreparedJob& j, const uint8_t* activations, int64_t ro
         for (int r = 0; r < n_rows; ++r) rows[r] = w.row(first + r);
         decode_iq2_xs_rows8(in, rows, n_rows, decoded + group_bytes * static_cast<size_t>(g));
     }
-    const uint8_t* act = activations + j.act_offset;
     for (int64_t t = 0; t < j.n_tokens; t += kIq2XsRows8Cols) {
         const int cols = static_cast<int>(std::min<int64_t>(kIq2XsRows8Cols, j.n_tokens - t));
         for (int64_t g = 0; g < n_groups; ++g) {
@@ -213,14 +196,127 @@ void run_rows8_unit(const PreparedJob& j, const uint8_t* activations, int64_t ro
                                        .act = act + static_cast<size_t>(t) * j.act_stride,
                                        .act_stride = j.act_stride,
                                        .n_cols = cols,
-                                       .y = j.y + t * out + first,
+                                       .y = y + t * out + first,
                                        .y_stride = static_cast<size_t>(out),
                                        .n_rows = static_cast<int>(std::min<int64_t>(8, row_end - first))});
         }
     }
 }
 
+// How w's activations are laid out for n_tokens tokens and which kernel reads them.
+MatmulRowsPlan plan_for(const Tensor& w, int64_t n_tokens, Isa isa) {
+    STRATA_ASSERT(w.ne[2] == 1 && w.ne[3] == 1);
+    const int64_t in = w.ne[0];
+    const bool packed = w.packed != nullptr && static_cast<int>(isa) >= static_cast<int>(Isa::Avx2);
+    ActLayout layout = ActLayout::Kernel;
+    MatmulRowsPlan p{.w = &w,
+                     .n_tokens = n_tokens,
+                     .act = activation_type(w.type),
+                     .row_align = packed ? kPackRows : 1,
+                     .kernel = packed ? nullptr : dot_kernel(w.type, isa)};
+    if (!packed && w.type == DType::IQ2_XS && isa == Isa::Avx512) {
+        layout = ActLayout::Q8_KGroups;
+        p.kernel = dot_iq2_xs_groups;
+        p.cols = kMaxDotCols;
+        p.act_stride = q8_k_groups_row_bytes(in);
+        p.decode_once = n_tokens > kMaxDotCols;
+        p.by_group = true;
+    } else if (!packed) {
+        p.act_stride = row_bytes(p.act, in);
+        p.cols = dot_columns(w.type, isa);
+        p.decode_once = w.type == DType::IQ2_XS && isa == Isa::Avx2 && n_tokens > p.cols;
+        if (w.type == DType::IQ2_XS && isa == Isa::Avx2Vnni && n_tokens > p.cols) {
+            p.rows8 = true;
+            layout = ActLayout::BiasedQ8_K;
+            p.act_stride = static_cast<size_t>(in / kQK_K) * kBiasedQ8KBlockBytes;
+        }
+    } else if (w.type == DType::Q8_0) {
+        layout = isa == Isa::Avx2 ? ActLayout::SignedQ8_0 : ActLayout::BiasedQ8_0;
+        p.act_stride = static_cast<size_t>(in / 32) * kBiasedBlockBytes;
+        p.gemm = isa == Isa::Avx512     ? gemm_q8_0_packed
+                 : isa == Isa::Avx2Vnni ? gemm_q8_0_packed_avxvnni
+                                        : gemm_q8_0_packed_avx2;
+    } else {
+        layout = ActLayout::Q8_KSums;
+        p.act_stride = static_cast<size_t>(in / kQK_K) * kQ8KSumsBlockBytes;
+        p.gemm = isa == Isa::Avx512     ? gemm_q4_k_packed
+                 : isa == Isa::Avx2Vnni ? gemm_q4_k_packed_avxvnni
+                                        : gemm_q4_k_packed_avx2;
+    }
+    p.layout = static_cast<uint8_t>(layout);
+    return p;
+}
+
+void quantize_into(ActLayout layout, DType act, Isa isa, const float* x, uint8_t* dst, int64_t in) {
+    const bool avx512 = isa == Isa::Avx512, avx2 = isa == Isa::Avx2 || isa == Isa::Avx2Vnni;
+    switch (layout) {
+        case ActLayout::BiasedQ8_0:
+            (avx512 ? quantize_q8_0_biased
+             : avx2 ? quantize_q8_0_biased_avx2
+                    : quantize_q8_0_biased_portable)(x, dst, in);
+            break;
+        case ActLayout::SignedQ8_0: quantize_q8_0_signed_avx2(x, dst, in); break;
+        case ActLayout::Q8_KSums:
+            (avx512 ? quantize_q8_k_sums
+             : avx2 ? quantize_q8_k_sums_avx2
+                    : quantize_q8_k_sums_portable)(x, dst, in);
+            break;
+        case ActLayout::Q8_KGroups: quantize_q8_k_groups(x, dst, in); break;
+        case ActLayout::BiasedQ8_K: quantize_q8_k_biased_avx2(x, dst, in); break;
+        case ActLayout::Kernel: quantize_activations(act, x, dst, in); break;
+    }
+}
+
+void run_rows(const MatmulRowsPlan& p, const uint8_t* act, float* y, int64_t row_begin, int64_t row_end,
+              uint8_t* decoded) {
+    if (p.rows8) {
+        run_rows8_unit(p, act, y, row_begin, row_end, decoded);
+    } else if (p.decode_once && p.by_group) {
+        run_decoded_unit(p, act, y, row_begin, row_end, decoded);
+    } else if (p.decode_once) {
+        run_decoded_unit_avx2(p, act, y, row_begin, row_end, decoded);
+    } else if (p.kernel) {
+        run_unit(p, act, y, row_begin, row_end);
+    } else {
+        run_packed_unit(p, act, y, row_begin, row_end);
+    }
+}
+
 }  // namespace
+
+MatmulRowsPlan plan_matmul_rows(const Tensor& w, int64_t n_tokens) {
+    return plan_for(w, n_tokens, active_isa());
+}
+
+void quantize_matmul_row(const MatmulRowsPlan& plan, const float* x, uint8_t* dst) {
+    quantize_into(static_cast<ActLayout>(plan.layout), plan.act, active_isa(), x, dst, plan.w->ne[0]);
+}
+
+size_t matmul_rows_scratch_bytes(const MatmulRowsPlan& p, int64_t n_rows) {
+    const auto blocks = static_cast<size_t>(p.w->ne[0] / kQK_K), rows = static_cast<size_t>(n_rows);
+    if (p.rows8) return blocks * kIq2XsRows8BlockBytes * ((rows + 7) / 8);
+    if (p.decode_once) return blocks * (p.by_group ? kIq2XsDecodedBlockBytes : kIq2XsDecodedAvx2BlockBytes) * rows;
+    return 0;
+}
+
+size_t matmul_rows_act_bytes_bound(int64_t in) {
+    // F32 activations (float weights) are the largest: 4 bytes a value; the quantized layouts take under 1.5.
+    return static_cast<size_t>(in) * sizeof(float) + 64;
+}
+
+size_t matmul_rows_scratch_bound(int64_t in, int64_t n_rows) {
+    const auto blocks = static_cast<size_t>(in / kQK_K), rows = static_cast<size_t>(n_rows);
+    return blocks * std::max({kIq2XsRows8BlockBytes * ((rows + 7) / 8), kIq2XsDecodedBlockBytes * rows,
+                              kIq2XsDecodedAvx2BlockBytes * rows});
+}
+
+void matmul_rows(const MatmulRowsPlan& plan, const uint8_t* act, float* y, int64_t row_begin, int64_t row_end,
+                 uint8_t* scratch) {
+    STRATA_ASSERT(row_begin >= 0 && row_begin <= row_end && row_end <= plan.w->ne[1]);
+    STRATA_ASSERT(row_begin % plan.row_align == 0);
+    if (row_begin == row_end || plan.n_tokens <= 0) return;
+    run_rows(plan, act, y, row_begin, row_end, scratch);
+}
 
 void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
     MatmulBuffers& b = t_buffers;
@@ -237,39 +333,10 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
         STRATA_ASSERT(w.ne[2] == 1 && w.ne[3] == 1);
         if (job.n_tokens <= 0 || w.ne[1] == 0) continue;
         const int64_t in = w.ne[0];
-        const DType act = activation_type(w.type);
-        const bool packed = w.packed != nullptr && static_cast<int>(isa) >= static_cast<int>(Isa::Avx2);
-        ActLayout layout = ActLayout::Kernel;
-        PreparedJob p{.w = &w, .y = job.y, .n_tokens = job.n_tokens, .kernel = packed ? nullptr : dot_kernel(w.type, isa)};
-        if (!packed && w.type == DType::IQ2_XS && isa == Isa::Avx512) {
-            layout = ActLayout::Q8_KGroups;
-            p.kernel = dot_iq2_xs_groups;
-            p.cols = kMaxDotCols;
-            p.act_stride = q8_k_groups_row_bytes(in);
-            p.decode_once = job.n_tokens > kMaxDotCols;
-            p.by_group = true;
-        } else if (!packed) {
-            p.act_stride = row_bytes(act, in);
-            p.cols = dot_columns(w.type, isa);
-            p.decode_once = w.type == DType::IQ2_XS && isa == Isa::Avx2 && job.n_tokens > p.cols;
-            if (w.type == DType::IQ2_XS && isa == Isa::Avx2Vnni && job.n_tokens > p.cols) {
-                p.rows8 = true;
-                layout = ActLayout::BiasedQ8_K;
-                p.act_stride = static_cast<size_t>(in / kQK_K) * kBiasedQ8KBlockBytes;
-            }
-        } else if (w.type == DType::Q8_0) {
-            layout = isa == Isa::Avx2 ? ActLayout::SignedQ8_0 : ActLayout::BiasedQ8_0;
-            p.act_stride = static_cast<size_t>(in / 32) * kBiasedBlockBytes;
-            p.gemm = isa == Isa::Avx512     ? gemm_q8_0_packed
-                     : isa == Isa::Avx2Vnni ? gemm_q8_0_packed_avxvnni
-                                            : gemm_q8_0_packed_avx2;
-        } else {
-            layout = ActLayout::Q8_KSums;
-            p.act_stride = static_cast<size_t>(in / kQK_K) * kQ8KSumsBlockBytes;
-            p.gemm = isa == Isa::Avx512     ? gemm_q4_k_packed
-                     : isa == Isa::Avx2Vnni ? gemm_q4_k_packed_avxvnni
-                                            : gemm_q4_k_packed_avx2;
-        }
+        PreparedJob p{.plan = plan_for(w, job.n_tokens, isa), .y = job.y};
+        const DType act = p.plan.act;
+        const auto layout = static_cast<ActLayout>(p.plan.layout);
+        const size_t act_stride = p.plan.act_stride;
         // Products that read the same activations (gate and up, q/k/v) share one quantized copy.
         const int64_t source_rows = job.x_rows ? job.x_count : job.n_tokens;
         STRATA_ASSERT(!job.x_rows || job.x_count > 0);
@@ -282,8 +349,8 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
         }
         if (!source) {
             act_bytes = (act_bytes + 63) / 64 * 64;
-            b.quantize.push_back({act, layout, job.x, in, source_rows, act_bytes, p.act_stride});
-            act_bytes += p.act_stride * static_cast<size_t>(source_rows);
+            b.quantize.push_back({act, layout, job.x, in, source_rows, act_bytes, act_stride});
+            act_bytes += act_stride * static_cast<size_t>(source_rows);
             source = &b.quantize.back();
         }
         if (!job.x_rows) {
@@ -299,13 +366,13 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
             }
             if (!copy) {
                 act_bytes = (act_bytes + 63) / 64 * 64;
-                b.gather.push_back({source->offset, source_rows, p.act_stride, job.x_rows, job.n_tokens, act_bytes});
-                act_bytes += p.act_stride * static_cast<size_t>(job.n_tokens);
+                b.gather.push_back({source->offset, source_rows, act_stride, job.x_rows, job.n_tokens, act_bytes});
+                act_bytes += act_stride * static_cast<size_t>(job.n_tokens);
                 copy = &b.gather.back();
             }
             p.act_offset = copy->dst_offset;
         }
-        p.rows_per_unit = rows_per_unit(w, job.n_tokens, n_threads, packed);
+        p.rows_per_unit = rows_per_unit(w, job.n_tokens, n_threads, p.plan.kernel == nullptr);
         p.first_unit = units;
         units += (w.ne[1] + p.rows_per_unit - 1) / p.rows_per_unit;
         work += static_cast<double>(w.ne[0]) * static_cast<double>(w.ne[1]) * static_cast<double>(job.n_tokens);
@@ -319,7 +386,6 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
     const bool parallel = pool && pool->size() > 1 && work >= 65536.0;
 
     // Quantize the activations: one item per (task, token).
-    const bool avx512 = isa == Isa::Avx512, avx2 = isa == Isa::Avx2 || isa == Isa::Avx2Vnni;
     int64_t quantize_items = 0;
     for (const QuantizeTask& q : b.quantize) quantize_items += q.n_tokens;
     auto quantize_range = [&](int64_t begin, int64_t end) {
@@ -328,22 +394,7 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
             for (int64_t t = std::max(begin - base, int64_t{0}); t < std::min(end - base, q.n_tokens); ++t) {
                 uint8_t* dst = activations + q.offset + static_cast<size_t>(t) * q.stride;
                 const float* x = q.x + t * q.in;
-                switch (q.layout) {
-                    case ActLayout::BiasedQ8_0:
-                        (avx512 ? quantize_q8_0_biased
-                         : avx2 ? quantize_q8_0_biased_avx2
-                                : quantize_q8_0_biased_portable)(x, dst, q.in);
-                        break;
-                    case ActLayout::SignedQ8_0: quantize_q8_0_signed_avx2(x, dst, q.in); break;
-                    case ActLayout::Q8_KSums:
-                        (avx512 ? quantize_q8_k_sums
-                         : avx2 ? quantize_q8_k_sums_avx2
-                                : quantize_q8_k_sums_portable)(x, dst, q.in);
-                        break;
-                    case ActLayout::Q8_KGroups: quantize_q8_k_groups(x, dst, q.in); break;
-                    case ActLayout::BiasedQ8_K: quantize_q8_k_biased_avx2(x, dst, q.in); break;
-                    case ActLayout::Kernel: quantize_activations(q.act, x, dst, q.in); break;
-                }
+                quantize_into(q.layout, q.act, isa, x, dst, q.in);
             }
             base += q.n_tokens;
         }
@@ -380,18 +431,11 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
             while (j + 1 < b.jobs.size() && b.jobs[j + 1].first_unit <= u) ++j;
             const PreparedJob& p = b.jobs[j];
             const int64_t row_begin = (u - p.first_unit) * p.rows_per_unit;
-            const int64_t row_end = std::min(p.w->ne[1], row_begin + p.rows_per_unit);
-            if (p.rows8) {
-                run_rows8_unit(p, activations, row_begin, row_end);
-            } else if (p.decode_once && p.by_group) {
-                run_decoded_unit(p, activations, row_begin, row_end);
-            } else if (p.decode_once) {
-                run_decoded_unit_avx2(p, activations, row_begin, row_end);
-            } else if (p.kernel) {
-                run_unit(p, activations, row_begin, row_end);
-            } else {
-                run_packed_unit(p, activations, row_begin, row_end);
-            }
+            const int64_t row_end = std::min(p.plan.w->ne[1], row_begin + p.rows_per_unit);
+            const size_t need = matmul_rows_scratch_bytes(p.plan, row_end - row_begin) + 64;
+            if (need > 64 && t_decoded.size() < need) t_decoded.resize(need);
+            uint8_t* decoded = t_decoded.data() + (64 - reinterpret_cast<uintptr_t>(t_decoded.data()) % 64) % 64;
+            run_rows(p.plan, activations + p.act_offset, p.y, row_begin, row_end, decoded);
         }
     };
     if (parallel) {

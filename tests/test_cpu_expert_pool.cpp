@@ -15,6 +15,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/cpu/ops.h"
@@ -352,6 +353,43 @@ TEST(CpuExpertPool, CombinedRowsEqualMoeForward) {
             }
             EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
         }
+    }
+}
+
+// Jobs back to back, as a decode step's layers come: a worker still leaving one job when the next starts must not
+// take a unit of the next one and lose it (every job completes, each done() runs once). More workers than cores, so
+// that workers are preempted between their claims, where that window opens.
+TEST(CpuExpertPool, BackToBackJobsAllComplete) {
+    std::mt19937 rng(4);
+    const int64_t H = 512, E = 16, K = 4, F = 256, T = 8;
+    const Layer layer({"q8_0", DType::Q8_0, DType::Q8_0, DType::Q8_0}, H, E, K, F, rng);
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const std::vector<float> x = gaussian(static_cast<size_t>(T * H), rng, 1.0f);
+    const std::vector<int32_t> ids = random_ids(T, E, K, rng, -1);
+    const std::vector<uint8_t> mine(static_cast<size_t>(T * K), 1);
+    std::vector<float> y(static_cast<size_t>(T * K * H));
+    for (int workers : {2, 2 * cores + 1}) {
+        SCOPED_TRACE(std::to_string(workers) + " workers");
+        CpuExpertPoolOptions o = options_for(layer, workers);
+        o.pin = true;  // several workers a core
+        o.spin_us = 2000;
+        CpuExpertPool pool(o);
+        std::atomic<int> done_calls{0};
+        int completed = 0;
+        for (int job = 0; job < 600; ++job) {
+            pool.start({.shape = &layer.shape,
+                        .weights = &layer.w,
+                        .n_tokens = job % T + 1,
+                        .x = x.data(),
+                        .ids = ids.data(),
+                        .mine = mine.data(),
+                        .y = y.data()},
+                       [&] { done_calls.fetch_add(1); });
+            if (!pool.wait(5'000'000)) break;
+            ++completed;
+        }
+        EXPECT_EQ(completed, 600);
+        EXPECT_EQ(done_calls.load(), completed);
     }
 }
 

@@ -334,9 +334,10 @@ int run_bench(const Args& args) {
         if (name == "gdn-recurrence") return run_gdn_recurrence_bench(args);
         if (name == "qsa-union") return run_qsa_union_bench(args);
         if (name == "expert-cache") return run_expert_cache_bench(args);
+        if (name == "cpu-experts") return run_cpu_experts_bench(args);
         throw Error("bench: unknown benchmark '" + name +
-                    "' (known: doorbell, gdn-recurrence, qsa-union, expert-cache; without a name, the model "
-                    "benchmark)");
+                    "' (known: doorbell, gdn-recurrence, qsa-union, expert-cache, cpu-experts; without a name, the "
+                    "model benchmark)");
     }
     if (args.has("--trace") || args.has("--slots") || args.has("--policy") || args.has("--per-layer"))
         throw Error("bench: --trace, --slots, --policy and --per-layer apply to `strata bench expert-cache` only");
@@ -435,9 +436,10 @@ Command bench_command() {
                          "       strata bench gdn-recurrence [--tokens N[,N...]] [--heads H] [-r R]\n"
                          "       strata bench qsa-union [--positions N] [--context N] [-r R] [--kv-cache f16|int8]\n"
                          "       strata bench expert-cache --trace FILE [--slots N,...] [--policy P,...] "
-                         "[--model FILE.gguf]",
+                         "[--model FILE.gguf]\n"
+                         "       strata bench cpu-experts --model FILE.gguf [--threads N[,N...]] [-r JOBS]",
                 .flags = flags,
-                .positional_name = "doorbell|gdn-recurrence|qsa-union|expert-cache",
+                .positional_name = "doorbell|gdn-recurrence|qsa-union|expert-cache|cpu-experts",
                 .notes = "`strata bench doorbell` times the host/GPU ping-pong through mapped pinned memory for each way "
                          "the GPU can read the host's flag (CUDA only; exit status 2 without it).\n"
                          "`strata bench gdn-recurrence` times the GDN recurrence's column and shuffle kernels on the "
@@ -450,6 +452,11 @@ Command bench_command() {
                          "against per-layer expert caches that start empty: hit % of routed experts, misses (computed "
                          "from host RAM) and swaps (experts copied into a slot) per token, over all layers; with "
                          "--model, the swaps in MiB from that file's expert size.\n"
+                         "`strata bench cpu-experts` times the CPU expert workers on the model's routed experts: jobs "
+                         "of 1, 2, 4 and 8 tokens, each token routed to random experts of a random layer, all computed "
+                         "by the workers (--threads: worker counts, default one per physical core less one; -r: jobs "
+                         "per size, default 200); prints us per job and GB/s of expert bytes read, in all and per "
+                         "worker.\n"
                          "Token ids are pseudo-random within the vocabulary (fixed seed), so every run feeds the same "
                          "input. t/s is the mean over the repetitions, ± the sample standard deviation.",
             },

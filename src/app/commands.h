@@ -33,6 +33,7 @@ Command bench_command();
 // bench_qsa_union.cpp: `strata bench qsa-union` (--positions, --context, -r, --kv-cache)
 int run_qsa_union_bench(const Args& args);
 int run_expert_cache_bench(const Args& args);  // bench_expert_cache.cpp
+int run_cpu_experts_bench(const Args& args);   // bench_cpu_experts.cpp
 // cmd_tokenize.cpp
 Command tokenize_command();
 // cmd_chat.cpp

@@ -241,7 +241,12 @@ void CpuExpertPool::worker_main(int index, int cpu) {
             int spins = 0;
             while ((now = generation_.load(std::memory_order_acquire)) == seen) {
                 STRATA_CPU_RELAX();
-                if (++spins % 256 == 0 && std::chrono::steady_clock::now() > until) generation_.wait(seen);
+                if (++spins % 256 == 0) {
+                    if (std::chrono::steady_clock::now() > until)
+                        generation_.wait(seen);
+                    else
+                        std::this_thread::yield();  // a core shared with a working thread: let it run
+                }
             }
         }
         seen = now;
@@ -254,11 +259,16 @@ void CpuExpertPool::run_job(int index, uint32_t seq) {
     WorkerScratch& s = scratch_[static_cast<size_t>(index)];
     s.act_key = ~uint64_t{0};
     for (;;) {
-        // The bound comes from the claim word itself: a claim that fails reads nothing a next start() may rewrite.
-        const uint64_t c = claim_.fetch_add(1, std::memory_order_acq_rel);
-        if (static_cast<uint32_t>(c >> kSeqShift) != seq) return;  // a newer job: the wake-up for it comes
-        const auto u = static_cast<int64_t>(c & kField);
-        if (u >= static_cast<int64_t>((c >> kCountShift) & kField)) return;
+        // A claim succeeds only on the word of this worker's job with units left: a worker late from the previous
+        // job must not take (and lose) a unit of the next one, and the bound comes from the word itself, not from
+        // fields a next start() may be rewriting.
+        uint64_t c = claim_.load(std::memory_order_acquire);
+        int64_t u = 0;
+        do {
+            if (static_cast<uint32_t>(c >> kSeqShift) != seq) return;  // a newer job: the wake-up for it comes
+            u = static_cast<int64_t>(c & kField);
+            if (u >= static_cast<int64_t>((c >> kCountShift) & kField)) return;
+        } while (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel, std::memory_order_acquire));
         if (options_.stall_for_test && u == 0) {
             // Never answers: holds the unit until the pool is destroyed.
             while (!stop_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));

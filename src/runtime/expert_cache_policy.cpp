@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
 #include <set>
 #include <utility>
 
 #include "core/error.h"
+#include "runtime/expert_cache_advisor.h"
 
 namespace strata {
 
@@ -53,105 +55,29 @@ LfuDecayParams parse_lfu_params(const std::string& name, const std::string& rest
     return p;
 }
 
-// Least recently used: an intrusive list over expert ids, most recent at the head.
-CacheReplayCounts replay_lru(int64_t slots, const LayerRouting& r) {
+// LRU and lfu-decay: the online advisor (expert_cache_advisor.h) driven one token at a time, its swaps applied at once
+// (as if every copy landed before the next token), hits counted against the slots as they stand before each token.
+CacheReplayCounts replay_online(const ExpertCachePolicySpec& policy, int64_t slots, const LayerRouting& r) {
     const int64_t E = r.n_expert, K = r.k, T = r.n_tokens();
-    constexpr int32_t kNone = -1;
-    std::vector<int32_t> prev(static_cast<size_t>(E), kNone), next(static_cast<size_t>(E), kNone);
-    std::vector<int64_t> touched(static_cast<size_t>(E), -1);  // token that last routed to it
+    const std::unique_ptr<ExpertCacheAdvisor> advisor = make_expert_cache_advisor(policy, {slots});
+    std::vector<int32_t> residents(static_cast<size_t>(slots), -1), ids(static_cast<size_t>(K));
     std::vector<char> resident(static_cast<size_t>(E), 0);
-    int32_t head = kNone, tail = kNone;
-    int64_t size = 0;
-    auto unlink = [&](int32_t e) {
-        if (prev[e] != kNone)
-            next[prev[e]] = next[e];
-        else
-            head = next[e];
-        if (next[e] != kNone)
-            prev[next[e]] = prev[e];
-        else
-            tail = prev[e];
-        prev[e] = next[e] = kNone;
-    };
-    auto push_front = [&](int32_t e) {
-        next[e] = head;
-        prev[e] = kNone;
-        if (head != kNone)
-            prev[head] = e;
-        else
-            tail = e;
-        head = e;
-    };
+    std::vector<ExpertSwap> swaps;
     CacheReplayCounts c{.tokens = T, .lookups = T * K};
     for (int64_t t = 0; t < T; ++t) {
-        const uint16_t* ids = r.ids.data() + t * K;
         for (int64_t j = 0; j < K; ++j) {
-            const int32_t e = ids[j];
-            touched[e] = t;
-            if (resident[e]) {
-                ++c.hits;
-                unlink(e);
-                push_front(e);
-            }
+            ids[static_cast<size_t>(j)] = r.ids[static_cast<size_t>(t * K + j)];
+            c.hits += resident[static_cast<size_t>(ids[static_cast<size_t>(j)])];
         }
-        for (int64_t j = 0; j < K; ++j) {
-            const int32_t e = ids[j];
-            if (resident[e] || slots == 0) continue;
-            if (size == slots) {
-                if (touched[tail] == t) continue;  // every slot holds an expert this token uses
-                const int32_t victim = tail;
-                unlink(victim);
-                resident[victim] = 0;
-                --size;
-            }
-            push_front(e);
-            resident[e] = 1;
-            ++size;
-            ++c.swaps;
+        swaps.clear();
+        advisor->observe(0, E, K, ids, residents, swaps);
+        for (const ExpertSwap& s : swaps) {
+            int32_t& slot = residents[static_cast<size_t>(s.slot)];
+            if (slot >= 0) resident[static_cast<size_t>(slot)] = 0;
+            slot = s.admit;
+            resident[static_cast<size_t>(s.admit)] = 1;
         }
-    }
-    return c;
-}
-
-CacheReplayCounts replay_lfu_decay(int64_t slots, const LayerRouting& r, const LfuDecayParams& p) {
-    const int64_t E = r.n_expert, K = r.k, T = r.n_tokens();
-    std::vector<double> count(static_cast<size_t>(E), 0.0);
-    std::vector<char> resident(static_cast<size_t>(E), 0);
-    std::vector<int32_t> in, out;  // non-resident candidates, residents
-    int64_t size = 0;
-    CacheReplayCounts c{.tokens = T, .lookups = T * K};
-    for (int64_t t = 0; t < T; ++t) {
-        const uint16_t* ids = r.ids.data() + t * K;
-        for (int64_t j = 0; j < K; ++j) {
-            c.hits += resident[ids[j]];
-            count[ids[j]] += 1.0;
-        }
-        if ((t + 1) % p.every != 0) continue;
-        in.clear();
-        out.clear();
-        for (int32_t e = 0; e < E; ++e) {
-            if (resident[e])
-                out.push_back(e);
-            else if (count[e] > 0.0)
-                in.push_back(e);
-        }
-        // Most counted first in, least counted first out; ties by expert id, so the replay is deterministic.
-        std::sort(in.begin(), in.end(),
-                  [&](int32_t a, int32_t b) { return count[a] > count[b] || (count[a] == count[b] && a < b); });
-        std::sort(out.begin(), out.end(),
-                  [&](int32_t a, int32_t b) { return count[a] < count[b] || (count[a] == count[b] && a < b); });
-        size_t i = 0;
-        // Empty slots take any routed expert, without the swap limit: Strata fills its slots from a profile before
-        // decoding, which a replay from an empty cache stands in for.
-        for (; i < in.size() && size < slots; ++i, ++size, ++c.swaps) resident[in[i]] = 1;
-        for (size_t o = 0, n = 0; i < in.size() && o < out.size() && static_cast<int64_t>(n) < p.max_swaps;
-             ++i, ++o, ++n) {
-            if (count[in[i]] < p.min_count || count[in[i]] <= count[out[o]]) break;
-            resident[out[o]] = 0;
-            resident[in[i]] = 1;
-            ++c.swaps;
-        }
-        for (double& v : count) v *= p.decay;
+        c.swaps += static_cast<int64_t>(swaps.size());
     }
     return c;
 }
@@ -232,9 +158,8 @@ CacheReplayCounts replay_expert_cache(const ExpertCachePolicySpec& policy, int64
     slots = std::min(slots, r.n_expert);
     switch (policy.kind) {
         case ExpertCachePolicyKind::Lru:
-            return replay_lru(slots, r);
         case ExpertCachePolicyKind::LfuDecay:
-            return replay_lfu_decay(slots, r, policy.lfu);
+            return replay_online(policy, slots, r);
         case ExpertCachePolicyKind::Belady:
             return replay_belady(slots, r);
     }

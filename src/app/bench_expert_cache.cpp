@@ -1,6 +1,7 @@
 // `strata bench expert-cache --trace FILE`: replays a routing trace (--routing-trace) against per-layer expert cache
 // policies and sizes (runtime/expert_cache_policy.h) and prints, per policy and size, the hit rate and the swaps a
-// token costs (experts, and bytes when --model names the file the trace came from).
+// token costs (experts, and bytes when --model names the file the trace came from). --write-profile P also writes the
+// trace's routing counts as an expert profile (runtime/expert_profile.h).
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -10,6 +11,7 @@
 #include "core/error.h"
 #include "format/gguf.h"
 #include "runtime/expert_cache_policy.h"
+#include "runtime/expert_profile.h"
 #include "runtime/routing_trace.h"
 
 namespace strata::app {
@@ -53,6 +55,11 @@ int run_expert_cache_bench(const Args& args) {
     const std::string trace_path = args.require("--trace");
     require_file(trace_path, "--trace");
     const RoutingTrace trace = read_routing_trace(trace_path);
+    if (const auto out = args.get("--write-profile")) {
+        write_expert_profile(*out, profile_from_trace(trace));
+        std::printf("wrote expert profile %s (%lld layers, %lld experts a layer)\n", out->c_str(),
+                    static_cast<long long>(trace.n_layer), static_cast<long long>(trace.n_expert));
+    }
     std::vector<int64_t> slots;
     for (const std::string& item : split_list(args.get("--slots").value_or("16,32,64,128,256"))) {
         const auto n = parse_int(item);

@@ -339,8 +339,11 @@ int run_bench(const Args& args) {
                     "' (known: doorbell, gdn-recurrence, qsa-union, expert-cache, cpu-experts; without a name, the "
                     "model benchmark)");
     }
-    if (args.has("--trace") || args.has("--slots") || args.has("--policy") || args.has("--per-layer"))
-        throw Error("bench: --trace, --slots, --policy and --per-layer apply to `strata bench expert-cache` only");
+    if (args.has("--trace") || args.has("--slots") || args.has("--policy") || args.has("--per-layer") ||
+        args.has("--write-profile"))
+        throw Error(
+            "bench: --trace, --slots, --policy, --per-layer and --write-profile apply to `strata bench expert-cache` "
+            "only");
     if (args.has("--rounds")) throw Error("bench: --rounds applies to `strata bench doorbell` only");
     if (args.has("--tokens") || args.has("--heads"))
         throw Error("bench: --tokens and --heads apply to `strata bench gdn-recurrence` only");
@@ -421,6 +424,8 @@ Command bench_command() {
          "0.7:4:2:2), "
          "belady (the oracle bound); default all three"},
         {"--per-layer", "", "bench expert-cache: also print each layer's hit rate"},
+        {"--write-profile", "FILE",
+         "bench expert-cache: also write the trace's routing counts as an expert profile (--expert-profile's format)"},
         {"--json", "", "one JSON object per line per test instead of the table"},
     };
     // The model-loading flags but --threads, which bench takes as a list.
@@ -436,7 +441,7 @@ Command bench_command() {
                          "       strata bench gdn-recurrence [--tokens N[,N...]] [--heads H] [-r R]\n"
                          "       strata bench qsa-union [--positions N] [--context N] [-r R] [--kv-cache f16|int8]\n"
                          "       strata bench expert-cache --trace FILE [--slots N,...] [--policy P,...] "
-                         "[--model FILE.gguf]\n"
+                         "[--model FILE.gguf] [--write-profile FILE]\n"
                          "       strata bench cpu-experts --model FILE.gguf [--threads N[,N...]] [-r JOBS]",
                 .flags = flags,
                 .positional_name = "doorbell|gdn-recurrence|qsa-union|expert-cache|cpu-experts",

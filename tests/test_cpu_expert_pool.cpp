@@ -25,6 +25,7 @@
 #include "model/moe.h"
 #include "model/scratch.h"
 #include "runtime/cpu_expert_pool.h"
+#include "test_util.h"
 
 // Every allocation of the process, counted (aligned new is not routed here; nothing in the pool uses it). g++ sees
 // the replaced operators inlined at their call sites and takes malloc / free for a mismatch there.
@@ -482,6 +483,25 @@ TEST(CpuExpertPool, DefaultsToOneWorkerPerPhysicalCoreLessOne) {
     EXPECT_EQ(pool.n_workers(), std::max<int>(1, static_cast<int>(cores.size()) - 1));
     // Pinning may be refused (containers); it never fails the pool.
     EXPECT_LE(pool.n_pinned(), pool.n_workers());
+}
+
+// `strata bench cpu-experts` on a synthesized model: one row per job size, and one-line errors for bad input.
+TEST(CpuExpertPoolCli, BenchCpuExpertsPrintsARowPerJobSize) {
+    const testing::TempDir dir;
+    const std::string model = dir / "m.gguf";
+    ASSERT_EQ(testing::run_strata("synth --preset small-k --type q4_k --out " + model).status, 0);
+    const auto r = testing::run_strata("bench cpu-experts --model " + model + " -r 5 --threads 1");
+    ASSERT_EQ(r.status, 0) << r.err;
+    // workers, pinned (1 where the OS allows it, else 0), tokens
+    const char* rows[][2] = {{"| 1 | 1 | 1 | ", "| 1 | 0 | 1 | "},
+                             {"| 1 | 1 | 2 | ", "| 1 | 0 | 2 | "},
+                             {"| 1 | 1 | 4 | ", "| 1 | 0 | 4 | "},
+                             {"| 1 | 1 | 8 | ", "| 1 | 0 | 8 | "}};
+    for (const auto& row : rows)
+        EXPECT_TRUE(r.out.find(row[0]) != std::string::npos || r.out.find(row[1]) != std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("experts q4_k/q4_k/q4_k"), std::string::npos) << r.out;
+    testing::expect_user_error(testing::run_strata("bench cpu-experts --model " + model + " --threads 0"), "--threads");
+    testing::expect_user_error(testing::run_strata("bench cpu-experts --model " + dir / "missing.gguf"));
 }
 
 }  // namespace

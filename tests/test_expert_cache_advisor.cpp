@@ -264,5 +264,46 @@ TEST(ExpertCacheAdvisor, BeladyIsReplayOnly) {
     }
 }
 
+// Replays from a warm set (an expert profile's): the slots hold it before the first token, and loading it is no swap.
+TEST(ExpertCacheAdvisor, WarmReplaysByHand) {
+    auto replay = [](const char* policy, int64_t slots, int64_t n_expert, int64_t k, const std::vector<uint16_t>& ids,
+                     const std::vector<int32_t>& warm) {
+        return replay_expert_cache(parse_expert_cache_policy(policy), slots, {.n_expert = n_expert, .k = k, .ids = ids},
+                                   warm);
+    };
+    // 2 slots warm with {0, 1}; 0 1 0 1: every lookup hits, nothing is swapped (cold: 2 misses, 2 swaps).
+    for (const char* p : {"lru", "lfu-decay:1:1:1:1", "belady", "static"}) {
+        SCOPED_TRACE(p);
+        const CacheReplayCounts c = replay(p, 2, 4, 1, {0, 1, 0, 1}, {0, 1});
+        EXPECT_EQ(c.hits, 4);
+        EXPECT_EQ(c.swaps, 0);
+    }
+    EXPECT_EQ(replay("lru", 2, 4, 1, {0, 1, 0, 1}, {}).hits, 2);
+    // static never swaps: warm {0}, 0 1 0 1 0: the 0s hit (3), the 1s miss; cold static hits nothing.
+    EXPECT_EQ(replay("static", 2, 4, 1, {0, 1, 0, 1, 0}, {0}).hits, 3);
+    EXPECT_EQ(replay("static", 2, 4, 1, {0, 1, 0, 1, 0}, {0}).swaps, 0);
+    EXPECT_EQ(replay("static", 2, 4, 1, {0, 1, 0, 1, 0}, {}).hits, 0);
+    // Only the first `slots` of the warm set are taken: 1 slot, warm {3, 0}: 0 0 -> LRU admits 0 over 3 (1 hit).
+    const CacheReplayCounts lru = replay("lru", 1, 4, 1, {0, 0}, {3, 0});
+    EXPECT_EQ(lru.hits, 1);
+    EXPECT_EQ(lru.swaps, 1);
+    // Belady evicts a warm expert that is never used (its next use: never) for one that is: 1 slot, warm {3}, 0 0.
+    const CacheReplayCounts belady = replay("belady", 1, 4, 1, {0, 0}, {3});
+    EXPECT_EQ(belady.hits, 1);
+    EXPECT_EQ(belady.swaps, 1);
+    // ... and keeps a warm expert needed sooner than the newcomer: warm {3}, 0 3 0 -> 0 bypassed, 3 hits, then 0
+    // misses again (2 slots would hold both).
+    const CacheReplayCounts keep = replay("belady", 1, 4, 1, {0, 3, 0}, {3});
+    EXPECT_EQ(keep.hits, 1);
+    EXPECT_EQ(keep.swaps, 0);
+}
+
+TEST(ExpertCacheAdvisor, StaticAdvisorNeverSwaps) {
+    auto advisor = make_expert_cache_advisor(parse_expert_cache_policy("static"), {2});
+    std::vector<ExpertSwap> swaps;
+    advisor->observe(0, 8, 2, std::vector<int32_t>{1, 2, 3, 4}, std::vector<int32_t>{5, -1}, swaps);
+    EXPECT_TRUE(swaps.empty());
+}
+
 }  // namespace
 }  // namespace strata

@@ -124,5 +124,30 @@ TEST(ExpertProfileCli, BenchExpertCacheWritesTheTracesProfile) {
                                "cannot write expert profile");
 }
 
+TEST(ExpertProfileCli, BenchExpertCacheStartsFromAWarmProfile) {
+    // The small trace's profile: layer 0's most routed is 1 (3 times), layer 1's are 2 and 3 (3 each; 2 first).
+    // 1 slot, static: layer 0 hits its 3 lookups of 1, layer 1 its 3 of 2: 6 of 12 lookups, 50%.
+    const TempDir dir;
+    {
+        const std::vector<uint8_t> bytes = encode_routing_trace(small_trace());
+        std::ofstream(dir / "t.trace", std::ios::binary)
+            .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    }
+    write_expert_profile(dir / "p.txt", profile_from_trace(small_trace()));
+    const auto r = testing::run_strata("bench expert-cache --trace " + dir / "t.trace" + " --slots 1 --policy static " +
+                                       "--warm-profile " + dir / "p.txt");
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("| static | 1 | 50.0 | 2.00 | 0.00 |"), std::string::npos) << r.out;
+    // A profile of another shape is refused.
+    ExpertProfile other{.n_layer = 2, .n_expert = 5};
+    other.counts = {{1, 0, 0, 0, 0}, {0, 0, 0, 0, 1}};
+    write_expert_profile(dir / "other.txt", other);
+    testing::expect_user_error(
+        testing::run_strata("bench expert-cache --trace " + dir / "t.trace" + " --warm-profile " + dir / "other.txt"),
+        "2 layers of 5 experts, the trace 2 of 4");
+    testing::expect_user_error(
+        testing::run_strata("bench expert-cache --trace " + dir / "t.trace" + " --warm-profile " + dir / "none.txt"));
+}
+
 }  // namespace
 }  // namespace strata

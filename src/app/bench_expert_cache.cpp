@@ -1,9 +1,12 @@
 // `strata bench expert-cache --trace FILE`: replays a routing trace (--routing-trace) against per-layer expert cache
 // policies and sizes (runtime/expert_cache_policy.h) and prints, per policy and size, the hit rate and the swaps a
 // token costs (experts, and bytes when --model names the file the trace came from). --write-profile P also writes the
-// trace's routing counts as an expert profile (runtime/expert_profile.h).
+// trace's routing counts as an expert profile (runtime/expert_profile.h); --warm-profile P starts every cache from
+// P's warm set instead of empty.
 #include <algorithm>
 #include <cstdio>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -75,18 +78,38 @@ int run_expert_cache_bench(const Args& args) {
     const double bytes = model ? expert_bytes(*model, trace.n_expert) : 0.0;
     const int64_t tokens = trace.tokens(0);
     if (tokens == 0) throw Error("bench expert-cache: trace '" + trace_path + "' has no tokens at layer 0");
+    // Caches warmed from a profile instead of starting empty.
+    std::optional<ExpertProfile> profile;
+    if (const auto path = args.get("--warm-profile")) {
+        require_file(*path, "--warm-profile");
+        profile = read_expert_profile(*path);
+        if (profile->n_layer != trace.n_layer || profile->n_expert != trace.n_expert)
+            throw Error("bench expert-cache: profile '" + *path + "' has " + std::to_string(profile->n_layer) +
+                        " layers of " + std::to_string(profile->n_expert) + " experts, the trace " +
+                        std::to_string(trace.n_layer) + " of " + std::to_string(trace.n_expert));
+    }
+    std::map<int64_t, std::vector<std::vector<int32_t>>> warm;  // per slot count: each layer's warm set
+    auto replay = [&](const ExpertCachePolicySpec& policy, int64_t s, int64_t l) {
+        if (!profile) return replay_expert_cache(policy, s, trace.layer(l));
+        auto it = warm.find(s);
+        if (it == warm.end())
+            it = warm.emplace(s, warm_experts(*profile, std::vector<int64_t>(static_cast<size_t>(trace.n_layer), s)))
+                     .first;
+        return replay_expert_cache(policy, s, trace.layer(l), it->second[static_cast<size_t>(l)]);
+    };
 
     std::printf("trace %s: %lld tokens, %lld layers, %lld experts a layer, top-%lld", trace_path.c_str(),
                 static_cast<long long>(tokens), static_cast<long long>(trace.n_layer),
                 static_cast<long long>(trace.n_expert), static_cast<long long>(trace.k));
     if (model) std::printf(", %.2f MiB an expert", bytes / (1 << 20));
+    if (profile) std::printf("; caches warmed from %s", args.get("--warm-profile")->c_str());
     std::printf("\n\n| policy | slots/layer | hit %% | misses/token | swaps/token |%s\n",
                 model ? " swap MiB/token |" : "");
     std::printf("|---|---:|---:|---:|---:|%s\n", model ? "---:|" : "");
     for (size_t p = 0; p < policies.size(); ++p) {
         for (const int64_t s : slots) {
             CacheReplayCounts total;
-            for (int64_t l = 0; l < trace.n_layer; ++l) total += replay_expert_cache(policies[p], s, trace.layer(l));
+            for (int64_t l = 0; l < trace.n_layer; ++l) total += replay(policies[p], s, l);
             const double per_token = 1.0 / static_cast<double>(tokens);
             std::printf("| %s | %lld | %.1f | %.2f | %.2f |", policy_names[p].c_str(), static_cast<long long>(s),
                         100.0 * total.hit_rate(), static_cast<double>(total.lookups - total.hits) * per_token,
@@ -102,7 +125,7 @@ int run_expert_cache_bench(const Args& args) {
             for (const int64_t s : slots) {
                 std::printf("%s %lld:", policy_names[p].c_str(), static_cast<long long>(s));
                 for (int64_t l = 0; l < trace.n_layer; ++l)
-                    std::printf(" %.1f", 100.0 * replay_expert_cache(policies[p], s, trace.layer(l)).hit_rate());
+                    std::printf(" %.1f", 100.0 * replay(policies[p], s, l).hit_rate());
                 std::printf("\n");
             }
     }

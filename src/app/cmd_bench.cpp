@@ -340,10 +340,10 @@ int run_bench(const Args& args) {
                     "model benchmark)");
     }
     if (args.has("--trace") || args.has("--slots") || args.has("--policy") || args.has("--per-layer") ||
-        args.has("--write-profile"))
+        args.has("--write-profile") || args.has("--warm-profile"))
         throw Error(
-            "bench: --trace, --slots, --policy, --per-layer and --write-profile apply to `strata bench expert-cache` "
-            "only");
+            "bench: --trace, --slots, --policy, --per-layer, --write-profile and --warm-profile apply to `strata "
+            "bench expert-cache` only");
     if (args.has("--rounds")) throw Error("bench: --rounds applies to `strata bench doorbell` only");
     if (args.has("--tokens") || args.has("--heads"))
         throw Error("bench: --tokens and --heads apply to `strata bench gdn-recurrence` only");
@@ -422,10 +422,14 @@ Command bench_command() {
         {"--policy", "P[,P...]",
          "bench expert-cache: lru, lfu-decay[:DECAY[:EVERY[:SWAPS[:MIN]]]] (Strata's adaptive tier, default "
          "0.7:4:2:2), "
-         "belady (the oracle bound); default all three"},
+         "belady (the oracle bound), static (the warm set only, never a swap); default the first three"},
         {"--per-layer", "", "bench expert-cache: also print each layer's hit rate"},
+        {"--warm-profile", "FILE",
+         "bench expert-cache: start each cache from this profile's most-routed experts instead of empty (a "
+         "profile from another run: one from the same trace knows its future)"},
         {"--write-profile", "FILE",
-         "bench expert-cache: also write the trace's routing counts as an expert profile (--expert-profile's format)"},
+         "bench expert-cache: also write the trace's routing counts as an expert profile (runtime/expert_profile.h: "
+         "what --warm-profile reads)"},
         {"--json", "", "one JSON object per line per test instead of the table"},
     };
     // The model-loading flags but --threads, which bench takes as a list.
@@ -441,7 +445,7 @@ Command bench_command() {
                          "       strata bench gdn-recurrence [--tokens N[,N...]] [--heads H] [-r R]\n"
                          "       strata bench qsa-union [--positions N] [--context N] [-r R] [--kv-cache f16|int8]\n"
                          "       strata bench expert-cache --trace FILE [--slots N,...] [--policy P,...] "
-                         "[--model FILE.gguf] [--write-profile FILE]\n"
+                         "[--model FILE.gguf] [--warm-profile FILE] [--write-profile FILE]\n"
                          "       strata bench cpu-experts --model FILE.gguf [--threads N[,N...]] [-r JOBS]",
                 .flags = flags,
                 .positional_name = "doorbell|gdn-recurrence|qsa-union|expert-cache|cpu-experts",

@@ -185,6 +185,7 @@ class PolicyAdvisor final : public ExpertCacheAdvisor {
                 l.lfu.init(n_expert, policy_.lfu);
             l.ready = true;
         }
+        if (policy_.kind == ExpertCachePolicyKind::Static) return;  // the warm set stays as it is
         for (size_t r = 0; r < ids.size(); r += static_cast<size_t>(k)) {
             for (int64_t j = 0; j < k; ++j)
                 STRATA_ASSERT(ids[r + static_cast<size_t>(j)] >= 0 && ids[r + static_cast<size_t>(j)] < n_expert);

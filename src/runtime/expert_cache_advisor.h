@@ -1,6 +1,6 @@
-// The online expert cache policies: ExpertCacheAdvisor (model/moe.h) for `lru` and `lfu-decay`, with the exact
-// semantics of runtime/expert_cache_policy.h's replay (which drives these same objects token by token, so the replay
-// measures what the trunk runs). Belady needs the future and stays replay-only.
+// The online expert cache policies: ExpertCacheAdvisor (model/moe.h) for `lru`, `lfu-decay` and `static` (the warm
+// set, never a swap), with the exact semantics of runtime/expert_cache_policy.h's replay (which drives these same
+// objects token by token, so the replay measures what the trunk runs). Belady needs the future and stays replay-only.
 //
 // Per layer the advisor keeps the policy's state and its own map of which expert each slot holds once every swap it
 // gave has landed. A layer's first observe() takes that map from `residents` (the warm set the trunk loaded, e.g. from

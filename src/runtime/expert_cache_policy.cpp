@@ -57,11 +57,16 @@ LfuDecayParams parse_lfu_params(const std::string& name, const std::string& rest
 
 // LRU and lfu-decay: the online advisor (expert_cache_advisor.h) driven one token at a time, its swaps applied at once
 // (as if every copy landed before the next token), hits counted against the slots as they stand before each token.
-CacheReplayCounts replay_online(const ExpertCachePolicySpec& policy, int64_t slots, const LayerRouting& r) {
+CacheReplayCounts replay_online(const ExpertCachePolicySpec& policy, int64_t slots, const LayerRouting& r,
+                                std::span<const int32_t> warm) {
     const int64_t E = r.n_expert, K = r.k, T = r.n_tokens();
     const std::unique_ptr<ExpertCacheAdvisor> advisor = make_expert_cache_advisor(policy, {slots});
     std::vector<int32_t> residents(static_cast<size_t>(slots), -1), ids(static_cast<size_t>(K));
     std::vector<char> resident(static_cast<size_t>(E), 0);
+    for (size_t i = 0; i < warm.size() && static_cast<int64_t>(i) < slots; ++i) {
+        residents[i] = warm[i];
+        resident[static_cast<size_t>(warm[i])] = 1;
+    }
     std::vector<ExpertSwap> swaps;
     CacheReplayCounts c{.tokens = T, .lookups = T * K};
     for (int64_t t = 0; t < T; ++t) {
@@ -85,7 +90,7 @@ CacheReplayCounts replay_online(const ExpertCachePolicySpec& policy, int64_t slo
 // Belady with bypass: after each token the cache keeps, of its residents and the token's experts, the `slots` whose
 // next use comes soonest (an expert never used again is never admitted). Admission being optional, this is the
 // largest number of hits any policy can get.
-CacheReplayCounts replay_belady(int64_t slots, const LayerRouting& r) {
+CacheReplayCounts replay_belady(int64_t slots, const LayerRouting& r, std::span<const int32_t> warm) {
     const int64_t E = r.n_expert, K = r.k, T = r.n_tokens();
     constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
     std::vector<int64_t> next_use(static_cast<size_t>(T * K));
@@ -98,6 +103,12 @@ CacheReplayCounts replay_belady(int64_t slots, const LayerRouting& r) {
     std::vector<int64_t> key(static_cast<size_t>(E), kNever);  // a resident's next use
     std::vector<char> resident(static_cast<size_t>(E), 0);
     std::set<std::pair<int64_t, int32_t>> by_next;  // residents by next use; the last is evicted first
+    for (size_t i = 0; i < warm.size() && static_cast<int64_t>(i) < slots; ++i) {
+        const int32_t e = warm[i];
+        key[static_cast<size_t>(e)] = seen[static_cast<size_t>(e)];  // its first use (seen holds it after the scan)
+        resident[static_cast<size_t>(e)] = 1;
+        by_next.insert({key[static_cast<size_t>(e)], e});
+    }
     CacheReplayCounts c{.tokens = T, .lookups = T * K};
     for (int64_t t = 0; t < T; ++t) {
         const uint16_t* ids = r.ids.data() + t * K;
@@ -133,11 +144,12 @@ CacheReplayCounts replay_belady(int64_t slots, const LayerRouting& r) {
 ExpertCachePolicySpec parse_expert_cache_policy(const std::string& name) {
     if (name == "lru") return {.kind = ExpertCachePolicyKind::Lru};
     if (name == "belady") return {.kind = ExpertCachePolicyKind::Belady};
+    if (name == "static") return {.kind = ExpertCachePolicyKind::Static};
     if (name == "lfu-decay") return {.kind = ExpertCachePolicyKind::LfuDecay};
     if (name.rfind("lfu-decay:", 0) == 0)
         return {.kind = ExpertCachePolicyKind::LfuDecay, .lfu = parse_lfu_params(name, name.substr(10))};
     throw Error("unknown expert cache policy '" + name +
-                "' (known: lru, lfu-decay[:DECAY[:EVERY[:SWAPS[:MIN]]]], belady)");
+                "' (known: lru, lfu-decay[:DECAY[:EVERY[:SWAPS[:MIN]]]], belady, static)");
 }
 
 std::string expert_cache_policy_name(ExpertCachePolicyKind kind) {
@@ -148,20 +160,29 @@ std::string expert_cache_policy_name(ExpertCachePolicyKind kind) {
             return "lfu-decay";
         case ExpertCachePolicyKind::Belady:
             return "belady";
+        case ExpertCachePolicyKind::Static:
+            return "static";
     }
     return "?";
 }
 
-CacheReplayCounts replay_expert_cache(const ExpertCachePolicySpec& policy, int64_t slots, const LayerRouting& r) {
+CacheReplayCounts replay_expert_cache(const ExpertCachePolicySpec& policy, int64_t slots, const LayerRouting& r,
+                                      std::span<const int32_t> warm) {
     STRATA_ASSERT(slots >= 0 && r.k > 0 && r.n_expert > 0 && r.n_expert <= 65536);
     STRATA_ASSERT(static_cast<int64_t>(r.ids.size()) % r.k == 0);
     slots = std::min(slots, r.n_expert);
+    std::vector<char> seen(static_cast<size_t>(r.n_expert), 0);
+    for (const int32_t e : warm) {
+        STRATA_ASSERT(e >= 0 && e < r.n_expert && !seen[static_cast<size_t>(e)]);
+        seen[static_cast<size_t>(e)] = 1;
+    }
     switch (policy.kind) {
         case ExpertCachePolicyKind::Lru:
         case ExpertCachePolicyKind::LfuDecay:
-            return replay_online(policy, slots, r);
+        case ExpertCachePolicyKind::Static:
+            return replay_online(policy, slots, r, warm);
         case ExpertCachePolicyKind::Belady:
-            return replay_belady(slots, r);
+            return replay_belady(slots, r, warm);
     }
     return {};
 }

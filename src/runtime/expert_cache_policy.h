@@ -19,6 +19,7 @@ enum class ExpertCachePolicyKind {
     Lru,       // every miss is admitted, evicting the least recently routed resident
     LfuDecay,  // Strata's adaptive tier: decayed routing counts, periodic swaps (strata-architecture.md 3.3)
     Belady,    // the oracle: knows the future; the best hit rate any policy can reach (admission optional)
+    Static,    // never a swap: the warm set (an expert profile's) is all there is; empty slots stay empty
 };
 
 // Strata's adaptive tier (include/strata/core/adaptive_tier.hpp as the reference describes it): each token adds 1 to
@@ -39,7 +40,7 @@ struct ExpertCachePolicySpec {
     LfuDecayParams lfu;
 };
 
-// "lru", "lfu-decay", "belady"; nullopt-like: throws Error listing the known names on anything else.
+// "lru", "lfu-decay", "belady", "static"; throws Error listing the known names on anything else.
 ExpertCachePolicySpec parse_expert_cache_policy(const std::string& name);
 std::string expert_cache_policy_name(ExpertCachePolicyKind kind);
 
@@ -63,8 +64,11 @@ struct CacheReplayCounts {
     }
 };
 
-// Replays one layer against `slots` slots, starting empty. slots may be 0 (nothing is ever a hit) or more than
-// n_expert (then every expert fits: only first uses miss).
-CacheReplayCounts replay_expert_cache(const ExpertCachePolicySpec& policy, int64_t slots, const LayerRouting& routing);
+// Replays one layer against `slots` slots, starting empty, or holding `warm` (distinct expert ids, e.g. an expert
+// profile's warm_experts; at most `slots` of them are taken, in order, into slots 0..; loading them is not counted as
+// swaps). slots may be 0 (nothing is ever a hit) or more than n_expert (then every expert fits: only first uses
+// miss).
+CacheReplayCounts replay_expert_cache(const ExpertCachePolicySpec& policy, int64_t slots, const LayerRouting& routing,
+                                      std::span<const int32_t> warm = {});
 
 }  // namespace strata

@@ -267,6 +267,7 @@ TEST_P(CpuExpertPoolRows, BitIdenticalToTheCpuBackendsExpertProducts) {
                                 [&] { ++done_calls; });
                     ASSERT_TRUE(pool->wait(kBoundUs));
                     EXPECT_EQ(done_calls, 1);
+                    EXPECT_GT(pool->last_job_ns(), 0);
                     EXPECT_FALSE(pool->busy());
                     for (int64_t p = 0; p < T * K; ++p) {
                         const float* got = &y[static_cast<size_t>(p * H)];
@@ -481,8 +482,9 @@ TEST(CpuExpertPool, DefaultsToOneWorkerPerPhysicalCoreLessOne) {
     ASSERT_FALSE(cores.empty());
     CpuExpertPool pool({.max_n_embd = 256, .max_n_ff = 256, .max_expert_used = 2});
     EXPECT_EQ(pool.n_workers(), std::max<int>(1, static_cast<int>(cores.size()) - 1));
-    // Pinning may be refused (containers); it never fails the pool.
+    // Pinning may be refused (containers); it never fails the pool. The first allowed core is left to the caller.
     EXPECT_LE(pool.n_pinned(), pool.n_workers());
+    EXPECT_EQ(pool.caller_cpu(), cores.size() > 1 ? cores[0] : -1);
 }
 
 // `strata bench cpu-experts` on a synthesized model: one row per job size, and one-line errors for bad input.

@@ -35,6 +35,11 @@ size_t align64(size_t n) {
     return (n + 63) / 64 * 64;
 }
 
+int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
 int64_t round_up(int64_t n, int64_t to) {
     return (n + to - 1) / to * to;
 }
@@ -114,6 +119,7 @@ CpuExpertPool::CpuExpertPool(const CpuExpertPoolOptions& options) : options_(opt
         // Touch every page now, on this thread: the first job pays no page faults.
         std::memset(base, 0, act_bytes + decoded_bytes + up_bytes + out_bytes);
     }
+    if (options.pin && cores.size() > 1) caller_cpu_ = cores[0];
     for (int i = 0; i < n; ++i) {
         // Core 0 of the allowed set stays with the doorbell thread; workers take the next ones (wrapping when there
         // are more workers than cores).
@@ -194,8 +200,10 @@ void CpuExpertPool::start(const HostExpertJob& job, std::function<void()> done) 
     job_ = job;
     done_ = std::move(done);
     ++seq_;
+    start_ns_ = now_ns();
     if (n_units_ == 0) {  // nothing mine: done at once, on the caller's thread
         units_left_.store(0, std::memory_order_relaxed);
+        last_ns_.store(now_ns() - start_ns_, std::memory_order_release);
         if (done_) {
             std::function<void()> d = std::move(done_);
             d();
@@ -278,6 +286,7 @@ void CpuExpertPool::run_job(int index, uint32_t seq) {
         if (stop_.load()) return;
         if (units_left_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
             // The last unit: every row is written.
+            last_ns_.store(now_ns() - start_ns_, std::memory_order_release);
             std::function<void()> d = std::move(done_);
             if (d) d();
             finished_.store(true, std::memory_order_release);

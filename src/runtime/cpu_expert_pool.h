@@ -58,8 +58,12 @@ class CpuExpertPool final : public HostExpertCompute {
     int n_pinned() const { return pinned_.load(); }  // workers whose pinning the OS accepted
     // Whether a job is running (started and done() not yet returned).
     bool busy() const { return !finished_.load(std::memory_order_acquire); }
-    // Expert bytes (gate, up and down rows) the last job read: what a GB/s figure divides.
+    // Expert bytes (gate, up and down rows) the last job read, and the time from its start() until its last row was
+    // written (0 until a job finished; read after wait() returned true): what a cost model's GB/s divides.
     uint64_t last_job_bytes() const { return last_bytes_; }
+    int64_t last_job_ns() const { return last_ns_.load(std::memory_order_acquire); }
+    // The CPU the workers leave to the caller (the doorbell thread's), or -1 when the workers are not pinned.
+    int caller_cpu() const { return caller_cpu_; }
 
   private:
     // One expert of a job: its pairs (in token order) and the plans of its three products.
@@ -106,6 +110,9 @@ class CpuExpertPool final : public HostExpertCompute {
     std::unique_ptr<float[]> h_storage_;
     int64_t n_groups_ = 0, n_units_ = 0;
     uint64_t last_bytes_ = 0;
+    int64_t start_ns_ = 0;  // steady clock at start()
+    std::atomic<int64_t> last_ns_{0};
+    int caller_cpu_ = -1;
 
     // Job sequence, unit count and next unclaimed unit in one word (cpu_expert_pool.cpp): a claim that reads another
     // job's sequence claims nothing.

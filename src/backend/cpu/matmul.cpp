@@ -211,6 +211,7 @@ MatmulRowsPlan plan_for(const Tensor& w, int64_t n_tokens, Isa isa) {
     ActLayout layout = ActLayout::Kernel;
     MatmulRowsPlan p{.w = &w,
                      .n_tokens = n_tokens,
+                     .isa = isa,
                      .act = activation_type(w.type),
                      .row_align = packed ? kPackRows : 1,
                      .kernel = packed ? nullptr : dot_kernel(w.type, isa)};
@@ -289,7 +290,7 @@ MatmulRowsPlan plan_matmul_rows(const Tensor& w, int64_t n_tokens) {
 }
 
 void quantize_matmul_row(const MatmulRowsPlan& plan, const float* x, uint8_t* dst) {
-    quantize_into(static_cast<ActLayout>(plan.layout), plan.act, active_isa(), x, dst, plan.w->ne[0]);
+    quantize_into(static_cast<ActLayout>(plan.layout), plan.act, plan.isa, x, dst, plan.w->ne[0]);
 }
 
 size_t matmul_rows_scratch_bytes(const MatmulRowsPlan& p, int64_t n_rows) {

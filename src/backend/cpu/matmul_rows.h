@@ -18,6 +18,7 @@ struct PackedGemm;
 struct MatmulRowsPlan {
     const Tensor* w = nullptr;  // 2-D {in, out}
     int64_t n_tokens = 0;
+    Isa isa = Isa::Scalar;   // the instruction set planned for (active_isa() when planned)
     DType act = DType::F32;  // activation_type(w->type)
     uint8_t layout = 0;      // how the activations are laid out (matmul.cpp's ActLayout)
     size_t act_stride = 0;   // bytes of one token's activations

@@ -9,6 +9,11 @@
 // activations quantized as cpu::matmul does, so each row is bit-identical to what moe_forward computes for that expert
 // and token, whatever the worker count and whichever other pairs share the job.
 //
+// done() runs on the worker that wrote the last row, after every row's write (an acquire-release count orders them
+// before it: a flag done() stores with release carries them); it must not call start() itself. After a wait() that
+// gave up the job may still be running (or never finish, if a worker is stuck): start() must not be called again
+// until it has finished (the doorbell contract redoes or fails the window instead).
+//
 // Threads: one per physical core less one (the doorbell thread's core) by default, each pinned to its core where the
 // OS allows; between jobs a worker spins on the job word for `spin_us`, then sleeps on it (futex). Scratch is sized at
 // construction from the largest shape; start() and the workers allocate nothing.

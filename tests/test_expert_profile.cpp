@@ -60,8 +60,11 @@ TEST(ExpertProfile, WarmSetsAreTheMostRoutedFirst) {
     EXPECT_EQ(warm[2], (std::vector<int32_t>{0, 1}));        // ties: lower ids first
     const std::vector<int64_t> more = {10, 0, 0};
     EXPECT_EQ(warm_experts(p, more)[0], (std::vector<int32_t>{2, 0, 3, 4}));  // only the routed ones
-    const std::vector<int64_t> wrong = {1, 1};
-    testing::expect_error([&] { warm_experts(p, wrong); }, "3 layers");
+    // Fewer layers than the profile: those; more: the ones past it start empty.
+    const std::vector<int64_t> fewer = {1};
+    EXPECT_EQ(warm_experts(p, fewer), (std::vector<std::vector<int32_t>>{{2}}));
+    const std::vector<int64_t> longer = {1, 1, 1, 5};
+    EXPECT_EQ(warm_experts(p, longer), (std::vector<std::vector<int32_t>>{{2}, {}, {0}, {}}));
 }
 
 TEST(ExpertProfile, BadFilesGiveOneLineErrors) {

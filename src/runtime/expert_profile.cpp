@@ -137,21 +137,16 @@ ExpertProfile read_expert_profile(const std::string& path) {
 }
 
 std::vector<std::vector<int32_t>> warm_experts(const ExpertProfile& profile, std::span<const int64_t> slots) {
-    if (static_cast<int64_t>(slots.size()) != profile.n_layer)
-        throw Error("expert profile: " + std::to_string(profile.n_layer) + " layers, but the cache has " +
-                    std::to_string(slots.size()));
-    std::vector<std::vector<int32_t>> warm(static_cast<size_t>(profile.n_layer));
-    for (int64_t l = 0; l < profile.n_layer; ++l) {
-        const std::vector<uint64_t>& c = profile.counts[static_cast<size_t>(l)];
+    std::vector<std::vector<int32_t>> warm(slots.size());
+    for (size_t l = 0; l < slots.size() && static_cast<int64_t>(l) < profile.n_layer; ++l) {
+        const std::vector<uint64_t>& c = profile.counts[l];
         std::vector<int32_t> order;
         for (int32_t e = 0; e < static_cast<int32_t>(c.size()); ++e)
             if (c[static_cast<size_t>(e)] > 0) order.push_back(e);
         std::stable_sort(order.begin(), order.end(),
                          [&](int32_t a, int32_t b) { return c[static_cast<size_t>(a)] > c[static_cast<size_t>(b)]; });
-        const auto keep = static_cast<size_t>(
-            std::clamp<int64_t>(slots[static_cast<size_t>(l)], 0, static_cast<int64_t>(order.size())));
-        order.resize(keep);
-        warm[static_cast<size_t>(l)] = std::move(order);
+        order.resize(static_cast<size_t>(std::clamp<int64_t>(slots[l], 0, static_cast<int64_t>(order.size()))));
+        warm[l] = std::move(order);
     }
     return warm;
 }

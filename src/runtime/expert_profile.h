@@ -37,9 +37,10 @@ ExpertProfile parse_expert_profile(const std::string& text, const std::string& n
 void write_expert_profile(const std::string& path, const ExpertProfile& profile);  // Error when it cannot be written
 ExpertProfile read_expert_profile(const std::string& path);                        // Error: unreadable or malformed
 
-// The warm set of each layer: its min(slots[l], routed experts) most-routed experts, most routed first (equal counts:
-// lower id first); experts never routed are left out, so the rest of the slots start empty. slots has one entry per
-// profile layer (Error otherwise).
+// The warm set of each layer l < slots.size() (ExpertPlacement::warm for its cache_slots): its min(slots[l], routed
+// experts) most-routed experts, most routed first (equal counts: lower id first); experts never routed are left out,
+// so the rest of the slots start empty. A layer past the profile's last (a trace ends at its last MoE layer) gets an
+// empty set. The caller checks that the profile's n_expert is the model's.
 std::vector<std::vector<int32_t>> warm_experts(const ExpertProfile& profile, std::span<const int64_t> slots);
 
 }  // namespace strata

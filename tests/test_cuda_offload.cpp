@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
+#include <functional>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -25,6 +27,7 @@
 #include "model/model.h"
 #include "model/moe.h"
 #include "model_test_util.h"
+#include "runtime/cpu_expert_pool.h"
 #include "test_util.h"
 
 #if STRATA_HAS_CUDA
@@ -170,6 +173,95 @@ TEST(CudaOffload, PlacementDoesNotChangeQuantizedExperts) {
 TEST(CudaOffload, PlacementDoesNotChangeTheSingleStreamArchitectures) {
     SKIP_WITHOUT_CUDA_DEVICE();
     for (const char* name : {"qwen35moe", "qwen3next"}) expect_placement_free(converted(name), name);
+}
+
+// The CPU expert workers' share: their rows come from the CPU backend's kernels (the same quantized activations, another
+// summation order), so the logits move by rounding only: the bound, 1e-3 of the largest logit, and every
+// argmax equal except where the reference's top two are within 1e-4 (counted and printed).
+void expect_cpu_share_close(const std::string& path, const char* what) {
+    auto reference = load_model(path, {.backend = Backend::Cuda});
+    const int64_t V = reference->info().n_vocab, L = reference->info().n_layer;
+    const int64_t n_expert = n_expert_of(path);
+    const std::vector<int32_t> tokens = some_tokens(V, 40, 9);
+    const std::vector<float> want = strata::testing::logits_fed(*reference, tokens, 1);
+    reference.reset();
+    const auto file = gguf::File::open(path);
+    const std::string arch = file->get_str("general.architecture");
+    for (const double share : {0.5, 1.0}) {
+        LoadOptions options{.backend = Backend::Cuda};
+        options.experts.in_host = true;
+        options.experts.cache_slots.assign(static_cast<size_t>(L), std::max<int64_t>(n_expert / 4, 1));
+        options.experts.advisor = std::make_shared<ChurnAdvisor>();
+        options.experts.cpu_workers = std::make_shared<CpuExpertPool>(
+            CpuExpertPoolOptions{.n_workers = 2,
+                                 .max_n_embd = file->get_u32(arch + ".embedding_length"),
+                                 .max_n_ff = file->get_u32(arch + ".expert_feed_forward_length"),
+                                 .max_expert_used = file->get_u32(arch + ".expert_used_count")});
+        options.experts.cpu_share = share;
+        auto m = load_model(path, options);
+        for (const size_t per_call : {size_t{1}, size_t{3}}) {
+            const std::vector<float> got = strata::testing::logits_fed(*m, tokens, per_call);
+            double max_diff = 0, max_ref = 0;
+            int disagree = 0, near_ties = 0;
+            for (size_t t = 0; t < tokens.size(); ++t) {
+                const float* a = got.data() + t * V;
+                const float* b = want.data() + t * V;
+                for (int64_t j = 0; j < V; ++j) {
+                    max_diff = std::max(max_diff, static_cast<double>(std::abs(a[j] - b[j])));
+                    max_ref = std::max(max_ref, static_cast<double>(std::abs(b[j])));
+                }
+                std::vector<float> sorted(b, b + V);
+                std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+                const bool tie = sorted[0] - sorted[1] < 1e-4f;
+                if (std::max_element(a, a + V) - a != std::max_element(b, b + V) - b) (tie ? near_ties : disagree)++;
+            }
+            std::printf("[ offload cpu share %s ] share %.2f, %zu a call: max |diff| %.3g of max |logit| %.3g "
+                        "(relative %.3g), argmax departures %d (+%d near-ties)\n",
+                        what, share, per_call, max_diff, max_ref, max_diff / max_ref, disagree, near_ties);
+            EXPECT_LE(max_diff, 1e-3 * max_ref) << what << ", share " << share << ", " << per_call << " a call";
+            EXPECT_EQ(disagree, 0) << what << ", share " << share;
+        }
+    }
+}
+
+TEST(CudaOffload, CpuWorkersShareStaysWithinRounding) {
+    SKIP_WITHOUT_CUDA_DEVICE();
+    expect_cpu_share_close(bundled_model(), "bundled model");
+    for (DType t : {DType::IQ2_XS, DType::Q4_K}) expect_cpu_share_close(synthesized("small-k", t), dtype_name(t));
+    expect_cpu_share_close(converted("qwen35moe"), "qwen35moe");
+}
+
+// A CPU worker that never answers: the layer's wait on the GPU gives up at its bound, and the forward call fails with
+// the stall report; the logits it was given are never written (no row that did not arrive is combined into them).
+TEST(CudaOffload, AWorkerThatNeverAnswersFailsTheRequest) {
+    SKIP_WITHOUT_CUDA_DEVICE();
+    const std::string path = synthesized("small-k", DType::Q4_K);
+    const auto file = gguf::File::open(path);
+    LoadOptions options{.backend = Backend::Cuda};
+    options.experts.in_host = true;
+    options.experts.cache_slots.assign(64, 0);
+    options.experts.cpu_workers = std::make_shared<CpuExpertPool>(
+        CpuExpertPoolOptions{.n_workers = 1,
+                             .max_n_embd = file->get_u32("qwen4exp.embedding_length"),
+                             .max_n_ff = file->get_u32("qwen4exp.expert_feed_forward_length"),
+                             .max_expert_used = file->get_u32("qwen4exp.expert_used_count"),
+                             .stall_for_test = true});
+    options.experts.cpu_share = 1.0;
+    auto m = load_model(path, options);
+    auto seq = m->new_sequence(8);
+    std::vector<float> logits(static_cast<size_t>(m->info().n_vocab), -12345.0f);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+        m->forward(*seq, std::vector<int32_t>{1}, logits);
+        ADD_FAILURE() << "a window whose CPU rows never came returned";
+    } catch (const Error& e) {
+        const std::string what = e.what();
+        std::printf("[ offload stall ] %s\n", what.c_str());
+        EXPECT_NE(what.find("gave up"), std::string::npos) << what;
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(s, 10.0) << "the wait is bounded (1 s a wait)";
+    for (float v : logits) ASSERT_EQ(v, -12345.0f) << "logits were written from a window that gave up";
 }
 
 TEST(CudaOffload, ClearErrors) {

@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -10,6 +11,9 @@
 #include "app/commands.h"
 #include "core/error.h"
 #include "format/gguf.h"
+#include "runtime/cpu_expert_pool.h"
+#include "runtime/expert_cache_advisor.h"
+#include "runtime/expert_profile.h"
 #include "runtime/routing_trace.h"
 
 #if STRATA_HAS_CUDA
@@ -116,6 +120,18 @@ const std::vector<FlagSpec> kLoadFlags = {
     {"--vram-budget", "SIZE", "cuda: device memory strata may take, e.g. 12G (default: what is free less 5%)"},
     {"--ram-budget", "SIZE",
      "cuda: host memory the routed experts and the PLE table may pin, e.g. 64G (default: what is available)"},
+    {"--expert-policy", "P",
+     "cuda, experts in host RAM: how the VRAM expert cache adapts while decoding: lfu-decay (default: the trace "
+     "replay's winner), lru, or static (keeps its warm set)"},
+    {"--expert-profile", "FILE",
+     "cuda, experts in host RAM: fill the cache at start from a routing profile (strata bench expert-cache "
+     "--write-profile)"},
+    {"--cpu-experts", "N",
+     "cuda, experts in host RAM: CPU expert workers that compute part of the misses (default: one per physical core "
+     "less one; 0: the GPU reads every miss over PCIe)"},
+    {"--cpu-share", "F",
+     "cuda, experts in host RAM: the share of the misses the CPU workers compute, 0..1 (default: adapted while "
+     "decoding)"},
     {"--no-cuda-graphs", "", "cuda: launch each window's kernels one by one instead of replaying a captured graph"},
     {"--gdn-recurrence", "K",
      "cuda: the GDN recurrence kernel, auto (default: the faster), column or shuffle (same outputs)"},
@@ -142,9 +158,21 @@ LoadOptions load_options(const Args& args, bool read_threads) {
     o.qsa_union = args.has("--qsa-union");
     if (o.backend == Backend::Cpu && (args.has("--vram-budget") || args.has("--ram-budget") ||
                                       args.has("--no-cuda-graphs") || args.has("--gdn-recurrence") ||
-                                      args.has("--kv-cache") || o.qsa_union))
-        throw Error("--vram-budget, --ram-budget, --no-cuda-graphs, --gdn-recurrence, --kv-cache and --qsa-union "
-                    "apply to --backend cuda only");
+                                      args.has("--kv-cache") || o.qsa_union || args.has("--expert-policy") ||
+                                      args.has("--expert-profile") || args.has("--cpu-experts") ||
+                                      args.has("--cpu-share")))
+        throw Error("--vram-budget, --ram-budget, --expert-policy, --expert-profile, --cpu-experts, --cpu-share, "
+                    "--no-cuda-graphs, --gdn-recurrence, --kv-cache and --qsa-union apply to --backend cuda only");
+    (void)args.get_int("--cpu-experts", 0, 1024);
+    if (auto text = args.get("--cpu-share")) {
+        char* end = nullptr;
+        const double share = std::strtod(text->c_str(), &end);
+        if (text->empty() || *end != '\0' || !(share >= 0.0 && share <= 1.0))
+            throw Error("--cpu-share must be a number between 0 and 1, got '" + *text + "'");
+        o.experts.cpu_share = share;
+    }
+    if (auto policy = args.get("--expert-policy"))
+        (void)parse_expert_cache_policy(*policy);  // a bad name fails here, before anything loads
     if (auto trace = args.get("--routing-trace")) {
         if (o.backend == Backend::Cuda)
             throw Error("--routing-trace records the CPU backend's routing only (use --backend cpu)");
@@ -170,6 +198,35 @@ std::optional<MemoryPlan> plan_memory_for_load(const Args& args, const std::stri
     std::fputs(("strata: " + plan.table()).c_str(), stderr);
     options.experts.in_host = plan.placement().in_host;
     options.experts.cache_slots = plan.placement().cache_slots;
+    if (!options.experts.in_host) {
+        if (args.has("--expert-policy") || args.has("--expert-profile"))
+            std::fprintf(stderr, "strata: every expert fits in VRAM: --expert-policy and --expert-profile do nothing\n");
+        return plan;
+    }
+    if (!plan.experts_pinned)
+        throw Error("the routed experts (" + path + ") do not fit the RAM budget and reading them from the mapped file "
+                    "is not built yet: raise --ram-budget (or free RAM) so they can be pinned");
+    const std::vector<int64_t>& slots = options.experts.cache_slots;
+    if (auto profile_path = args.get("--expert-profile")) {
+        const ExpertProfile profile = read_expert_profile(*profile_path);
+        const std::string arch = file->get_str("general.architecture");
+        const int64_t n_expert = file->get_u32(arch + ".expert_count");
+        if (profile.n_expert != n_expert)
+            throw Error(*profile_path + ": a profile of " + std::to_string(profile.n_expert) + " experts a layer, but " +
+                        path + " has " + std::to_string(n_expert));
+        options.experts.warm = warm_experts(profile, slots);
+    }
+    const ExpertCachePolicySpec spec = parse_expert_cache_policy(args.get("--expert-policy").value_or("lfu-decay"));
+    options.experts.advisor = make_expert_cache_advisor(spec, slots);
+    const int64_t workers = args.get_int("--cpu-experts", 0, 1024).value_or(-1);
+    if (workers != 0) {
+        const std::string arch = file->get_str("general.architecture");
+        options.experts.cpu_workers = std::make_shared<CpuExpertPool>(CpuExpertPoolOptions{
+            .n_workers = static_cast<int>(std::max<int64_t>(workers, 0)),
+            .max_n_embd = file->get_u32(arch + ".embedding_length"),
+            .max_n_ff = file->get_u32(arch + ".expert_feed_forward_length"),
+            .max_expert_used = file->get_u32(arch + ".expert_used_count")});
+    }
     return plan;
 }
 

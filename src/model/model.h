@@ -103,6 +103,9 @@ struct ExpertPlacement {
     std::vector<std::vector<int32_t>> warm;  // per trunk block: the experts the slots hold at start (a profile)
     std::shared_ptr<ExpertCacheAdvisor> advisor;  // adapts the slots while decoding; null: they keep the warm set
     std::shared_ptr<HostExpertCompute> cpu_workers;  // null: every miss is read by the GPU over PCIe
+    // With cpu_workers: the share of each layer's non-resident experts the workers compute (the rest the GPU reads
+    // over PCIe). Negative: adapted while decoding, from measured window times.
+    double cpu_share = -1;
 };
 
 struct LoadOptions {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -89,6 +90,21 @@ __global__ void __launch_bounds__(kCopyThreads)
     }
 }
 
+__global__ void __launch_bounds__(kCopyThreads)
+    publish_kernel(DoorbellPublish publish, uint32_t* outbox, const DeviceState* state) {
+    for (const DoorbellPublish::Part& part : publish.parts) {
+        const auto* src = static_cast<const uint32_t*>(part.device_source);
+        auto* dst = static_cast<uint32_t*>(part.mapped_destination);
+        for (size_t i = threadIdx.x; i < part.bytes / 4; i += kCopyThreads) dst[i] = src[i];
+    }
+    __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const uint32_t window = state->window;
+        asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(outbox + publish.slot), "r"(window) : "memory");
+    }
+}
+
 std::string format_ms(double ms) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.1f", ms);
@@ -109,6 +125,8 @@ Doorbell::Doorbell(Context& ctx, const DoorbellOptions& options) : ctx_(ctx), op
     std::memset(flags_->host(), 0, flag_bytes);
     log_ = std::make_unique<MappedHostBuffer>(kLogCapacity * sizeof(StallRecord));
     std::memset(log_->host(), 0, kLogCapacity * sizeof(StallRecord));
+    outbox_ = std::make_unique<MappedHostBuffer>(std::max<size_t>(4096, options.slots * sizeof(uint32_t)));
+    std::memset(outbox_->host(), 0, outbox_->size());
     state_ = ctx.allocate(sizeof(DeviceState), "doorbell");
     ctx.zero(state_.data(), sizeof(DeviceState));
     ctx.synchronize();
@@ -153,6 +171,30 @@ void Doorbell::enqueue_wait(const DoorbellWait& wait) {
                                                      static_cast<uint64_t>(options_.bound_us) * 1000,
                                                      state_.as<DeviceState>(), log);
     STRATA_CUDA_CHECK_LAUNCH("doorbell wait_kernel");
+}
+
+void Doorbell::enqueue_publish(const DoorbellPublish& publish) {
+    if (publish.slot < 0 || publish.slot >= options_.slots)
+        throw Error("doorbell: publish on slot " + std::to_string(publish.slot) + ", but there are " +
+                    std::to_string(options_.slots));
+    for (const DoorbellPublish::Part& part : publish.parts)
+        if (part.bytes % 4 != 0 || (part.bytes && (!part.device_source || !part.mapped_destination)))
+            throw Error("doorbell: a published part needs both addresses and a multiple of 4 bytes");
+    publish_kernel<<<1, kCopyThreads, 0, ctx_.stream().handle()>>>(
+        publish, static_cast<uint32_t*>(const_cast<void*>(outbox_->device())), state_.as<DeviceState>());
+    STRATA_CUDA_CHECK_LAUNCH("doorbell publish_kernel");
+}
+
+bool Doorbell::wait_published(int slot, uint32_t window, int64_t bound_us) const {
+    if (slot < 0 || slot >= options_.slots) throw Error("doorbell: wait_published on a slot that does not exist");
+    std::atomic_ref<uint32_t> word(static_cast<uint32_t*>(outbox_->host())[slot]);
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t spins = 0;; ++spins) {
+        if (static_cast<int32_t>(word.load(std::memory_order_acquire) - window) >= 0) return true;
+        if ((spins & 255) == 255 &&
+            std::chrono::steady_clock::now() - start > std::chrono::microseconds(bound_us))
+            return false;
+    }
 }
 
 void Doorbell::enqueue_copy(const DoorbellCopy& copy) {

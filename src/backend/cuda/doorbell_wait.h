@@ -52,6 +52,18 @@ struct DoorbellCopy {
     size_t bytes = 0;  // a multiple of 16; both addresses 16-byte aligned
 };
 
+// The other direction: the window tells the host that a layer's data is ready for it (a routing and its input, for
+// the CPU expert workers). Up to 4 device buffers are copied into mapped host memory, then the slot's outbox word is
+// set to the window's number with a system-scope release, so the host that sees the number sees the bytes.
+struct DoorbellPublish {
+    int slot = 0;
+    struct Part {
+        const void* device_source = nullptr;
+        void* mapped_destination = nullptr;  // MappedHostBuffer::device() of the host buffer
+        size_t bytes = 0;                    // a multiple of 4
+    } parts[4];
+};
+
 // One wait that hit its bound.
 struct DoorbellStall {
     int layer = 0;
@@ -86,6 +98,9 @@ public:
     // Publishes that the data of `slot` for `window` is in place: call after writing that data (its stores are ordered
     // before the flag's, write-combined memory included). Any host thread; never blocks.
     void ring(int slot, uint32_t window);
+    // Spins (bounded by `bound_us`) until the device has published `slot` for `window` (enqueue_publish); false when
+    // the bound passed first. Any host thread.
+    bool wait_published(int slot, uint32_t window, int64_t bound_us) const;
     // Waits for the context's stream (each wait on it ends within its bound) and says whether the window's waits all
     // saw their ring. Throws Error when the window's work did not start with enqueue_window_start.
     DoorbellCheck check_window();
@@ -98,6 +113,8 @@ public:
     // passes; then it counts the timeout, logs a stall and sets the gave-up word. In a window that already gave up it
     // returns at once (one dead worker costs a window one bound, not one per layer).
     void enqueue_wait(const DoorbellWait& wait);
+    // The copies of DoorbellPublish, then the slot's outbox word set to the window's number.
+    void enqueue_publish(const DoorbellPublish& publish);
     // The copy of DoorbellCopy; nothing when the window gave up.
     void enqueue_copy(const DoorbellCopy& copy);
     // The redo of a window that gave up starts here: clears the gave-up word, so the consumers of the redo path (which
@@ -116,6 +133,7 @@ private:
     DoorbellOptions options_;
     std::unique_ptr<MappedHostBuffer> flags_;  // [slots] ring values, then the published window number
     std::unique_ptr<MappedHostBuffer> log_;    // the stall log the device writes
+    std::unique_ptr<MappedHostBuffer> outbox_;  // [slots] window numbers the device published
     DeviceBuffer state_;                       // the window's device state (doorbell_wait.cu)
     uint32_t window_ = 0;
     bool window_open_ = false;

@@ -44,7 +44,8 @@ struct ExpertGather {
     int64_t second_from = 0;
     int64_t second_offset = 0;
     // Experts in host RAM (issue 25): when set, expert e's slice starts at at[e] (second_at[e] for the second tensor),
-    // a VRAM cache slot or a mapped host address read over PCIe; w, expert_bytes and second_offset are not used.
+    // a VRAM cache slot or a mapped host address read over PCIe; w, expert_bytes and second_offset are not used. A null
+    // entry: the pair is computed on the host, its thread blocks return at once.
     const uint8_t* const* at = nullptr;
     const uint8_t* const* second_at = nullptr;
 };

@@ -119,9 +119,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize) matvec_float_rows_k
         const bool second = p.gather.second_from > 0 && pair >= p.gather.second_from;
         if (second) slot = pair - p.gather.second_from;
         const int32_t expert = p.gather.ids[slot];
-        if (p.gather.at)
+        if (p.gather.at) {
             w = (second ? p.gather.second_at : p.gather.at)[expert];
-        else
+            if (w == nullptr) return;  // a CPU expert worker computes this pair
+        } else
             w += (second ? p.gather.second_offset : 0) + static_cast<size_t>(expert) * p.gather.expert_bytes;
         x += slot / p.gather.pairs_per_act_row * p.in;
         y += pair * seg.rows;

@@ -275,9 +275,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarpSize, kTokens == 1 ? 8 : 
         if (second) slot = pair - p.gather.second_from;
         act_row = slot / p.gather.pairs_per_act_row;
         const int32_t expert = p.gather.ids[slot];
-        if (p.gather.at)
+        if (p.gather.at) {
             w_base = (second ? p.gather.second_at : p.gather.at)[expert];
-        else
+            if (w_base == nullptr) return;  // a CPU expert worker computes this pair (block-uniform: before any sync)
+        } else
             w_base += (second ? p.gather.second_offset : 0) + static_cast<size_t>(expert) * p.gather.expert_bytes;
         if (act.q) {
             act.q += act_row * p.in;

@@ -108,6 +108,22 @@ struct MoeCombine {
 };
 void moe_combine(Context& ctx, const MoeCombine& combine);
 
+class Doorbell;  // doorbell_wait.h
+
+// CPU expert workers compute part of a window's pairs (issue 25): those whose expert's down_at entry is null (and
+// whose gate_up / gate / up entries are null as well: the GPU skips them). After the router the layer publishes its
+// expert ids and input to mapped host memory on the doorbell's slot; after its own experts it waits for the slot's
+// ring and takes the host's rows (pair p's at rows + p * H) into the pairs that were the host's, then combines. A wait
+// that gives up leaves those rows unwritten and the window marked as given up (Doorbell::check_window).
+struct MoeHostShare {
+    Doorbell* doorbell = nullptr;
+    int slot = 0;
+    int layer = 0;
+    int32_t* ids = nullptr;      // mapped (device address): [n_tokens x K]
+    float* x = nullptr;          // mapped (device address): [n_tokens x H]
+    const float* rows = nullptr;  // mapped (device address): [n_tokens x K x H], written by the host
+};
+
 struct MoeLayerArgs {
     const MoeLayerShape& shape;
     const MoeLayerWeights& weights;
@@ -118,6 +134,7 @@ struct MoeLayerArgs {
     // When set, the combine is not launched: *deferred_combine receives it (writing out), for the caller to run or to
     // hand to the next hyper-connection read; the stream has joined the shared expert's branch either way.
     MoeCombine* deferred_combine = nullptr;
+    const MoeHostShare* host_share = nullptr;  // needs the *_at tables
 };
 void moe_layer(Context& ctx, const MoeLayerArgs& args);
 

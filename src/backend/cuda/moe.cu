@@ -10,6 +10,8 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/internal.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/doorbell_device.cuh"
+#include "backend/cuda/doorbell_wait.h"
 #include "backend/cuda/model_ops.h"
 #include "backend/cuda/moe_combine_device.cuh"
 #include "backend/cuda/warp_reduce.cuh"
@@ -201,6 +203,32 @@ const Tensor& gate_tensor(const MoeLayerWeights& w) {
     return w.gate_up ? *w.gate_up : *w.gate;
 }
 
+// The host's rows into the pairs that were the host's (down_at null), read with volatile loads: the host wrote them
+// after the window started, so no line of them may come from a cache. Nothing when the window gave up.
+constexpr int kHostRowThreads = 256;
+struct HostRows {
+    const int32_t* ids;
+    const uint8_t* const* down_at;
+    const float* rows;
+    float* out;
+    int64_t H;
+    const uint32_t* gave_up;
+};
+
+__global__ void __launch_bounds__(kHostRowThreads) host_rows_kernel(HostRows r) {
+    kernels::enter_dependent_grid();
+    if (doorbell_window_gave_up(r.gave_up)) return;
+    const int64_t pair = blockIdx.x;
+    if (r.down_at[r.ids[pair]] != nullptr) return;
+    const float* src = r.rows + pair * r.H;
+    float* dst = r.out + pair * r.H;
+    for (int64_t j = threadIdx.x; j < r.H; j += kHostRowThreads) {
+        float v;
+        asm volatile("ld.volatile.global.f32 %0, [%1];" : "=f"(v) : "l"(src + j) : "memory");
+        dst[j] = v;
+    }
+}
+
 void check_expert_tensor(const Tensor* t, const char* what, int64_t in, int64_t rows, int64_t n_expert,
                          const uint8_t* const* at) {
     if (!t) throw Error(std::string("CUDA MoE: missing ") + what);
@@ -371,6 +399,18 @@ void moe_layer(Context& ctx, const MoeLayerArgs& a) {
     matmul(ctx, {.w = *w.router, .x = a.x, .y = ws.logits_, .n_tokens = T});
     route(ws.logits_, T, static_cast<int>(E), static_cast<int>(K), s.normalize_weights, ws.ids_, ws.weights_, main);
 
+    const MoeHostShare* share = a.host_share;
+    if (share) {
+        if (!tables || !share->doorbell || !share->ids || !share->x || !share->rows)
+            throw Error("CUDA MoE: a host share needs the expert address tables, a doorbell and its mapped buffers");
+        DoorbellPublish publish{.slot = share->slot};
+        publish.parts[0] = {.device_source = ws.ids_, .mapped_destination = share->ids,
+                            .bytes = static_cast<size_t>(pairs) * sizeof(int32_t)};
+        publish.parts[1] = {.device_source = a.x, .mapped_destination = share->x,
+                            .bytes = static_cast<size_t>(T * H) * sizeof(float)};
+        share->doorbell->enqueue_publish(publish);
+    }
+
     // Gate and up of every (token, slot) pair in one launch (two stacked tensors: the up pairs follow the gate ones).
     STRATA_CUDA_CHECK(cudaStreamWaitEvent(main, ws.x_ready_, 0));
     auto gathered = [&](const Tensor& t, int64_t rows, const QuantizedActivations& act, const float* x, float* y,
@@ -402,6 +442,14 @@ void moe_layer(Context& ctx, const MoeLayerArgs& a) {
                      .n_rows = pairs, .hidden = reads_quantized_activations(w.down->type) ? nullptr : ws.hidden_,
                      .out = h_act, .stream = main});
     gathered(*w.down, H, h_act, ws.hidden_, ws.expert_out_, pairs, 1, 0, 0, w.down_at, nullptr);
+
+    if (share) {
+        share->doorbell->enqueue_wait({.slot = share->slot, .layer = share->layer});
+        const dim3 grid(static_cast<unsigned>(pairs));
+        launch_dependent("host_rows_kernel", host_rows_kernel, grid, dim3(kHostRowThreads), 0, main,
+                         HostRows{.ids = ws.ids_, .down_at = w.down_at, .rows = share->rows, .out = ws.expert_out_,
+                                  .H = H, .gave_up = share->doorbell->gave_up_word()});
+    }
 
     // Join, then the weighted combine with the shared expert (or left to the caller).
     STRATA_CUDA_CHECK(cudaStreamWaitEvent(main, ws.shared_done_, 0));

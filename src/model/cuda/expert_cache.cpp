@@ -1,6 +1,8 @@
 #include "model/cuda/expert_cache.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <utility>
 
@@ -42,6 +44,11 @@ ExpertCache::ExpertCache(cuda::Context& ctx, const gguf::File& file, int64_t n_b
         if (is_routed_expert_tensor(t.name, n_block) && t.data) file.drop_pages(t.data, t.n_bytes);
     copies_ = std::make_unique<cuda::CopyStream>(ctx);
     layers_.resize(static_cast<size_t>(n_block));
+    if (placement.cpu_workers) {
+        doorbell_ = std::make_unique<cuda::Doorbell>(ctx, cuda::DoorbellOptions{.slots = static_cast<int>(n_block)});
+        adapt_share_ = placement.cpu_share < 0;
+        share_ = adapt_share_ ? 0.5 : std::min(placement.cpu_share, 1.0);
+    }
 }
 
 ExpertCache::~ExpertCache() {
@@ -79,6 +86,26 @@ void ExpertCache::add_layer(int64_t block, const MoeWeights& host, const MoeShap
         l.views.push_back(view);
     }
     const int64_t E = l.n_expert;
+    l.shape = shape;
+    l.cpu_owned.assign(static_cast<size_t>(E), 0);
+    // The CPU workers read the experts from the pinned copy (the file's pages were handed back).
+    l.host = host;
+    for (std::vector<Tensor>* views : {&l.host.expert_gate, &l.host.expert_up, &l.host.expert_down})
+        for (Tensor& v : *views) v.data = registration_->host(v.data);
+    if (doorbell_) {
+        const int64_t T = cuda::kMaxMatvecTokens, K = l.k, H = shape.n_embd;
+        const size_t ids_bytes = (static_cast<size_t>(T * K) * 4 + 255) / 256 * 256;
+        const size_t x_bytes = (static_cast<size_t>(T * H) * 4 + 255) / 256 * 256;
+        l.share = std::make_unique<cuda::MappedHostBuffer>(ids_bytes + x_bytes + static_cast<size_t>(T * K * H) * 4);
+        auto* dev = static_cast<uint8_t*>(const_cast<void*>(l.share->device()));
+        l.device_share = {.doorbell = doorbell_.get(),
+                          .slot = static_cast<int>(block),
+                          .layer = static_cast<int>(block),
+                          .ids = reinterpret_cast<int32_t*>(dev),
+                          .x = reinterpret_cast<float*>(dev + ids_bytes),
+                          .rows = reinterpret_cast<const float*>(dev + ids_bytes + x_bytes)};
+        l.mine.assign(static_cast<size_t>(T * K), 0);
+    }
     const auto& slots = placement_.cache_slots;
     l.n_slots = std::clamp<int64_t>(static_cast<size_t>(block) < slots.size() ? slots[static_cast<size_t>(block)] : 0,
                                     0, E);
@@ -88,7 +115,7 @@ void ExpertCache::add_layer(int64_t block, const MoeWeights& host, const MoeShap
     }
     if (!tables_.size()) {  // the first layer sizes the tables of all (every layer has as many experts in practice)
         table_experts_ = E;
-        const size_t entries = layers_.size() * 3 * static_cast<size_t>(E);
+        const size_t entries = 2 * layers_.size() * 3 * static_cast<size_t>(E);  // decode tables, then prompt ones
         tables_ = ctx_.allocate(entries * sizeof(void*), "expert tables");
         mirror_ = std::make_unique<cuda::MappedHostBuffer>(entries * sizeof(void*));
     }
@@ -136,19 +163,42 @@ void ExpertCache::add_layer(int64_t block, const MoeWeights& host, const MoeShap
     }
 }
 
+// Both table sets: the decode tables hold null for an expert the CPU workers compute; the prompt tables read every
+// miss over PCIe.
 void ExpertCache::point(Layer& l, int32_t expert, int64_t slot) {
-    const size_t E = static_cast<size_t>(l.n_expert);
+    const size_t E = static_cast<size_t>(l.n_expert), set = layers_.size() * 3 * static_cast<size_t>(table_experts_);
+    const bool cpu = slot < 0 && l.cpu_owned[static_cast<size_t>(expert)];
     for (size_t p = 0; p < l.parts.size(); ++p) {
         const Part& part = l.parts[p];
-        l.mirror[p * E + static_cast<size_t>(expert)] =
+        const uint8_t* at =
             slot < 0 ? part.host + static_cast<size_t>(expert) * part.stride
                      : l.slots.as<const uint8_t>() + static_cast<size_t>(slot) * l.slot_bytes + part.slot_offset;
+        l.mirror[p * E + static_cast<size_t>(expert)] = cpu ? nullptr : at;
+        l.mirror[set + p * E + static_cast<size_t>(expert)] = at;
     }
     const int32_t before = l.slot_of[static_cast<size_t>(expert)];
     if (before >= 0) l.serving[static_cast<size_t>(before)] = -1;
     l.slot_of[static_cast<size_t>(expert)] = static_cast<int32_t>(slot);
     if (slot >= 0) l.serving[static_cast<size_t>(slot)] = expert;
-    dirty_ = true;
+    dirty_[0] = dirty_[1] = true;
+}
+
+// Which experts the CPU workers compute when they miss: a fixed pseudo-random `share` of each layer's ids (a hash, so
+// that a share step moves few experts and every layer's split is alike).
+void ExpertCache::set_cpu_share(double share) {
+    share_ = std::clamp(share, 0.0, 1.0);
+    const uint32_t cut = static_cast<uint32_t>(share_ * 65536.0);
+    for (Layer& l : layers_) {
+        if (l.block < 0) continue;
+        for (int32_t e = 0; e < l.n_expert; ++e) {
+            uint64_t h = (static_cast<uint64_t>(l.block) << 32 | static_cast<uint32_t>(e)) * 0x9E3779B97F4A7C15ull;
+            h ^= h >> 29;
+            const uint8_t owned = doorbell_ && !stalled_ && static_cast<uint32_t>(h & 0xFFFF) < cut;
+            if (owned == l.cpu_owned[static_cast<size_t>(e)]) continue;
+            l.cpu_owned[static_cast<size_t>(e)] = owned;
+            if (l.slot_of[static_cast<size_t>(e)] < 0) point(l, e, -1);
+        }
+    }
 }
 
 // Queues expert `expert`'s copy into `slot`; whatever the slot served goes back to its host pages now.
@@ -177,14 +227,15 @@ void ExpertCache::set_routing_sources(const std::vector<const int32_t*>& ids_by_
     std::vector<const int32_t*> sources(source_ids_);
     for (const int32_t*& p : sources) p = p ? p : any;  // blocks without experts copy something harmless
     routing_sources_ = ctx_.upload(sources.data(), sources.size() * sizeof(void*), "expert tables");
+    if (doorbell_) set_cpu_share(share_);
     // Every table as the warm-up left it, then counting starts (the warm copies are not swaps).
     ctx_.copy_to_device(tables_.data(), mirror_->host(), tables_.size());
     ctx_.synchronize();
-    dirty_ = false;
+    dirty_[0] = dirty_[1] = false;
     stats_ = {};
 }
 
-void ExpertCache::begin_window() {
+void ExpertCache::begin_window(bool decode) {
     for (Layer& l : layers_)
         for (int64_t s = 0; s < l.n_slots; ++s) {
             const int32_t e = l.pending[static_cast<size_t>(s)];
@@ -195,8 +246,108 @@ void ExpertCache::begin_window() {
         }
     // Pinned source: the copy reads it when it runs, before the window, and the host changes it only after the window
     // has finished (end_window) or right here.
-    if (dirty_) ctx_.copy_to_device(tables_.data(), mirror_->host(), tables_.size());
-    dirty_ = false;
+    const size_t set = decode ? 0 : 1, half = tables_.size() / 2;
+    if (dirty_[set])
+        ctx_.copy_to_device(static_cast<uint8_t*>(tables_.data()) + set * half,
+                            static_cast<const uint8_t*>(mirror_->host()) + set * half, half);
+    dirty_[set] = false;
+}
+
+cuda::MoeLayerWeights ExpertCache::prompt_weights(const cuda::MoeLayerWeights& decode) const {
+    cuda::MoeLayerWeights w = decode;
+    const size_t set = layers_.size() * 3 * static_cast<size_t>(table_experts_);
+    for (const uint8_t* const** at : {&w.gate_up_at, &w.gate_at, &w.up_at, &w.down_at})
+        if (*at) *at += set;
+    return w;
+}
+
+const cuda::MoeHostShare* ExpertCache::host_share(int64_t block) const {
+    const Layer& l = layers_[static_cast<size_t>(block)];
+    return doorbell_ && l.block >= 0 ? &l.device_share : nullptr;
+}
+
+void ExpertCache::enqueue_window_start() { doorbell_->enqueue_window_start(); }
+
+uint32_t ExpertCache::open_window() { return doorbell_->open_window(); }
+
+// The host side of a decode window, layer by layer as the GPU publishes them: the pairs whose expert the CPU owns
+// (and no slot holds) go to the workers, whose last one rings the layer's slot; a layer with none is rung at once.
+void ExpertCache::serve(uint32_t window, int64_t n_tokens) {
+    HostExpertCompute& pool = *placement_.cpu_workers;
+    const int64_t bound = doorbell_->bound_us();
+    cuda::Doorbell* doorbell = doorbell_.get();
+    bool running = false;
+    for (Layer& l : layers_) {
+        if (l.block < 0) continue;
+        const int slot = static_cast<int>(l.block);
+        // A GPU that never gets here has a wait that gives up before it; finish() reports it.
+        if (!doorbell->wait_published(slot, window, bound)) break;
+        const auto* base = static_cast<const uint8_t*>(l.share->host());
+        const auto* ids = reinterpret_cast<const int32_t*>(base);
+        const int64_t pairs = n_tokens * l.k;
+        int64_t n_mine = 0;
+        window_seen_.clear();
+        for (int64_t p = 0; p < pairs; ++p) {
+            const int32_t e = ids[p];
+            const bool mine = e >= 0 && e < l.n_expert && l.cpu_owned[static_cast<size_t>(e)] &&
+                              l.slot_of[static_cast<size_t>(e)] < 0;
+            l.mine[static_cast<size_t>(p)] = mine;
+            if (!mine) continue;
+            ++n_mine;
+            if (std::find(window_seen_.begin(), window_seen_.end(), e) == window_seen_.end()) window_seen_.push_back(e);
+        }
+        if (running) {
+            if (!pool.wait(bound)) break;  // a worker that does not answer: the GPU's wait gives up
+            running = false;
+        }
+        if (n_mine == 0) {
+            doorbell->ring(slot, window);
+            continue;
+        }
+        stats_.cpu_pairs += n_mine;
+        int64_t slice = 0;
+        for (const Part& part : l.parts) slice += static_cast<int64_t>(part.bytes);
+        stats_.cpu_bytes += slice * static_cast<int64_t>(window_seen_.size());
+        const size_t ids_bytes = (static_cast<size_t>(cuda::kMaxMatvecTokens * l.k) * 4 + 255) / 256 * 256;
+        const size_t x_bytes = (static_cast<size_t>(cuda::kMaxMatvecTokens * l.shape.n_embd) * 4 + 255) / 256 * 256;
+        auto* host = static_cast<uint8_t*>(l.share->host());
+        pool.start({.layer = l.block,
+                    .shape = &l.shape,
+                    .weights = &l.host,
+                    .n_tokens = n_tokens,
+                    .x = reinterpret_cast<const float*>(host + ids_bytes),
+                    .ids = ids,
+                    .mine = l.mine.data(),
+                    .y = reinterpret_cast<float*>(host + ids_bytes + x_bytes)},
+                   [doorbell, slot, window] { doorbell->ring(slot, window); });
+        running = true;
+    }
+    if (running) (void)pool.wait(bound);
+}
+
+void ExpertCache::finish(double window_seconds, int64_t n_tokens) {
+    const cuda::DoorbellCheck check = doorbell_->check_window();
+    if (check.gave_up) {
+        // The workers are not to be trusted again (a job may still be running): every later miss is read over PCIe.
+        stalled_ = true;
+        adapt_share_ = false;
+        set_cpu_share(0);
+        std::fprintf(stderr, "strata: %s; the CPU expert workers are off from now on\n", check.report.c_str());
+        throw Error(check.report + "; the request fails (reset the sequence before using it again)");
+    }
+    if (!adapt_share_) return;
+    // Hill climbing on the decode rate: every 32 windows the share moves a step; a step that made decoding slower
+    // turns back at half the size.
+    epoch_seconds_ += window_seconds;
+    epoch_tokens_ += n_tokens;
+    if (++epoch_windows_ < 32) return;
+    const double rate = static_cast<double>(epoch_tokens_) / std::max(epoch_seconds_, 1e-9);
+    if (last_rate_ > 0 && rate < last_rate_) share_step_ = -share_step_ / 2;
+    if (std::abs(share_step_) < 0.02) share_step_ = share_step_ < 0 ? -0.02 : 0.02;
+    last_rate_ = rate;
+    set_cpu_share(share_ + share_step_);
+    epoch_seconds_ = 0;
+    epoch_tokens_ = epoch_windows_ = 0;
 }
 
 void ExpertCache::copy_routing(int64_t block, int64_t first, int64_t n_tokens) {
@@ -215,6 +366,7 @@ void ExpertCache::copy_routing(int64_t block, int64_t first, int64_t n_tokens) {
 }
 
 void ExpertCache::end_window(int64_t n_tokens) {
+    const bool decode_share = doorbell_ && n_tokens <= cuda::kMaxMatvecTokens;
     ++stats_.windows;
     stats_.tokens += n_tokens;
     const int64_t stride = max_window_tokens_ * max_k_;
@@ -234,6 +386,8 @@ void ExpertCache::end_window(int64_t n_tokens) {
             ++stats_.lookups;
             if (l.slot_of[static_cast<size_t>(e)] >= 0) {
                 ++stats_.hits;
+            } else if (decode_share && l.cpu_owned[static_cast<size_t>(e)]) {
+                // the CPU workers' (counted by serve)
             } else if (std::find(seen.begin(), seen.end(), e) == seen.end()) {
                 seen.push_back(e);
                 stats_.miss_bytes += slice_bytes;
@@ -257,15 +411,17 @@ void ExpertCache::end_window(int64_t n_tokens) {
 std::string ExpertCache::report() const {
     const ExpertCacheStats& s = stats_;
     const double tokens = static_cast<double>(std::max<int64_t>(s.tokens, 1));
-    char line[512];
+    char line[768];
     std::snprintf(line, sizeof line,
-                  "strata: experts in host RAM over %lld tokens: %.1f%% hits, %.2f misses a token, %.1f MB a token "
-                  "read over PCIe by misses, %.2f swaps a token (%.1f MB), %.2f GiB of VRAM slots\n",
+                  "strata: experts in host RAM over %lld tokens: %.1f%% hits, %.2f misses a token (%.2f on the CPU "
+                  "workers), %.1f MB a token read over PCIe by misses, %.1f MB by the CPU workers (share %.2f), %.2f "
+                  "swaps a token (%.1f MB), %.2f GiB of VRAM slots\n",
                   static_cast<long long>(s.tokens),
                   100.0 * static_cast<double>(s.hits) / static_cast<double>(std::max<int64_t>(s.lookups, 1)),
-                  static_cast<double>(s.lookups - s.hits) / tokens, static_cast<double>(s.miss_bytes) / tokens / 1e6,
-                  static_cast<double>(s.swaps) / tokens, static_cast<double>(s.swap_bytes) / tokens / 1e6,
-                  static_cast<double>(slot_bytes_total_) / (1 << 30));
+                  static_cast<double>(s.lookups - s.hits) / tokens, static_cast<double>(s.cpu_pairs) / tokens,
+                  static_cast<double>(s.miss_bytes) / tokens / 1e6, static_cast<double>(s.cpu_bytes) / tokens / 1e6,
+                  share_, static_cast<double>(s.swaps) / tokens,
+                  static_cast<double>(s.swap_bytes) / tokens / 1e6, static_cast<double>(slot_bytes_total_) / (1 << 30));
     return line;
 }
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/doorbell_wait.h"
 #include "backend/cuda/host_memory.h"
 #include "backend/cuda/model_ops.h"
 #include "format/gguf.h"
@@ -31,9 +32,11 @@ struct ExpertCacheStats {
     int64_t tokens = 0;
     int64_t lookups = 0;  // (token, slot) pairs routed
     int64_t hits = 0;     // of them, to an expert whose slot served it
+    int64_t cpu_pairs = 0;  // of the misses, pairs the CPU workers computed
     int64_t swaps = 0;    // copies into slots queued
     int64_t swap_bytes = 0;
-    int64_t miss_bytes = 0;  // expert bytes the misses read over PCIe (each missed expert once per window)
+    int64_t miss_bytes = 0;  // expert bytes the GPU's misses read over PCIe (each missed expert once per window)
+    int64_t cpu_bytes = 0;   // expert bytes the CPU workers read from host RAM
     int64_t windows = 0;
 };
 
@@ -52,8 +55,24 @@ class ExpertCache {
     void set_routing_sources(const std::vector<const int32_t*>& ids_by_block);
 
     // Before a window is queued: landed copies flip their experts to their slots; changed tables are uploaded (queued
-    // on the context's stream ahead of the window).
-    void begin_window();
+    // on the context's stream ahead of the window). A decode window (`decode`) gets the tables in which the CPU
+    // workers' experts are null; a prompt window, those in which every miss is read over PCIe.
+    void begin_window(bool decode);
+    // The address tables of a prompt window for a block's device weights (which hold the decode ones).
+    cuda::MoeLayerWeights prompt_weights(const cuda::MoeLayerWeights& decode) const;
+
+    // ---- the CPU workers' share (ExpertPlacement::cpu_workers; decode windows only) ----
+    bool cpu_share() const { return doorbell_ != nullptr && !stalled_; }
+    const cuda::MoeHostShare* host_share(int64_t block) const;
+    // In a decode window's capture, first: the doorbell's window start.
+    void enqueue_window_start();
+    // Runs one decode window's host side while its graph runs: opens the doorbell window (call before queuing the
+    // graph), then `serve` answers every layer (each wait bounded), then `finish` checks the window. A wait that gave
+    // up fails the request with the stall report (the window's rows are never combined, and the sequence must be
+    // reset).
+    uint32_t open_window();
+    void serve(uint32_t window, int64_t n_tokens);
+    void finish(double window_seconds, int64_t n_tokens);
     // Inside the window (capturable): the routing of `n_tokens` tokens of every layer to the host, written at
     // token offset `first` of the window (a prompt window's slices call it per layer; block -1: every layer).
     void copy_routing(int64_t block, int64_t first, int64_t n_tokens);
@@ -86,7 +105,14 @@ class ExpertCache {
         std::vector<int32_t> intended;       // slot -> serving or pending (what the advisor is told)
         std::vector<int32_t> slot_of;        // expert -> slot serving it (-1)
         std::deque<Tensor> views;
+        std::vector<uint8_t> cpu_owned;      // expert -> computed by the CPU workers when not in a slot
+        MoeWeights host;                     // the bound host tensors, their expert views pointing into the copy
+        MoeShape shape;
+        std::unique_ptr<cuda::MappedHostBuffer> share;  // ids, x, rows of a decode window (CPU share)
+        cuda::MoeHostShare device_share;
+        std::vector<uint8_t> mine;
     };
+    void set_cpu_share(double share);
     void point(Layer& l, int32_t expert, int64_t slot);  // slot -1: its host pages
     void admit(Layer& l, int64_t slot, int32_t expert);
 
@@ -101,7 +127,15 @@ class ExpertCache {
     int64_t table_experts_ = 0;
     cuda::DeviceBuffer tables_;
     std::unique_ptr<cuda::MappedHostBuffer> mirror_;
-    bool dirty_ = false;
+    bool dirty_[2] = {false, false};  // decode tables, prompt tables
+    // The CPU share: its doorbell (one slot per block), the share of misses, and its adaptation.
+    std::unique_ptr<cuda::Doorbell> doorbell_;
+    double share_ = 0;
+    bool adapt_share_ = false;
+    bool stalled_ = false;  // a worker did not answer: the share is off for good
+    double epoch_seconds_ = 0;
+    int64_t epoch_tokens_ = 0, epoch_windows_ = 0;
+    double last_rate_ = 0, share_step_ = 0.1;
     std::unique_ptr<cuda::MappedHostBuffer> routing_;  // [block][kPromptWindow x K] ids, written by the device
     int64_t max_window_tokens_ = 0;
     int64_t max_k_ = 0;

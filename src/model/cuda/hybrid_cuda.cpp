@@ -1,6 +1,7 @@
 #include "model/cuda/hybrid_cuda.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <span>
@@ -134,15 +135,19 @@ void CudaHybridModel::moe_window(const MoeDevice& m, const float* x, float* out,
     mark(kMoe);
     const int64_t H = m.shape.n_embd;
     STRATA_ASSERT(!deferred || T <= kWindow);
+    // Experts in host RAM: a prompt window reads every miss over PCIe; a decode window hands the CPU workers theirs.
+    const cuda::MoeLayerWeights prompt = experts_ && T > kWindow ? experts_->prompt_weights(m.weights) : m.weights;
+    const cuda::MoeHostShare* share = experts_ && T <= kWindow ? experts_->host_share(m.block) : nullptr;
     for (int64_t start = 0, n = 0; start < T; start += n) {
         n = std::min(kWindow, T - start);
         cuda::moe_layer(*ctx_, {.shape = m.shape,
-                                .weights = m.weights,
+                                .weights = prompt,
                                 .x = x + start * H,
                                 .out = out + start * H,
                                 .n_tokens = n,
                                 .workspace = *m.workspace,
-                                .deferred_combine = deferred});
+                                .deferred_combine = deferred,
+                                .host_share = share});
         // A prompt window's routing goes to the host slice by slice (a decode window's, all layers at once at its end).
         if (experts_ && T > kWindow) experts_->copy_routing(m.block, start, n);
     }
@@ -424,11 +429,15 @@ void CudaHybridModel::run_window(CudaSequence& s, std::span<const int32_t> token
         host[2 * kPromptWindow + t] = static_cast<int32_t>(s.n_past_ + t + 1);
     }
     ctx_->copy_to_device(w_.tokens, host, sizeof(host));
-    if (experts_) experts_->begin_window();
+    const bool share = experts_ && experts_->cpu_share() && T <= kWindow;
+    if (experts_) experts_->begin_window(T <= kWindow);
     const auto window = [&] {
+        if (share) experts_->enqueue_window_start();
         enqueue_window(s, T);
         if (experts_ && T <= kWindow) experts_->copy_routing(-1, 0, T);
     };
+    const auto started = std::chrono::steady_clock::now();
+    const uint32_t doorbell_window = share ? experts_->open_window() : 0;
     if (graphs_ && T <= kWindow) {
         const void* scratch = ctx_->scratch(0);
         if (s.graphs_scratch != scratch) {
@@ -447,6 +456,20 @@ void CudaHybridModel::run_window(CudaSequence& s, std::span<const int32_t> token
             profiler_->finish(*ctx_);
             profiled_tokens_ += T;
         }
+    }
+    if (share) {
+        // The CPU workers answer each layer as the graph publishes it; then the doorbell window is checked (a wait
+        // that gave up fails the request: its rows were never combined).
+        try {
+            experts_->serve(doorbell_window, T);
+        } catch (...) {
+            try {
+                experts_->finish(0, T);
+            } catch (...) {
+            }
+            throw;
+        }
+        experts_->finish(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), T);
     }
     s.n_past_ += T;
     if (experts_) {

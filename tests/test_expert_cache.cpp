@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "convert/convert.h"
+#include "convert/synth.h"
 #include "core/error.h"
 #include "format/gguf.h"
 #include "model/model.h"
@@ -361,6 +362,38 @@ TEST(RouterSkew, ChangesOnlyTheEmbeddingsAndTheRouters) {
         if (x.name.ends_with(".ffn_gate_inp.weight")) changed_routers += !same;
     }
     EXPECT_EQ(changed_routers, 4);  // every layer's router
+}
+
+// --fast fills quantized tensors with random blocks, which would erase the skew's planted direction in a quantized
+// token embedding (the H200 machine's Flash-Next file routed evenly at --router-skew 1 until this was caught). With a
+// skew the embedding must be the normal path's bytes; without one --fast may keep its random blocks.
+TEST(RouterSkew, FastKeepsTheEmbeddingThatCarriesTheSkew) {
+    const TempDir dir;
+    for (const double skew : {1.0, 0.0}) {
+        SynthModel m = build_synth({.preset = "small-k", .seed = 3, .router_skew = skew});
+        m.types.out_type = DType::Q8_0;  // a quantized embedding (small presets keep it f32 otherwise)
+        const std::string fast = dir / "fast.gguf", normal = dir / "normal.gguf";
+        for (const bool use_fast : {true, false}) {
+            gguf::Writer writer;
+            add_synth_keys(writer, m);
+            if (use_fast)
+                add_fast_tensors(writer, m, 3, 2);
+            else
+                add_planned_tensors(writer, m.plan, m.types);
+            writer.write(use_fast ? fast : normal);
+        }
+        const auto a = gguf::File::open(fast), b = gguf::File::open(normal);
+        const gguf::TensorInfo* x = a->find_tensor("token_embd.weight");
+        const gguf::TensorInfo* y = b->find_tensor("token_embd.weight");
+        ASSERT_TRUE(x && y);
+        ASSERT_EQ(x->type, DType::Q8_0);
+        ASSERT_EQ(x->n_bytes, y->n_bytes);
+        const bool same = std::equal(x->data, x->data + x->n_bytes, y->data);
+        if (skew > 0)
+            EXPECT_TRUE(same) << "--fast with a router skew must keep the embedding's planted direction";
+        else
+            EXPECT_FALSE(same) << "without a skew --fast writes random blocks (a check that the test can tell)";
+    }
 }
 
 class CollectRouting : public RoutingSink {

@@ -625,6 +625,7 @@ SynthModel build_synth(const SynthOptions& o) {
     if (!(o.router_skew >= 0.0 && o.router_skew <= 8.0))
         throw Error("synth: --router-skew must be between 0 and 8, got " + std::to_string(o.router_skew));
     m.source = synth_hf_source(m.config, o.seed, o.router_skew);
+    m.router_skew = o.router_skew;
     // A synth file is for llama.cpp v0.4.0 as well: no MTP block.
     m.plan = plan_conversion(m.config, *m.source, {.include_mtp = false});
     // The PLE table follows the requested (expert) type, else the dense type of a big preset; tiny keeps it F32.

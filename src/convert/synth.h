@@ -19,6 +19,7 @@ struct SynthModel {
     ConversionPlan plan;
     TensorTypes types;
     std::string name;
+    double router_skew = 0.0;  // SynthOptions::router_skew: --fast keeps the tensors that carry it
 };
 
 // FNV-1a of a tensor name: each tensor's random streams start from it and the seed.
@@ -36,7 +37,9 @@ void add_synth_keys(gguf::Writer& writer, const SynthModel& model);
 
 // --fast (synth_fast.cpp): adds every planned tensor to the writer. Tensors of a type synth_fast_fills accepts get
 // random quant blocks whose values have the RMS the float generator gives that tensor; the others (F32/F16/BF16)
-// get the float generator's values, the same bytes as add_planned_tensors. Deterministic for a seed; each tensor is
+// get the float generator's values, the same bytes as add_planned_tensors. With a router skew, the token embedding
+// (which carries the skew's planted direction) is quantized from the float generator too, whatever its type: random
+// blocks would erase the direction and route evenly. Deterministic for a seed; each tensor is
 // produced by n_threads threads (0: all cores) when the writer asks for it.
 void add_fast_tensors(gguf::Writer& writer, const SynthModel& model, uint64_t seed, int n_threads = 0);
 bool synth_fast_fills(DType type);

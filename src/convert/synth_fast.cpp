@@ -273,7 +273,9 @@ void add_fast_tensors(gguf::Writer& writer, const SynthModel& m, uint64_t seed, 
     for (const PlannedTensor& t : m.plan.tensors) {
         const DType type = planned_type(t, m.types);
         const int64_t width = t.ne[0], n_rows = t.n_rows();
-        if (!has_block_filler(type)) {
+        // The skew lives in the embedding's planted direction (synth.cpp's SynthSource): keep its real values.
+        const bool carries_skew = m.router_skew > 0.0 && t.name == "token_embd.weight";
+        if (!has_block_filler(type) || carries_skew) {
             writer.add_tensor(t.name, type, t.ne, float_fill(pool, t.rows, type, width, n_rows));
             continue;
         }

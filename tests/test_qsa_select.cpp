@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -134,11 +135,21 @@ TEST(TopkTieOrder, TiesAreNotBrokenByIndex) {
 }
 
 // torch.topk's answers (the set of kept indices) on tie-heavy inputs, both of its algorithms.
-// File format, one case a line: "n k | v0 v1 ... | i0 i1 ..." with values as float32 bit patterns in hex.
+// File format, one case a line: "n k | v0 v1 ... | i0 i1 ..." with values as float32 bit patterns in hex. Committed
+// gzipped (700 KB of text, 52 KB packed: the repository travels to the GPU machine under a size limit), read through
+// `gzip -dc`.
 TEST(TopkTieOrder, KeepsWhatTorchTopkKeeps) {
-    const fs::path file = fs::path(STRATA_TEST_DATA) / "qsa" / "topk_ties.txt";
+    const fs::path file = fs::path(STRATA_TEST_DATA) / "qsa" / "topk_ties.txt.gz";
     if (!fs::exists(file)) GTEST_SKIP() << file.string() << " is missing (tools/goldens/make_qsa_goldens.py)";
-    std::ifstream in(file);
+    std::string text;
+    {
+        FILE* pipe = ::popen(("gzip -dc '" + file.string() + "'").c_str(), "r");
+        ASSERT_NE(pipe, nullptr) << "cannot run gzip -dc on " << file;
+        char buf[65536];
+        for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) text.append(buf, n);
+        ASSERT_EQ(::pclose(pipe), 0) << "gzip -dc " << file << " failed";
+    }
+    std::istringstream in(text);
     std::string line;
     int cases = 0, heap_cases = 0;
     while (std::getline(in, line)) {

@@ -6,7 +6,7 @@ Runs on the GPU machine's CPU (torch and transformers 5.17), in about a minute:
     PYTHONUNBUFFERED=1 python3 tools/goldens/make_qsa_goldens.py --out /tmp/gold [--only NAME,...]
 
 Writes
-  <out>/qsa/topk_ties.txt   torch.topk's kept indices on tie-heavy 1-D float32 inputs, through both of its CPU
+  <out>/qsa/topk_ties.txt   (committed gzipped as topk_ties.txt.gz) torch.topk's kept indices on tie-heavy 1-D float32 inputs, through both of its CPU
                             algorithms (std::nth_element, and std::partial_sort when k * 64 <= n); one case a line:
                             "n k | v0 ... (float32 bits, hex) | i0 ...". Read by tests/test_qsa_select.cpp.
   <out>/<name>/             qwen4exp fixtures in make_goldens.py's layout (hf/, logits.f32, prompt.txt, greedy.txt,

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "server/metrics.h"
 #include "server/reply_parser.h"
 #include "test_util.h"
 
@@ -205,6 +206,10 @@ TEST(Server, HealthModelsAndStatus) {
     EXPECT_GT(status["memory_plan"]["total_bytes"].get<double>(), 0);
     EXPECT_TRUE(status.contains("cuda_memory_plan"));  // the CUDA plan: null on the CPU backend
     EXPECT_TRUE(status["cuda_memory_plan"].is_null());
+    // Experts in host RAM: no expert cache on the CPU backend, so neither the status field nor the counters.
+    EXPECT_TRUE(status.contains("expert_cache"));
+    EXPECT_TRUE(status["expert_cache"].is_null());
+    EXPECT_EQ(s.metric("strata:expert_cache_lookups_total"), -1);
     // The doorbell's timeout counter is exported (zero: no device waits for a host doorbell in this model).
     EXPECT_EQ(s.metric("strata:doorbell_timeouts_total"), 0);
     auto root = s.client().Get("/");
@@ -845,3 +850,18 @@ TEST(Server, BadRequestsGetJsonErrors) {
 
 }  // namespace
 }  // namespace strata::testing
+
+// The expert cache's counters as /metrics renders them when a model has experts in host RAM (the CUDA backend; the
+// values here are given, the rendering is what is checked).
+TEST(ServerMetrics, RendersTheExpertCacheCounters) {
+    strata::server::Metrics metrics;
+    const strata::ExpertOffloadStats stats{.tokens = 10, .lookups = 100, .hits = 70, .cpu_pairs = 20, .swaps = 3,
+                                   .swap_bytes = 4096, .pcie_bytes = 8192, .cpu_bytes = 1024, .cpu_share = 0.5};
+    const std::string with = metrics.render({}, &stats), without = metrics.render({});
+    for (const char* line : {"strata:expert_cache_lookups_total 100\n", "strata:expert_cache_hits_total 70\n",
+                             "strata:expert_cpu_pairs_total 20\n", "strata:expert_cache_swaps_total 3\n",
+                             "strata:expert_pcie_bytes_total 8192\n", "strata:expert_cpu_share 0.5\n"}) {
+        EXPECT_NE(with.find(line), std::string::npos) << line;
+        EXPECT_EQ(without.find(line), std::string::npos) << line;
+    }
+}

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -140,6 +141,21 @@ struct LoadOptions {
     ExpertPlacement experts;
 };
 
+// Experts in host RAM (CUDA, ExpertPlacement::in_host): what the VRAM expert cache and the CPU workers did since
+// loading. Counts; rates are the reader's (the server's /metrics and /v1/status, bench).
+struct ExpertOffloadStats {
+    int64_t tokens = 0;
+    int64_t lookups = 0;    // (token, expert) pairs routed
+    int64_t hits = 0;       // of them, served from a VRAM slot
+    int64_t cpu_pairs = 0;  // of the misses, computed by the CPU workers (the rest read over PCIe)
+    int64_t swaps = 0;
+    int64_t swap_bytes = 0, pcie_bytes = 0, cpu_bytes = 0;
+    double cpu_share = 0;           // the share of misses the CPU workers own now
+    int64_t doorbell_timeouts = 0;  // waits for the CPU workers that hit their bound
+    int64_t cache_slots = 0;        // VRAM slots, all layers together
+    std::vector<std::vector<uint64_t>> routing_counts;  // [block][expert]: routed since loading (a profile's counts)
+};
+
 class Model {
 public:
     virtual ~Model() = default;
@@ -162,6 +178,8 @@ public:
     // copy into pageable memory goes through the driver's staging at a fraction of the bus's speed. Outlives the
     // model if kept.
     virtual HostFloats host_floats(size_t n) const { return HostFloats(n); }
+    // With experts in host RAM, what the expert cache did so far (any thread); nullopt otherwise.
+    virtual std::optional<ExpertOffloadStats> expert_offload_stats() const { return std::nullopt; }
     // The sequence's recurrent state now; restore() brings the sequence back to it, provided the sequence has only
     // been fed forward since (tokens appended, no reset). Throws Error on a checkpoint from another sequence or model,
     // or one that is ahead of the sequence.

@@ -129,6 +129,25 @@ Json tokenize_pieces(const Tokenizer& tokenizer, const std::vector<int32_t>& ids
 }
 
 // The CUDA memory plan (runtime/memory_plan.h) as /v1/status shows it; null with --backend cpu.
+// /v1/status's expert_cache (the Monitor's Expert cache panel): rates over the tokens since loading; null when every
+// expert is in VRAM or the backend is the CPU.
+Json expert_cache_json(const std::optional<ExpertOffloadStats>& s) {
+    if (!s) return nullptr;
+    const double tokens = static_cast<double>(std::max<int64_t>(s->tokens, 1));
+    const double lookups = static_cast<double>(std::max<int64_t>(s->lookups, 1));
+    return {{"tokens", s->tokens},
+            {"hit_rate", static_cast<double>(s->hits) / lookups},
+            {"misses_per_token", static_cast<double>(s->lookups - s->hits) / tokens},
+            {"cpu_misses_per_token", static_cast<double>(s->cpu_pairs) / tokens},
+            {"pcie_mb_per_token", static_cast<double>(s->pcie_bytes) / tokens / 1e6},
+            {"cpu_mb_per_token", static_cast<double>(s->cpu_bytes) / tokens / 1e6},
+            {"swaps_per_token", static_cast<double>(s->swaps) / tokens},
+            {"swap_mb_per_token", static_cast<double>(s->swap_bytes) / tokens / 1e6},
+            {"cpu_share", s->cpu_share},
+            {"doorbell_timeouts", s->doorbell_timeouts},
+            {"vram_slots", s->cache_slots}};
+}
+
 Json cuda_plan_json(const MemoryPlan* plan) {
     if (!plan) return nullptr;
     Json lines = Json::array();
@@ -182,6 +201,7 @@ Json status_json(const ServerContext& ctx, const gguf::File& file) {
               {"chat_template", ctx.builtin_template ? "built-in ChatML" : "from the model"}}},
             {"memory_plan", {{"per_slot_context", o.ctx_per_slot}, {"items", plan}, {"total_bytes", total}}},
             {"cuda_memory_plan", cuda_plan_json(ctx.cuda_plan)},
+            {"expert_cache", expert_cache_json(ctx.model->expert_offload_stats())},
             {"slots", slots},
             {"queue", {{"waiting", snap.load.waiting}, {"limit", snap.queue_limit}, {"running", snap.load.running}}},
             {"kv_cache_usage", snap.load.kv_usage},
@@ -202,7 +222,9 @@ void register_basic_routes(httplib::Server& server, ServerContext& ctx, const gg
         res.set_content("{\"status\":\"ok\"}", "application/json");
     });
     server.Get("/metrics", [&ctx](const httplib::Request&, httplib::Response& res) {
-        res.set_content(ctx.metrics->render(ctx.engine->snapshot().load), "text/plain; version=0.0.4; charset=utf-8");
+        const std::optional<ExpertOffloadStats> offload = ctx.model->expert_offload_stats();
+        res.set_content(ctx.metrics->render(ctx.engine->snapshot().load, offload ? &*offload : nullptr),
+                        "text/plain; version=0.0.4; charset=utf-8");
     });
     server.Get("/v1/status", [&ctx, &file](const httplib::Request&, httplib::Response& res) {
         guarded(res, false, [&] { res.set_content(dump_json(status_json(ctx, file)), "application/json"); });

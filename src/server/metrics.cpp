@@ -94,7 +94,7 @@ double Metrics::tokens_per_second() const {
     return static_cast<double>(total) / kRateWindowSeconds;
 }
 
-std::string Metrics::render(const LoadGauges& load) const {
+std::string Metrics::render(const LoadGauges& load, const ExpertOffloadStats* offload) const {
     const double rate = tokens_per_second();
     std::lock_guard lock(mutex_);
     std::string out;
@@ -126,6 +126,26 @@ std::string Metrics::render(const LoadGauges& load) const {
            "Device waits for a host doorbell that hit their bound (each such window was redone without waits, or "
            "its request failed).");
     out += "strata:doorbell_timeouts_total " + std::to_string(doorbell_stats().timeouts_total) + "\n";
+    if (offload) {
+        const ExpertOffloadStats& x = *offload;
+        const std::pair<const char*, const char*> help[] = {
+            {"strata:expert_cache_lookups_total", "(token, expert) pairs routed, experts in host RAM."},
+            {"strata:expert_cache_hits_total", "Routed pairs served from a VRAM expert cache slot."},
+            {"strata:expert_cpu_pairs_total", "Missed pairs computed by the CPU expert workers."},
+            {"strata:expert_cache_swaps_total", "Experts copied into VRAM cache slots."},
+            {"strata:expert_swap_bytes_total", "Bytes copied into VRAM cache slots."},
+            {"strata:expert_pcie_bytes_total", "Expert bytes the GPU read over PCIe for misses."},
+            {"strata:expert_cpu_bytes_total", "Expert bytes the CPU workers read from host RAM."},
+            {"strata:expert_tokens_total", "Tokens that went through the expert cache."}};
+        const int64_t values[] = {x.lookups,    x.hits,       x.cpu_pairs, x.swaps,
+                                  x.swap_bytes, x.pcie_bytes, x.cpu_bytes, x.tokens};
+        for (size_t i = 0; i < std::size(values); ++i) {
+            header(out, help[i].first, "counter", help[i].second);
+            out += std::string(help[i].first) + " " + std::to_string(values[i]) + "\n";
+        }
+        header(out, "strata:expert_cpu_share", "gauge", "Share of the missed experts the CPU workers own now.");
+        out += "strata:expert_cpu_share " + number(x.cpu_share) + "\n";
+    }
     ttft_.render(out, "strata:time_to_first_token_seconds", "Time from arrival to the first generated token.");
     tpot_.render(out, "strata:time_per_output_token_seconds", "Time per generated token after the first.");
     e2e_.render(out, "strata:e2e_request_latency_seconds", "Time from arrival to the last token.");

@@ -10,6 +10,8 @@
 #include <mutex>
 #include <string>
 
+#include "model/model.h"
+
 namespace strata::server {
 
 // What the engine knows at one instant (filled by Engine::snapshot()).
@@ -42,7 +44,8 @@ class Metrics {
 
     int64_t cancelled() const;
     double tokens_per_second() const;  // generated tokens over the last 10 s
-    std::string render(const LoadGauges& load) const;
+    // offload: the model's expert cache, when its experts live in host RAM (CUDA).
+    std::string render(const LoadGauges& load, const ExpertOffloadStats* offload = nullptr) const;
 
   private:
     using Clock = std::chrono::steady_clock;

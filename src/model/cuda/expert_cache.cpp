@@ -211,6 +211,7 @@ void ExpertCache::admit(Layer& l, int64_t slot, int32_t expert) {
     l.pending[s] = expert;  // replaces an admission still in flight: that one never flips
     l.ticket[s] = copies_->ticket();
     l.intended[s] = expert;
+    std::lock_guard<std::mutex> lock(stats_mutex_);
     ++stats_.swaps;
     for (const Part& part : l.parts) stats_.swap_bytes += static_cast<int64_t>(part.bytes);
 }
@@ -232,6 +233,7 @@ void ExpertCache::set_routing_sources(const std::vector<const int32_t*>& ids_by_
     ctx_.copy_to_device(tables_.data(), mirror_->host(), tables_.size());
     ctx_.synchronize();
     dirty_[0] = dirty_[1] = false;
+    std::lock_guard<std::mutex> lock(stats_mutex_);
     stats_ = {};
 }
 
@@ -304,10 +306,13 @@ void ExpertCache::serve(uint32_t window, int64_t n_tokens) {
             doorbell->ring(slot, window);
             continue;
         }
-        stats_.cpu_pairs += n_mine;
         int64_t slice = 0;
         for (const Part& part : l.parts) slice += static_cast<int64_t>(part.bytes);
-        stats_.cpu_bytes += slice * static_cast<int64_t>(window_seen_.size());
+        {
+            std::lock_guard<std::mutex> lock(stats_mutex_);
+            stats_.cpu_pairs += n_mine;
+            stats_.cpu_bytes += slice * static_cast<int64_t>(window_seen_.size());
+        }
         const size_t ids_bytes = (static_cast<size_t>(cuda::kMaxMatvecTokens * l.k) * 4 + 255) / 256 * 256;
         const size_t x_bytes = (static_cast<size_t>(cuda::kMaxMatvecTokens * l.shape.n_embd) * 4 + 255) / 256 * 256;
         auto* host = static_cast<uint8_t*>(l.share->host());
@@ -367,8 +372,12 @@ void ExpertCache::copy_routing(int64_t block, int64_t first, int64_t n_tokens) {
 
 void ExpertCache::end_window(int64_t n_tokens) {
     const bool decode_share = doorbell_ && n_tokens <= cuda::kMaxMatvecTokens;
-    ++stats_.windows;
-    stats_.tokens += n_tokens;
+    {
+        std::lock_guard<std::mutex> lock(stats_mutex_);
+        if (routing_counts_.empty()) routing_counts_.resize(layers_.size());
+        ++stats_.windows;
+        stats_.tokens += n_tokens;
+    }
     const int64_t stride = max_window_tokens_ * max_k_;
     const auto* host = static_cast<const int32_t*>(routing_->host());
     for (Layer& l : layers_) {
@@ -380,9 +389,13 @@ void ExpertCache::end_window(int64_t n_tokens) {
         for (const Part& part : l.parts) slice_bytes += static_cast<int64_t>(part.bytes);
         std::vector<int32_t>& seen = window_seen_;
         seen.clear();
+        std::unique_lock<std::mutex> lock(stats_mutex_);  // released before the swaps (admit() takes it)
+        std::vector<uint64_t>& counts = routing_counts_[static_cast<size_t>(l.block)];
+        if (counts.empty()) counts.assign(static_cast<size_t>(l.n_expert), 0);
         for (int32_t e : window_ids_) {
             if (e < 0 || e >= l.n_expert) throw Error("CUDA expert cache: the routing copy holds expert id " +
                                                       std::to_string(e) + " (of " + std::to_string(l.n_expert) + ")");
+            ++counts[static_cast<size_t>(e)];
             ++stats_.lookups;
             if (l.slot_of[static_cast<size_t>(e)] >= 0) {
                 ++stats_.hits;
@@ -393,6 +406,7 @@ void ExpertCache::end_window(int64_t n_tokens) {
                 stats_.miss_bytes += slice_bytes;
             }
         }
+        lock.unlock();
         if (!placement_.advisor || l.n_slots == 0) continue;
         swaps_.clear();
         placement_.advisor->observe(l.block, l.n_expert, l.k, window_ids_, l.intended, swaps_);
@@ -408,7 +422,27 @@ void ExpertCache::end_window(int64_t n_tokens) {
     }
 }
 
+ExpertOffloadStats ExpertCache::snapshot() const {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    const ExpertCacheStats& s = stats_;
+    int64_t slots = 0;
+    for (const Layer& l : layers_) slots += l.n_slots;
+    return {.tokens = s.tokens,
+            .lookups = s.lookups,
+            .hits = s.hits,
+            .cpu_pairs = s.cpu_pairs,
+            .swaps = s.swaps,
+            .swap_bytes = s.swap_bytes,
+            .pcie_bytes = s.miss_bytes,
+            .cpu_bytes = s.cpu_bytes,
+            .cpu_share = doorbell_ ? share_ : 0.0,
+            .doorbell_timeouts = doorbell_ ? doorbell_->timeouts_total() : 0,
+            .cache_slots = slots,
+            .routing_counts = routing_counts_};
+}
+
 std::string ExpertCache::report() const {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
     const ExpertCacheStats& s = stats_;
     const double tokens = static_cast<double>(std::max<int64_t>(s.tokens, 1));
     char line[768];

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -79,7 +80,8 @@ class ExpertCache {
     // After the window's work has finished: statistics, the advisor, and the swaps it asks for.
     void end_window(int64_t n_tokens);
 
-    const ExpertCacheStats& stats() const { return stats_; }
+    // A consistent copy, from any thread.
+    ExpertOffloadStats snapshot() const;
     std::string report() const;  // one paragraph for stderr
     size_t slot_bytes_total() const { return slot_bytes_total_; }
 
@@ -145,7 +147,9 @@ class ExpertCache {
     std::vector<ExpertSwap> swaps_;
     std::vector<int32_t> window_ids_, window_seen_;
     size_t slot_bytes_total_ = 0;
+    mutable std::mutex stats_mutex_;  // stats_ and routing_counts_ (read by snapshot() from other threads)
     ExpertCacheStats stats_;
+    std::vector<std::vector<uint64_t>> routing_counts_;  // [block][expert]
 };
 
 }  // namespace strata::cuda_model

@@ -258,6 +258,11 @@ std::unique_ptr<SequenceState> CudaHybridModel::new_sequence(int64_t max_tokens)
     return seq;
 }
 
+std::optional<ExpertOffloadStats> CudaHybridModel::expert_offload_stats() const {
+    if (!experts_) return std::nullopt;
+    return experts_->snapshot();
+}
+
 HostFloats CudaHybridModel::host_floats(size_t n) const {
     if (float* pinned = cuda::allocate_pinned_floats(n)) return HostFloats(pinned, n, cuda::free_pinned_floats);
     return HostFloats(n);

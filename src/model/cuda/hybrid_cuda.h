@@ -142,6 +142,7 @@ class CudaHybridModel : public Model {
                  bool last_only) const override;
     // Page-locked (heap memory when the system will not pin more).
     HostFloats host_floats(size_t n) const override;
+    std::optional<ExpertOffloadStats> expert_offload_stats() const override;
 
   protected:
     // Reads general.* and the sizes, starts the device, checks that the weights fit the budget.

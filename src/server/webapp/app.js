@@ -1183,7 +1183,7 @@
     const experts = findKey(status, ['expert_cache', 'experts']) ??
       (memory && typeof memory === 'object' ? findKey(memory, ['expert_cache', 'experts']) : undefined);
     const panel = $('mon-experts-panel');
-    if (experts !== undefined) {
+    if (experts !== undefined && experts !== null) {
       panel.hidden = false;
       fillKV($('mon-experts'), flatten(experts));
     } else {

@@ -50,6 +50,7 @@ int run_serve(const Args& args) {
             per_slot = trained && *trained > 0 ? std::min<int64_t>(*trained, 4096) : 4096;
         }
         o.cuda_plan = plan_memory_for_load(args, o.model_path, o.load, per_slot, o.engine.n_slots);
+        if (o.load.experts.in_host) o.expert_profile_path = args.get("--expert-profile").value_or("");
     }
     o.cors_origins = args.get_all("--cors-origin");
     o.aliases = args.get_all("--alias");

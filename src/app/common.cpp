@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -125,7 +126,7 @@ const std::vector<FlagSpec> kLoadFlags = {
      "replay's winner), lru, or static (keeps its warm set)"},
     {"--expert-profile", "FILE",
      "cuda, experts in host RAM: fill the cache at start from a routing profile (strata bench expert-cache "
-     "--write-profile)"},
+     "--write-profile; strata serve adds the routing it saw to FILE when it stops)"},
     {"--cpu-experts", "N",
      "cuda, experts in host RAM: CPU expert workers that compute part of the misses (default: one per physical core "
      "less one; 0: the GPU reads every miss over PCIe)"},
@@ -207,7 +208,10 @@ std::optional<MemoryPlan> plan_memory_for_load(const Args& args, const std::stri
         throw Error("the routed experts (" + path + ") do not fit the RAM budget and reading them from the mapped file "
                     "is not built yet: raise --ram-budget (or free RAM) so they can be pinned");
     const std::vector<int64_t>& slots = options.experts.cache_slots;
-    if (auto profile_path = args.get("--expert-profile")) {
+    if (auto profile_path = args.get("--expert-profile"); profile_path && !std::filesystem::exists(*profile_path)) {
+        std::fprintf(stderr, "strata: %s does not exist yet: the expert cache starts empty (strata serve writes it "
+                     "when it stops)\n", profile_path->c_str());
+    } else if (profile_path) {
         const ExpertProfile profile = read_expert_profile(*profile_path);
         const std::string arch = file->get_str("general.architecture");
         const int64_t n_expert = file->get_u32(arch + ".expert_count");

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "format/gguf.h"
 #include "model/model.h"
+#include "runtime/expert_profile.h"
 #include "server/api_common.h"
 #include "server/security.h"
 #include "server/server.h"
@@ -286,6 +287,32 @@ sigset_t shutdown_signals() {
 
 }  // namespace
 
+// The routing this run saw, added to the profile at `path` (when it has this model's shape), written through a temporary
+// file so a crash never leaves half a profile. Problems are reported, never thrown: the server is stopping.
+static void save_expert_profile(const Model& model, const std::string& path) {
+    const std::optional<ExpertOffloadStats> stats = model.expert_offload_stats();
+    if (!stats || stats->tokens == 0) return;
+    try {
+        ExpertProfile profile{.n_layer = static_cast<int64_t>(stats->routing_counts.size()), .n_expert = 0,
+                              .counts = stats->routing_counts};
+        for (auto& layer : profile.counts) profile.n_expert = std::max<int64_t>(profile.n_expert, layer.size());
+        for (auto& layer : profile.counts) layer.resize(static_cast<size_t>(profile.n_expert), 0);
+        if (std::filesystem::exists(path)) {
+            const ExpertProfile before = read_expert_profile(path);
+            if (before.n_expert == profile.n_expert && before.n_layer == profile.n_layer)
+                for (size_t l = 0; l < before.counts.size(); ++l)
+                    for (size_t e = 0; e < before.counts[l].size(); ++e) profile.counts[l][e] += before.counts[l][e];
+        }
+        const std::string temp = path + ".tmp";
+        write_expert_profile(temp, profile);
+        std::filesystem::rename(temp, path);
+        std::fprintf(stderr, "strata serve: expert profile of %lld tokens added to %s\n",
+                     static_cast<long long>(stats->tokens), path.c_str());
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "strata serve: the expert profile was not saved: %s\n", e.what());
+    }
+}
+
 int serve(const ServeOptions& options) {
     if (!is_loopback_host(options.host) && options.api_key.empty())
         throw Error("--host " + options.host +
@@ -456,6 +483,7 @@ int serve(const ServeOptions& options) {
     if (!stopping.exchange(true)) pthread_kill(watcher.native_handle(), SIGTERM);  // wake the watcher
     watcher.join();
     engine.stop();
+    if (!options.expert_profile_path.empty()) save_expert_profile(*model, options.expert_profile_path);
     std::fprintf(stderr, "strata serve: stopped\n");
     if (!listened && !stopping) throw Error("the server stopped unexpectedly");
     return 0;

@@ -23,6 +23,9 @@ struct ServeOptions {
     size_t max_body = 1 << 20;
     int http_threads = 0;               // 0: slots + queue + 8
     std::optional<MemoryPlan> cuda_plan;  // --backend cuda: the memory plan the load follows (shown by /v1/status)
+    // --expert-profile with experts in host RAM: the routing the server saw is added to this profile when it stops,
+    // so the next start warms its expert cache from it.
+    std::string expert_profile_path;
 };
 
 // Loads the model, starts the engine and listens until SIGINT or SIGTERM; then finishes what runs and returns 0.

@@ -3,10 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <iterator>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "format/gguf.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
 #include "runtime/expert_profile.h"
 #include "runtime/routing_trace.h"
 #include "test_util.h"
@@ -150,6 +155,54 @@ TEST(ExpertProfileCli, BenchExpertCacheStartsFromAWarmProfile) {
         "2 layers of 5 experts, the trace 2 of 4");
     testing::expect_user_error(
         testing::run_strata("bench expert-cache --trace " + dir / "t.trace" + " --warm-profile " + dir / "none.txt"));
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// `strata profile` on a text file against the same tokens' routing trace (the CPU backend's RoutingTraceWriter, read
+// back and counted by profile_from_trace): two counting paths, one answer; every layer counts tokens x k routes.
+TEST(StrataProfile, CountsWhatTheRoutingTraceRecords) {
+    const TempDir dir;
+    const std::string text_path = std::string(STRATA_SOURCE_DIR) + "/tools/goldens/make_goldens.py";
+    const std::string model_path = std::string(STRATA_SOURCE_DIR) + "/assets/strata-code-19m.gguf";
+    const std::string out = dir / "p.txt";
+    const testing::ShellRun r = testing::run_strata("profile --model " + testing::shell_quote(model_path) + " " +
+                                                    testing::shell_quote(text_path) + " --ctx 300 --threads 2 --out " +
+                                                    testing::shell_quote(out));
+    ASSERT_EQ(r.status, 0) << r.err;
+    const ExpertProfile got = read_expert_profile(out);
+
+    const auto file = gguf::File::open(model_path);
+    const auto tokenizer = Tokenizer::from_gguf(*file);
+    std::ifstream in(text_path, std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<int32_t> tokens = tokenizer->encode(text, false);
+    tokens.resize(300);
+    const std::string trace_path = dir / "t.trace";
+    {
+        auto writer = std::make_shared<RoutingTraceWriter>(trace_path);
+        auto model = load_model(model_path, {.n_threads = 2, .routing_trace = writer});
+        auto seq = model->new_sequence(300);
+        model->forward(*seq, tokens, {});
+        writer->close();
+    }
+    const RoutingTrace trace = read_routing_trace(trace_path);
+    const ExpertProfile want = profile_from_trace(trace);
+    ASSERT_EQ(got.n_layer, want.n_layer);
+    ASSERT_EQ(got.n_expert, want.n_expert);
+    EXPECT_EQ(got.counts, want.counts);
+    for (const auto& layer : got.counts) {
+        uint64_t sum = 0;
+        for (uint64_t c : layer) sum += c;
+        EXPECT_EQ(sum, 300u * static_cast<uint64_t>(trace.k));
+    }
+    testing::expect_user_error(testing::run_strata("profile --model " + testing::shell_quote(model_path) + " " +
+                                                   testing::shell_quote(text_path)),
+                               "--out");
 }
 
 }  // namespace

@@ -26,6 +26,7 @@ Command logits_command();
 Command generate_command();
 // cmd_perplexity.cpp
 Command perplexity_command();
+Command profile_command();
 // cmd_info.cpp
 Command info_command();
 // cmd_bench.cpp

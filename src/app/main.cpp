@@ -18,7 +18,7 @@ constexpr const char* kUsage = "strata <command> [flags]; 'strata --help' lists 
 std::vector<strata::app::Command> all_commands() {
     using namespace strata::app;
     return {run_command(),      chat_command(),     tokenize_command(), generate_command(), logits_command(),
-            perplexity_command(), convert_command(), synth_command(),  info_command(),     bench_command(),
+            perplexity_command(), profile_command(), convert_command(), synth_command(),  info_command(),     bench_command(),
             serve_command(),
             quantize_command()};
 }

@@ -10,6 +10,8 @@
 #include <span>
 
 #include "app/commands.h"
+#include "runtime/speculation.h"
+#include "runtime/speculative_decode.h"
 #include "core/error.h"
 #include "format/gguf.h"
 #include "model/model.h"
@@ -100,12 +102,42 @@ int run_generate(const Args& args) {
                      .min_p = 0.0f,
                      .seed = args.get_u64("--seed").value_or(std::random_device{}())},
                     info.n_vocab);
-    auto seq = model->new_sequence(static_cast<int64_t>(prompt.size()) + *n_generate);
+    const int spec = static_cast<int>(args.get_int("--spec", 0, SpeculationPolicy::kMaxDraft).value_or(0));
+    if (spec > 0 && !args.has("--greedy"))
+        throw Error("generate: --spec needs --greedy for now (speculation with sampling is not built yet)");
+    auto seq = model->new_sequence(static_cast<int64_t>(prompt.size()) + *n_generate + spec);
     HostFloats logits = model->host_floats(static_cast<size_t>(info.n_vocab));
     model->forward(*seq, prompt, logits, /*last_only=*/true);
 
     std::optional<StreamDecoder> decoder;
     if (tokenizer && !args.has("--ids")) decoder.emplace(*tokenizer);
+    if (spec > 0) {
+        // Greedy with prompt-lookup drafts, verified in one batched pass a round (runtime/speculative_decode.h).
+        int64_t i = 0;
+        const SpeculativeStats st = greedy_speculative_decode(
+            *model, *seq, logits, prompt, *n_generate, {.max_draft = spec}, [&](int32_t token) {
+                if (decoder) {
+                    const std::string piece = decoder->push(token);
+                    std::fwrite(piece.data(), 1, piece.size(), stdout);
+                } else {
+                    std::printf(i == 0 ? "%d" : " %d", token);
+                }
+                ++i;
+                std::fflush(stdout);
+                return !(stop_at_eog &&
+                         std::find(info.eog_tokens.begin(), info.eog_tokens.end(), token) != info.eog_tokens.end());
+            });
+        if (decoder) {
+            const std::string rest = decoder->flush();
+            std::fwrite(rest.data(), 1, rest.size(), stdout);
+        }
+        std::printf("\n");
+        std::fprintf(stderr, "strata: speculation: %lld tokens in %lld forward passes (%lld re-fed), %lld of %lld "
+                     "drafted tokens accepted\n", static_cast<long long>(i), static_cast<long long>(st.rounds),
+                     static_cast<long long>(st.refeeds), static_cast<long long>(st.accepted),
+                     static_cast<long long>(st.drafted));
+        return 0;
+    }
     for (int64_t i = 0; i < *n_generate; ++i) {
         int32_t token = sampler.sample(logits);
         if (decoder) {
@@ -191,6 +223,9 @@ Command generate_command() {
                      {"--ids", "", "print the generated token ids on one line, space separated (default: the text)"},
                      {"--seed", "S", "seed of the sampler (default: random); same seed, same tokens"},
                      {"--stop-at-eog", "", "stop after an end-of-generation token (default: generate all N)"},
+                     {"--spec", "K",
+                      "with --greedy: speculate up to K tokens a round (1..7) with prompt-lookup drafts, verified in "
+                      "one batched pass; the same tokens as without it (default 0: off)"},
                  });
     flags.insert(flags.end(), kLoadFlags.begin(), kLoadFlags.end());
     return {
@@ -199,7 +234,7 @@ Command generate_command() {
                 .name = "generate",
                 .summary = "continue a prompt (token ids or raw text), greedy or sampled",
                 .usage = "strata generate [--model FILE.gguf] (--tokens \"1 2 3\" | --tokens-file F | --prompt "
-                         "TEXT) -n N [--greedy] [--ids] [--seed S] [--stop-at-eog] [--backend cpu|cuda]",
+                         "TEXT) -n N [--greedy] [--ids] [--seed S] [--stop-at-eog] [--spec K] [--backend cpu|cuda]",
                 .flags = flags,
                 .notes = "Without --greedy the next token is drawn from softmax(logits) at temperature 1.\n"
                          "Without --ids the output is the decoded text, or the ids when the model has no vocabulary.",

@@ -3,6 +3,7 @@
 // (the oracle: the same model decoding one token a call), which must give the same tokens whatever the window.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <span>
 #include <string>
@@ -10,6 +11,7 @@
 
 #include "model/model.h"
 #include "runtime/prompt_lookup.h"
+#include "runtime/sampler.h"
 #include "runtime/speculation.h"
 #include "runtime/speculative_decode.h"
 #include "test_util.h"
@@ -112,6 +114,71 @@ TEST(SpeculativeDecode, GreedyTokensEqualPlainGreedyDecoding) {
             std::printf("[ spec %d ] %lld forward passes for 80 tokens, %lld of %lld drafts accepted\n", k,
                         static_cast<long long>(st.rounds), static_cast<long long>(st.accepted),
                         static_cast<long long>(st.drafted));
+        }
+    }
+}
+
+// Keyed draws (Sampler::sample_at): the token depends on (seed, position, logits) alone, and over positions the draws
+// follow softmax(logits): a chi-square test against the softmax computed here, on 8 tokens and 40,000 positions.
+TEST(KeyedSampling, DrawsDependOnThePositionAloneAndFollowTheSoftmax) {
+    const std::vector<float> logits = {1.0f, 0.5f, 0.0f, -0.5f, 2.0f, -1.0f, 0.25f, 1.5f};
+    Sampler a({.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 42}, 8);
+    Sampler b({.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 42}, 8);
+    for (int i = 0; i < 37; ++i) (void)b.sample(logits);  // b's stream has moved on; keyed draws must not care
+    for (uint64_t pos : {0ull, 1ull, 17ull, 123456789ull}) EXPECT_EQ(a.sample_at(logits, pos), b.sample_at(logits, pos));
+    std::vector<double> p(8);
+    double z = 0;
+    for (size_t i = 0; i < 8; ++i) z += p[i] = std::exp(static_cast<double>(logits[i]));
+    constexpr int kDraws = 40000;
+    std::vector<int> count(8, 0);
+    for (int pos = 0; pos < kDraws; ++pos) ++count[static_cast<size_t>(a.sample_at(logits, static_cast<uint64_t>(pos)))];
+    double chi2 = 0;
+    for (size_t i = 0; i < 8; ++i) {
+        const double expected = kDraws * p[i] / z;
+        chi2 += (count[i] - expected) * (count[i] - expected) / expected;
+    }
+    // 7 degrees of freedom: P(chi2 > 24.3) = 0.001.
+    EXPECT_LT(chi2, 24.3);
+}
+
+// Sampled decoding with speculation gives the tokens sampled decoding without it gives, for the same seed.
+TEST(SpeculativeDecode, SampledTokensEqualSamplingWithoutSpeculation) {
+    auto m = load_model(bundled(), {.n_threads = 2});
+    const int64_t vocab = m->info().n_vocab;
+    V prompt;
+    for (int r = 0; r < 6; ++r) prompt.insert(prompt.end(), {40, 41, 42, 43, 44, 45});
+    for (const uint64_t seed : {1ull, 2ull}) {
+        Sampler sampler({.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = seed}, vocab);
+        // Without speculation: one token a call, each drawn at its position.
+        V want;
+        {
+            auto seq = m->new_sequence(static_cast<int64_t>(prompt.size()) + 64);
+            std::vector<float> logits(static_cast<size_t>(vocab));
+            m->forward(*seq, prompt, logits, true);
+            for (int i = 0; i < 48; ++i) {
+                const int32_t t = sampler.sample_at(logits, prompt.size() + static_cast<uint64_t>(i));
+                want.push_back(t);
+                m->forward(*seq, V{t}, logits, true);
+            }
+        }
+        for (const int k : {1, 4}) {
+            auto seq = m->new_sequence(static_cast<int64_t>(prompt.size()) + 64);
+            std::vector<float> logits(static_cast<size_t>(vocab));
+            m->forward(*seq, prompt, logits, true);
+            V got;
+            const SpeculativeStats st = speculative_decode(
+                *m, *seq, logits, prompt, 48, {.max_draft = k},
+                [&](std::span<const float> row, int64_t pos) {
+                    return sampler.sample_at(row, static_cast<uint64_t>(pos));
+                },
+                [&](int32_t t) {
+                    got.push_back(t);
+                    return true;
+                });
+            EXPECT_EQ(got, want) << "seed " << seed << ", spec " << k;
+            std::printf("[ sampled spec %d ] seed %llu: %lld passes for 48 tokens, %lld of %lld drafts accepted\n", k,
+                        static_cast<unsigned long long>(seed), static_cast<long long>(st.rounds),
+                        static_cast<long long>(st.accepted), static_cast<long long>(st.drafted));
         }
     }
 }

@@ -103,8 +103,6 @@ int run_generate(const Args& args) {
                      .seed = args.get_u64("--seed").value_or(std::random_device{}())},
                     info.n_vocab);
     const int spec = static_cast<int>(args.get_int("--spec", 0, SpeculationPolicy::kMaxDraft).value_or(0));
-    if (spec > 0 && !args.has("--greedy"))
-        throw Error("generate: --spec needs --greedy for now (speculation with sampling is not built yet)");
     auto seq = model->new_sequence(static_cast<int64_t>(prompt.size()) + *n_generate + spec);
     HostFloats logits = model->host_floats(static_cast<size_t>(info.n_vocab));
     model->forward(*seq, prompt, logits, /*last_only=*/true);
@@ -114,8 +112,12 @@ int run_generate(const Args& args) {
     if (spec > 0) {
         // Greedy with prompt-lookup drafts, verified in one batched pass a round (runtime/speculative_decode.h).
         int64_t i = 0;
-        const SpeculativeStats st = greedy_speculative_decode(
-            *model, *seq, logits, prompt, *n_generate, {.max_draft = spec}, [&](int32_t token) {
+        const SpeculativeStats st = speculative_decode(
+            *model, *seq, logits, prompt, *n_generate, {.max_draft = spec},
+            [&](std::span<const float> row, int64_t position) {
+                return sampler.sample_at(row, static_cast<uint64_t>(position));
+            },
+            [&](int32_t token) {
                 if (decoder) {
                     const std::string piece = decoder->push(token);
                     std::fwrite(piece.data(), 1, piece.size(), stdout);
@@ -139,7 +141,8 @@ int run_generate(const Args& args) {
         return 0;
     }
     for (int64_t i = 0; i < *n_generate; ++i) {
-        int32_t token = sampler.sample(logits);
+        // Keyed by position (Sampler::sample_at), so that --spec gives the same tokens for the same seed.
+        int32_t token = sampler.sample_at(logits, static_cast<uint64_t>(prompt.size()) + static_cast<uint64_t>(i));
         if (decoder) {
             const std::string piece = decoder->push(token);
             std::fwrite(piece.data(), 1, piece.size(), stdout);
@@ -224,8 +227,8 @@ Command generate_command() {
                      {"--seed", "S", "seed of the sampler (default: random); same seed, same tokens"},
                      {"--stop-at-eog", "", "stop after an end-of-generation token (default: generate all N)"},
                      {"--spec", "K",
-                      "with --greedy: speculate up to K tokens a round (1..7) with prompt-lookup drafts, verified in "
-                      "one batched pass; the same tokens as without it (default 0: off)"},
+                      "speculate up to K tokens a round (1..7) with prompt-lookup drafts, verified in one batched "
+                      "pass; the same tokens as without it, greedy or sampled with the same seed (default 0: off)"},
                  });
     flags.insert(flags.end(), kLoadFlags.begin(), kLoadFlags.end());
     return {

@@ -90,7 +90,23 @@ void Sampler::accept(std::span<const int32_t> tokens) {
 }
 
 double Sampler::uniform01() {
+    if (keyed_) {
+        keyed_ = false;
+        uint64_t z = key_;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        return static_cast<double>(z >> 11) * 0x1.0p-53;
+    }
     return static_cast<double>(rng_() >> 11) * 0x1.0p-53;
+}
+
+int32_t Sampler::sample_at(std::span<const float> logits, uint64_t position) {
+    keyed_ = true;
+    key_ = params_.seed ^ (position + 1) * 0x9E3779B97F4A7C15ull;
+    const int32_t token = sample(logits);
+    keyed_ = false;  // a greedy choice draws nothing
+    return token;
 }
 
 void Sampler::apply_bias_and_penalties() {

@@ -14,7 +14,8 @@
 // Temperature comes last, as in llama.cpp: truncation sees the temperature-1 distribution.
 //
 // Randomness: std::mt19937_64 seeded with `seed`, one 53-bit uniform draw per token from its high bits (the same on
-// every platform), walked along the kept tokens' cumulative weights. Same seed, same logits, same tokens.
+// every platform), walked along the kept tokens' cumulative weights. Same seed, same logits, same tokens. sample_at
+// takes the draw from a counter-based hash of (seed, position) instead (SplitMix64's finalizer).
 #pragma once
 
 #include <cstdint>
@@ -52,6 +53,10 @@ class Sampler {
     int32_t sample(std::span<const float> logits);
     // The same, without copying the row: bias and penalties are applied to `logits` itself (the caller's scratch).
     int32_t sample_in_place(std::span<float> logits);
+    // The token for the given position of the sequence, its random draw keyed by (seed, position) instead of taken
+    // from the stream: the same logits at the same position give the same token however many draws came before, so
+    // speculative decoding (which samples rows it may throw away) gives the tokens decoding without it gives.
+    int32_t sample_at(std::span<const float> logits, uint64_t position);
 
     void accept(int32_t token);
     void accept(std::span<const int32_t> tokens);
@@ -69,6 +74,8 @@ class Sampler {
     SamplingParams params_;
     int64_t n_vocab_;
     std::mt19937_64 rng_;
+    bool keyed_ = false;  // sample_at: the next draw comes from key_
+    uint64_t key_ = 0;
     std::deque<int32_t> history_;
 
     // Scratch reused across calls (no allocation per token once warm).

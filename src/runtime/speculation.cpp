@@ -9,7 +9,7 @@ constexpr double kEma = 0.1;  // weight of a new measurement
 }
 
 SpeculationPolicy::SpeculationPolicy(int max_draft) : max_draft_(std::clamp(max_draft, 0, kMaxDraft)) {
-    accept_.fill(0.5);  // optimistic enough to try drafting once; measurements take over within a few rounds
+    accept_.fill(0.8);  // optimistic enough to try drafting; measurements take over within a few rounds
 }
 
 double SpeculationPolicy::cost(int tokens) const {
@@ -25,15 +25,21 @@ double SpeculationPolicy::cost(int tokens) const {
     return 1.0 + 0.15 * (tokens - 1);
 }
 
-int SpeculationPolicy::choose() const {
+int SpeculationPolicy::choose() {
     int best = 0;
     double best_rate = 1.0 / cost(1), expected = 1.0, chain = 1.0;
     for (int k = 1; k <= max_draft_; ++k) {
         chain *= accept_[static_cast<size_t>(k - 1)];
         expected += chain;
-        const double rate = expected / cost(k + 1);
+        // A round that rejects a draft (probability 1 - chain) pays a second pass for the accepted prefix.
+        const int refeed = std::clamp(static_cast<int>(expected + 0.5), 1, kMaxDraft + 1);
+        const double rate = expected / (cost(k + 1) + (1.0 - chain) * cost(refeed));
         if (rate > best_rate) best = k, best_rate = rate;
     }
+    // Drafting off: a one-token draft now and then, so that an acceptance that has recovered (the text turned
+    // repetitive) is seen again. One 2-token pass in kExplore costs little.
+    if (best == 0 && max_draft_ > 0 && ++since_draft_ % kExplore == 0) return 1;
+    if (best > 0) since_draft_ = 0;
     return best;
 }
 

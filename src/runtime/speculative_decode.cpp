@@ -17,14 +17,24 @@ int32_t argmax(const float* row, int64_t n) { return static_cast<int32_t>(std::m
 SpeculativeStats greedy_speculative_decode(const Model& model, SequenceState& seq, std::span<float> logits,
                                            std::vector<int32_t> history, int64_t n, const SpeculativeOptions& o,
                                            const std::function<bool(int32_t)>& emit) {
+    return speculative_decode(
+        model, seq, logits, std::move(history), n, o,
+        [](std::span<const float> row, int64_t) { return argmax(row.data(), static_cast<int64_t>(row.size())); },
+        emit);
+}
+
+SpeculativeStats speculative_decode(const Model& model, SequenceState& seq, std::span<float> logits,
+                                    std::vector<int32_t> history, int64_t n, const SpeculativeOptions& o,
+                                    const TokenPicker& pick, const std::function<bool(int32_t)>& emit) {
     const int64_t V = model.info().n_vocab;
+    const auto row = [&](const float* r) { return std::span<const float>(r, static_cast<size_t>(V)); };
     if (static_cast<int64_t>(logits.size()) < V) throw Error("speculative decoding: the logits need n_vocab floats");
     const int max_draft = std::clamp(o.max_draft, 0, SpeculationPolicy::kMaxDraft);
     SpeculationPolicy policy(max_draft);
     SpeculativeStats stats;
     std::vector<float> rows(static_cast<size_t>((max_draft + 1) * V));
     int64_t produced = 0;
-    int32_t next = argmax(logits.data(), V);  // the model's pick after the fed tokens
+    int32_t next = pick(row(logits.data()), static_cast<int64_t>(history.size()));  // the pick after the fed tokens
     while (produced < n) {
         // `next` is the target's own token: always emitted.
         ++produced;
@@ -45,7 +55,10 @@ SpeculativeStats greedy_speculative_decode(const Model& model, SequenceState& se
         ++stats.rounds;
         // Accept drafts while each equals the target's pick after the tokens before it.
         int accepted = 0;
-        while (accepted < k && argmax(rows.data() + accepted * V, V) == draft[static_cast<size_t>(accepted)])
+        // Row i holds the logits before the token at position base + i (base: where `next` sits).
+        const int64_t base = static_cast<int64_t>(history.size()) - 1;
+        while (accepted < k && pick(row(rows.data() + accepted * V), base + 1 + accepted) ==
+                                   draft[static_cast<size_t>(accepted)])
             ++accepted;
         if (k > 0) policy.record_round(k, accepted);
         stats.drafted += k;
@@ -67,7 +80,7 @@ SpeculativeStats greedy_speculative_decode(const Model& model, SequenceState& se
             ++stats.rounds;
             ++stats.refeeds;
         }
-        next = argmax(after, V);
+        next = pick(row(after), base + 1 + accepted);
     }
     return stats;
 }

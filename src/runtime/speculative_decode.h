@@ -36,4 +36,12 @@ SpeculativeStats greedy_speculative_decode(const Model& model, SequenceState& se
                                            std::vector<int32_t> history, int64_t n, const SpeculativeOptions& options,
                                            const std::function<bool(int32_t)>& emit);
 
+// The same with any rule that picks the token at a position from the logits before it: `pick(row, position)` must be
+// a function of its arguments alone (Sampler::sample_at: sampling keyed by (seed, position)), and then the tokens are
+// those decoding one token a call with the same rule gives. position: the token's index in the sequence.
+using TokenPicker = std::function<int32_t(std::span<const float> row, int64_t position)>;
+SpeculativeStats speculative_decode(const Model& model, SequenceState& seq, std::span<float> logits,
+                                    std::vector<int32_t> history, int64_t n, const SpeculativeOptions& options,
+                                    const TokenPicker& pick, const std::function<bool(int32_t)>& emit);
+
 }  // namespace strata

@@ -62,7 +62,7 @@ struct MoeForwardArgs {
 void moe_forward(const MoeForwardArgs& args);
 
 // ---- experts in host RAM (issue 25; DESIGN.md section 9) ------------------------------------------------------------
-// The trunk asks these two interfaces, which the runtime layer implements (runtime/expert_cache_policy.h,
+// The trunk asks these two interfaces, which the runtime layer implements (runtime/expert_cache_advisor.h,
 // runtime/cpu_expert_pool.h), so the policies and the worker pool stay plain runtime code and the trunk stays policy-free.
 
 // A change to one layer's VRAM expert cache: `admit` goes into `slot`, replacing whatever is there (-1: nothing).

@@ -199,7 +199,7 @@ void expect_cpu_share_close(const std::string& path, const char* what) {
                                  .max_expert_used = file->get_u32(arch + ".expert_used_count")});
         options.experts.cpu_share = share;
         auto m = load_model(path, options);
-        for (const size_t per_call : {size_t{1}, size_t{3}}) {
+        for (const size_t per_call : {size_t{1}, size_t{3}, tokens.size()}) {  // the last: prompt windows
             const std::vector<float> got = strata::testing::logits_fed(*m, tokens, per_call);
             double max_diff = 0, max_ref = 0;
             int disagree = 0, near_ties = 0;

@@ -5,7 +5,11 @@
 # machine's 64 GB disk: decode reads 16 of its rows per token either way) and runs `strata bench --backend cuda`,
 # which prints each decode figure next to its roofline (bytes a token reads / measured copy bandwidth).
 #   STRATA_CUDA_BENCH    quick: tg128, pp512 and the time per token by op kind; depth: pp4096 and tg32 at 8K and
-#                        32K tokens of context; all: both
+#                        32K tokens of context; all: both; offload: experts in host RAM (issue 25) on flash-next
+#                        with --router-skew 1 and uniform (one file at a time: the disk holds one), --vram-budget
+#                        12G and 24G, with and without CPU workers, tg64, pp512, pp4096, tg32 at 8K and 32K; with
+#                        LLAMA_BENCH=path/to/llama-bench (shared/tools/llamacpp-cuda/build.sh) its -ncmoe 40 / 48
+#                        runs on the same files
 #   STRATA_BENCH_MODELS  folder for the synthesized files (default /tmp/strata-bench; ~50 GB for flash-next)
 #   STRATA_BENCH_ONLY    mid or flash-next: that model alone
 set -euo pipefail
@@ -30,6 +34,29 @@ run() {  # name, then bench arguments
 
 models=(mid flash-next)
 [[ -n ${STRATA_BENCH_ONLY:-} ]] && models=("$STRATA_BENCH_ONLY")
+if [[ $mode == offload ]]; then
+    {
+        for skew in 1 0; do
+            rm -f "$dir"/fn-skew*.gguf
+            synth "fn-skew$skew" --preset flash-next --type iq2_xs --ple-vocab-base 200000 --router-skew "$skew"
+            for budget in 12G 24G; do
+                run "fn-skew$skew" --vram-budget "$budget" -p 0 -n 64 -r 2
+                run "fn-skew$skew" --vram-budget "$budget" --cpu-experts 0 -p 0 -n 64 -r 1
+                run "fn-skew$skew" --vram-budget "$budget" -p 512 -n 0 -r 1
+                run "fn-skew$skew" --vram-budget "$budget" -p 4096 -n 0 -r 1
+                run "fn-skew$skew" --vram-budget "$budget" -p 0 -n 32 -r 1 -d 8192
+                run "fn-skew$skew" --vram-budget "$budget" -p 0 -n 32 -r 1 -d 32768
+            done
+            if [[ -n ${LLAMA_BENCH:-} ]]; then
+                for n in 40 48; do
+                    echo "== llama-bench -ncmoe $n fn-skew$skew"
+                    "$LLAMA_BENCH" -m "$dir/fn-skew$skew.gguf" -ngl 99 -fa 1 -ncmoe "$n" -p 512 -n 64 -r 2
+                done
+            fi
+        done
+    } 2>&1 | tee -a "$logs/bench.log"
+    exit 0
+fi
 {
     df -h "$dir" | tail -n 1
     for m in "${models[@]}"; do

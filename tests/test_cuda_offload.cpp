@@ -7,14 +7,14 @@
 // Without the CUDA backend compiled in or without a GPU, every test skips with a message saying so.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <functional>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -40,9 +40,9 @@ namespace fs = std::filesystem;
 namespace {
 
 #if STRATA_HAS_CUDA
-#define SKIP_WITHOUT_CUDA_DEVICE()                                                                            \
-    do {                                                                                                      \
-        if (cuda::device_count() == 0)                                                                        \
+#define SKIP_WITHOUT_CUDA_DEVICE()                                                                             \
+    do {                                                                                                       \
+        if (cuda::device_count() == 0)                                                                         \
             GTEST_SKIP() << "no CUDA device (" << cuda::no_device_reason() << "): CUDA offload tests skipped"; \
     } while (0)
 #else
@@ -93,7 +93,9 @@ std::string converted(const std::string& name) {
     return out;
 }
 
-std::string bundled_model() { return (fs::path(STRATA_SOURCE_DIR) / "assets" / "strata-code-19m.gguf").string(); }
+std::string bundled_model() {
+    return (fs::path(STRATA_SOURCE_DIR) / "assets" / "strata-code-19m.gguf").string();
+}
 
 int64_t n_expert_of(const std::string& path) {
     const auto file = gguf::File::open(path);
@@ -175,9 +177,9 @@ TEST(CudaOffload, PlacementDoesNotChangeTheSingleStreamArchitectures) {
     for (const char* name : {"qwen35moe", "qwen3next"}) expect_placement_free(converted(name), name);
 }
 
-// The CPU expert workers' share: their rows come from the CPU backend's kernels (the same quantized activations, another
-// summation order), so the logits move by rounding only: the bound, 1e-3 of the largest logit, and every
-// argmax equal except where the reference's top two are within 1e-4 (counted and printed).
+// The CPU expert workers' share: their rows come from the CPU backend's kernels (the same quantized activations,
+// another summation order), so the logits move by rounding only: the bound, 1e-3 of the largest logit, and
+// every argmax equal except where the reference's top two are within 1e-4 (counted and printed).
 void expect_cpu_share_close(const std::string& path, const char* what) {
     auto reference = load_model(path, {.backend = Backend::Cuda});
     const int64_t V = reference->info().n_vocab, L = reference->info().n_layer;
@@ -215,9 +217,10 @@ void expect_cpu_share_close(const std::string& path, const char* what) {
                 const bool tie = sorted[0] - sorted[1] < 1e-4f;
                 if (std::max_element(a, a + V) - a != std::max_element(b, b + V) - b) (tie ? near_ties : disagree)++;
             }
-            std::printf("[ offload cpu share %s ] share %.2f, %zu a call: max |diff| %.3g of max |logit| %.3g "
-                        "(relative %.3g), argmax departures %d (+%d near-ties)\n",
-                        what, share, per_call, max_diff, max_ref, max_diff / max_ref, disagree, near_ties);
+            std::printf(
+                "[ offload cpu share %s ] share %.2f, %zu a call: max |diff| %.3g of max |logit| %.3g "
+                "(relative %.3g), argmax departures %d (+%d near-ties)\n",
+                what, share, per_call, max_diff, max_ref, max_diff / max_ref, disagree, near_ties);
             EXPECT_LE(max_diff, 1e-3 * max_ref) << what << ", share " << share << ", " << per_call << " a call";
             EXPECT_EQ(disagree, 0) << what << ", share " << share;
         }
@@ -309,7 +312,8 @@ TEST(CudaOffloadPerf, DecodeWithWarmSlots) {
         HostFloats logits = m->host_floats(static_cast<size_t>(V));
         m->forward(*seq, some_tokens(V, 16, 3), logits, true);
         std::vector<int32_t> next = some_tokens(V, 72, 4);
-        for (int i = 0; i < 8; ++i) m->forward(*seq, std::span<const int32_t>(&next[static_cast<size_t>(i)], 1), logits);
+        for (int i = 0; i < 8; ++i)
+            m->forward(*seq, std::span<const int32_t>(&next[static_cast<size_t>(i)], 1), logits);
         const auto start = std::chrono::steady_clock::now();
         for (int i = 8; i < 72; ++i)
             m->forward(*seq, std::span<const int32_t>(&next[static_cast<size_t>(i)], 1), logits);

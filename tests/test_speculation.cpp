@@ -69,7 +69,9 @@ TEST(SpeculationPolicy, DraftsOnlyWhenTheMeasurementsSayItPays) {
     EXPECT_NEAR(h.acceptance(0), 0.5, 0.1);
 }
 
-std::string bundled() { return std::string(STRATA_SOURCE_DIR) + "/assets/strata-code-19m.gguf"; }
+std::string bundled() {
+    return std::string(STRATA_SOURCE_DIR) + "/assets/strata-code-19m.gguf";
+}
 
 V plain_greedy(const Model& m, const V& prompt, int64_t n) {
     const int64_t vocab = m.info().n_vocab;
@@ -102,11 +104,11 @@ TEST(SpeculativeDecode, GreedyTokensEqualPlainGreedyDecoding) {
             std::vector<float> logits(static_cast<size_t>(vocab));
             m->forward(*seq, prompt, logits, true);
             V got;
-            const SpeculativeStats st = greedy_speculative_decode(*m, *seq, logits, prompt, 80, {.max_draft = k},
-                                                                  [&](int32_t t) {
-                                                                      got.push_back(t);
-                                                                      return true;
-                                                                  });
+            const SpeculativeStats st =
+                greedy_speculative_decode(*m, *seq, logits, prompt, 80, {.max_draft = k}, [&](int32_t t) {
+                    got.push_back(t);
+                    return true;
+                });
             EXPECT_EQ(got, want) << "spec " << k;
             // The sequence holds the prompt and the emitted tokens, the last one too when it was an accepted draft.
             EXPECT_GE(seq->n_past(), static_cast<int64_t>(prompt.size() + want.size()) - 1) << "spec " << k;
@@ -125,13 +127,15 @@ TEST(KeyedSampling, DrawsDependOnThePositionAloneAndFollowTheSoftmax) {
     Sampler a({.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 42}, 8);
     Sampler b({.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 42}, 8);
     for (int i = 0; i < 37; ++i) (void)b.sample(logits);  // b's stream has moved on; keyed draws must not care
-    for (uint64_t pos : {0ull, 1ull, 17ull, 123456789ull}) EXPECT_EQ(a.sample_at(logits, pos), b.sample_at(logits, pos));
+    for (uint64_t pos : {0ull, 1ull, 17ull, 123456789ull})
+        EXPECT_EQ(a.sample_at(logits, pos), b.sample_at(logits, pos));
     std::vector<double> p(8);
     double z = 0;
     for (size_t i = 0; i < 8; ++i) z += p[i] = std::exp(static_cast<double>(logits[i]));
     constexpr int kDraws = 40000;
     std::vector<int> count(8, 0);
-    for (int pos = 0; pos < kDraws; ++pos) ++count[static_cast<size_t>(a.sample_at(logits, static_cast<uint64_t>(pos)))];
+    for (int pos = 0; pos < kDraws; ++pos)
+        ++count[static_cast<size_t>(a.sample_at(logits, static_cast<uint64_t>(pos)))];
     double chi2 = 0;
     for (size_t i = 0; i < 8; ++i) {
         const double expected = kDraws * p[i] / z;
@@ -198,11 +202,11 @@ TEST(SpeculativeDecode, RejectedDraftsLeaveNoTrace) {
     std::vector<float> logits(static_cast<size_t>(vocab));
     m->forward(*seq, prompt, logits, true);
     V got;
-    const SpeculativeStats st = greedy_speculative_decode(*m, *seq, logits, prompt, n, {.max_draft = 3},
-                                                          [&](int32_t t) {
-                                                              got.push_back(t);
-                                                              return true;
-                                                          });
+    const SpeculativeStats st =
+        greedy_speculative_decode(*m, *seq, logits, prompt, n, {.max_draft = 3}, [&](int32_t t) {
+            got.push_back(t);
+            return true;
+        });
     ASSERT_GT(st.refeeds, 0) << "the prompt should make some draft fail (pick another prompt if the model changed)";
     // The speculative sequence goes on with the emitted tokens it has not been fed, then one more token; a fresh one
     // is fed the prompt, every emitted token and that token: the logits after it must be the same.

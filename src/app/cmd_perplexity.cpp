@@ -20,15 +20,6 @@ namespace {
 
 constexpr int64_t kMaxContext = 1 << 20;
 
-std::string read_text_file(const std::string& path) {
-    require_file(path, "perplexity input");
-    std::ifstream in(path, std::ios::binary);
-    std::ostringstream text;
-    text << in.rdbuf();
-    if (!in.good() && !in.eof()) throw Error("perplexity: cannot read " + path);
-    return text.str();
-}
-
 struct FileScore {
     std::string path;
     int64_t scored = 0;     // predicted tokens
@@ -97,8 +88,9 @@ int run_perplexity(const Args& args) {
     }
     std::vector<std::vector<int32_t>> inputs;
     for (const std::string& path : files) {
-        std::vector<int32_t> tokens = ids ? parse_token_list(read_text_file(path), path)
-                                          : tokenizer->encode(read_text_file(path), /*parse_special=*/false);
+        const std::string text = read_text_file(path, "perplexity input");
+        std::vector<int32_t> tokens =
+            ids ? parse_token_list(text, path) : tokenizer->encode(text, /*parse_special=*/false);
         if (static_cast<int64_t>(tokens.size()) > ctx) tokens.resize(static_cast<size_t>(ctx));
         if (static_cast<int64_t>(tokens.size()) <= score_from)
             throw Error("perplexity: " + path + " has " + std::to_string(tokens.size()) +

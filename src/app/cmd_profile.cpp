@@ -3,9 +3,7 @@
 // layer's most-routed experts at start, so a profile of the text a user runs is the warm start DESIGN.md section 9
 // describes. It runs on the CPU backend (the routing is the model's, the same on any backend up to rounding).
 #include <cstdio>
-#include <fstream>
 #include <mutex>
-#include <sstream>
 #include <span>
 
 #include "app/commands.h"
@@ -25,10 +23,10 @@ constexpr int64_t kMaxContext = 1 << 20;
 // Counts every row's experts per layer.
 class RoutingCounter final : public RoutingSink {
   public:
-    void record(int64_t layer, int64_t n_expert, int64_t k, int64_t n_rows, const int32_t* ids,
-                const float*) override {
+    void record(int64_t layer, int64_t n_expert, int64_t k, int64_t n_rows, const int32_t* ids, const float*) override {
         std::lock_guard<std::mutex> lock(mutex_);
-        if (static_cast<int64_t>(profile_.counts.size()) <= layer) profile_.counts.resize(static_cast<size_t>(layer + 1));
+        if (static_cast<int64_t>(profile_.counts.size()) <= layer)
+            profile_.counts.resize(static_cast<size_t>(layer + 1));
         std::vector<uint64_t>& counts = profile_.counts[static_cast<size_t>(layer)];
         if (counts.empty()) counts.assign(static_cast<size_t>(n_expert), 0);
         for (int64_t i = 0; i < n_rows * k; ++i)
@@ -48,15 +46,6 @@ class RoutingCounter final : public RoutingSink {
     ExpertProfile profile_;
 };
 
-std::string read_text(const std::string& path) {
-    require_file(path, "profile input");
-    std::ifstream in(path, std::ios::binary);
-    std::ostringstream text;
-    text << in.rdbuf();
-    if (!in.good() && !in.eof()) throw Error("profile: cannot read " + path);
-    return text.str();
-}
-
 int run_profile(const Args& args) {
     const std::vector<std::string>& files = args.positional();
     if (files.empty()) throw Error("profile: give one or more text files to route");
@@ -71,7 +60,7 @@ int run_profile(const Args& args) {
     const std::unique_ptr<Tokenizer> tokenizer = Tokenizer::from_gguf(*file);
     std::vector<std::vector<int32_t>> inputs;
     for (const std::string& path : files) {
-        std::vector<int32_t> tokens = tokenizer->encode(read_text(path), /*parse_special=*/false);
+        std::vector<int32_t> tokens = tokenizer->encode(read_text_file(path, "profile input"), /*parse_special=*/false);
         if (static_cast<int64_t>(tokens.size()) > ctx) tokens.resize(static_cast<size_t>(ctx));
         if (tokens.empty()) throw Error("profile: " + path + " holds no tokens");
         inputs.push_back(std::move(tokens));

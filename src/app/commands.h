@@ -69,6 +69,8 @@ std::optional<MemoryPlan> plan_memory_for_load(const Args& args, const std::stri
 extern const std::vector<FlagSpec> kLoadFlags;
 // Throws Error when path is not a readable regular file ("what" names it in the message).
 void require_file(const std::string& path, const std::string& what);
+// The whole file as bytes (require_file's checks first; "what" names it in the messages).
+std::string read_text_file(const std::string& path, const std::string& what);
 // A file written through a temporary name in the same folder and renamed by commit(), so readers never see half a
 // file; without commit() (an error on the way) the temporary file is removed.
 class AtomicFile {

@@ -86,6 +86,15 @@ void require_file(const std::string& path, const std::string& what) {
     if (::access(path.c_str(), R_OK) != 0) throw Error(what + " '" + path + "': " + std::strerror(errno));
 }
 
+std::string read_text_file(const std::string& path, const std::string& what) {
+    require_file(path, what);
+    std::ifstream in(path, std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    if (!in.good() && !in.eof()) throw Error("cannot read " + what + " '" + path + "'");
+    return text.str();
+}
+
 std::vector<int32_t> read_tokens(const Args& args) {
     auto text = args.get("--tokens");
     auto file = args.get("--tokens-file");
@@ -201,7 +210,8 @@ std::optional<MemoryPlan> plan_memory_for_load(const Args& args, const std::stri
     options.experts.cache_slots = plan.placement().cache_slots;
     if (!options.experts.in_host) {
         if (args.has("--expert-policy") || args.has("--expert-profile"))
-            std::fprintf(stderr, "strata: every expert fits in VRAM: --expert-policy and --expert-profile do nothing\n");
+            std::fprintf(stderr,
+                         "strata: every expert fits in VRAM: --expert-policy and --expert-profile do nothing\n");
         return plan;
     }
     if (!plan.experts_pinned)
@@ -216,8 +226,8 @@ std::optional<MemoryPlan> plan_memory_for_load(const Args& args, const std::stri
         const std::string arch = file->get_str("general.architecture");
         const int64_t n_expert = file->get_u32(arch + ".expert_count");
         if (profile.n_expert != n_expert)
-            throw Error(*profile_path + ": a profile of " + std::to_string(profile.n_expert) + " experts a layer, but " +
-                        path + " has " + std::to_string(n_expert));
+            throw Error(*profile_path + ": a profile of " + std::to_string(profile.n_expert) +
+                        " experts a layer, but " + path + " has " + std::to_string(n_expert));
         options.experts.warm = warm_experts(profile, slots);
     }
     const ExpertCachePolicySpec spec = parse_expert_cache_policy(args.get("--expert-policy").value_or("lfu-decay"));

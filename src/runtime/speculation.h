@@ -2,8 +2,8 @@
 // and the measured acceptance of each draft position, and picks the draft length k that maximizes the expected tokens
 // a round gives per second: E(k) = 1 + a_1 + a_1 a_2 + ... (a_i: the rate at which the i-th draft token was accepted
 // when every draft before it was) over cost(k + 1), plus the second pass a rejection costs (1 - a_1 ... a_k times
-// the cost of re-feeding about E(k) tokens). k = 0 (plain decoding) whenever nothing beats it, so speculation never makes
-// decoding slower than the measurements say plain decoding is.
+// the cost of re-feeding about E(k) tokens). k = 0 (plain decoding) whenever nothing beats it, so speculation never
+// makes decoding slower than the measurements say plain decoding is.
 #pragma once
 
 #include <array>

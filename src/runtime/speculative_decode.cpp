@@ -10,7 +10,9 @@ namespace strata {
 
 namespace {
 
-int32_t argmax(const float* row, int64_t n) { return static_cast<int32_t>(std::max_element(row, row + n) - row); }
+int32_t argmax(const float* row, int64_t n) {
+    return static_cast<int32_t>(std::max_element(row, row + n) - row);
+}
 
 }  // namespace
 
@@ -19,8 +21,7 @@ SpeculativeStats greedy_speculative_decode(const Model& model, SequenceState& se
                                            const std::function<bool(int32_t)>& emit) {
     return speculative_decode(
         model, seq, logits, std::move(history), n, o,
-        [](std::span<const float> row, int64_t) { return argmax(row.data(), static_cast<int64_t>(row.size())); },
-        emit);
+        [](std::span<const float> row, int64_t) { return argmax(row.data(), static_cast<int64_t>(row.size())); }, emit);
 }
 
 SpeculativeStats speculative_decode(const Model& model, SequenceState& seq, std::span<float> logits,
@@ -57,8 +58,8 @@ SpeculativeStats speculative_decode(const Model& model, SequenceState& seq, std:
         int accepted = 0;
         // Row i holds the logits before the token at position base + i (base: where `next` sits).
         const int64_t base = static_cast<int64_t>(history.size()) - 1;
-        while (accepted < k && pick(row(rows.data() + accepted * V), base + 1 + accepted) ==
-                                   draft[static_cast<size_t>(accepted)])
+        while (accepted < k &&
+               pick(row(rows.data() + accepted * V), base + 1 + accepted) == draft[static_cast<size_t>(accepted)])
             ++accepted;
         if (k > 0) policy.record_round(k, accepted);
         stats.drafted += k;

@@ -287,8 +287,8 @@ sigset_t shutdown_signals() {
 
 }  // namespace
 
-// The routing this run saw, added to the profile at `path` (when it has this model's shape), written through a temporary
-// file so a crash never leaves half a profile. Problems are reported, never thrown: the server is stopping.
+// The routing this run saw, added to the profile at `path` (when it has this model's shape), written through a
+// temporary file so a crash never leaves half a profile. Problems are reported, never thrown: the server is stopping.
 static void save_expert_profile(const Model& model, const std::string& path) {
     const std::optional<ExpertOffloadStats> stats = model.expert_offload_stats();
     if (!stats || stats->tokens == 0) return;

@@ -5,10 +5,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
-#include <thread>
 #include <chrono>
+#include <cstring>
 #include <string>
+#include <thread>
 
 #include "backend/cuda/cuda_check.h"
 #include "core/error.h"
@@ -24,8 +24,8 @@ HostRegistration::HostRegistration(const Context& ctx, std::vector<std::pair<con
         std::sort(ranges.begin(), ranges.end());
         size_t total = 0;
         for (const auto& [p, n] : ranges) total += (n + 255) / 256 * 256;
-        const cudaError_t err = cudaHostAlloc(&arena_, std::max<size_t>(total, 1), cudaHostAllocMapped |
-                                                                                  cudaHostAllocPortable);
+        const cudaError_t err =
+            cudaHostAlloc(&arena_, std::max<size_t>(total, 1), cudaHostAllocMapped | cudaHostAllocPortable);
         if (err != cudaSuccess) {
             (void)cudaGetLastError();
             arena_ = nullptr;
@@ -177,8 +177,7 @@ void CopyStream::synchronize() {
 
 void copy_to_host_async(Context& ctx, void* pinned_host, const void* device, size_t bytes) {
     if (bytes)
-        STRATA_CUDA_CHECK(
-            cudaMemcpyAsync(pinned_host, device, bytes, cudaMemcpyDeviceToHost, ctx.stream().handle()));
+        STRATA_CUDA_CHECK(cudaMemcpyAsync(pinned_host, device, bytes, cudaMemcpyDeviceToHost, ctx.stream().handle()));
 }
 
 namespace {
@@ -195,7 +194,7 @@ void gather_ints_to_mapped(Context& ctx, const int32_t* const* sources, int64_t 
                            int64_t stride, int32_t* mapped_destination) {
     if (n_sources <= 0 || count <= 0) return;
     gather_ints_kernel<<<static_cast<unsigned>(n_sources), 128, 0, ctx.stream().handle()>>>(sources, count, stride,
-                                                                                           mapped_destination);
+                                                                                            mapped_destination);
     STRATA_CUDA_CHECK_LAUNCH("gather_ints_kernel");
 }
 

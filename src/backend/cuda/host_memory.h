@@ -23,7 +23,7 @@ namespace strata::cuda {
 enum class HostPinning { Copy, Register };
 
 class HostRegistration {
-public:
+  public:
     // Throws Error, with the bytes asked for, when the system will not pin them (ulimit -l, or too little RAM).
     HostRegistration(const Context& ctx, std::vector<std::pair<const void*, size_t>> ranges,
                      HostPinning pinning = HostPinning::Copy);
@@ -38,7 +38,7 @@ public:
     size_t bytes() const { return bytes_; }
     double seconds() const { return seconds_; }  // how long pinning (and copying) took
 
-private:
+  private:
     struct Region {
         const uint8_t* original;
         size_t bytes;
@@ -56,7 +56,7 @@ private:
 // A stream for copies that must not hold up the context's stream (expert swaps), with tickets to ask, without
 // waiting, whether the copies queued before a ticket have landed.
 class CopyStream {
-public:
+  public:
     explicit CopyStream(const Context& ctx);
     ~CopyStream();
     CopyStream(const CopyStream&) = delete;
@@ -70,7 +70,7 @@ public:
     bool landed(uint64_t ticket);
     void synchronize();
 
-private:
+  private:
     static constexpr int kEvents = 256;
     CUstream_st* stream_ = nullptr;
     CUevent_st* events_[kEvents] = {};

@@ -32,7 +32,8 @@ ExpertCache::ExpertCache(cuda::Context& ctx, const gguf::File& file, int64_t n_b
             ranges.push_back({t.data, t.n_bytes});
             bytes += t.n_bytes;
         }
-    if (ranges.empty()) throw Error(file.path() + ": experts in host RAM asked for, but the model has no routed experts");
+    if (ranges.empty())
+        throw Error(file.path() + ": experts in host RAM asked for, but the model has no routed experts");
     std::fprintf(stderr, "strata: experts in host RAM: pinning %.2f GiB of routed experts...\n",
                  static_cast<double>(bytes) / (1 << 30));
     registration_ = std::make_unique<cuda::HostRegistration>(ctx, std::move(ranges));
@@ -107,8 +108,8 @@ void ExpertCache::add_layer(int64_t block, const MoeWeights& host, const MoeShap
         l.mine.assign(static_cast<size_t>(T * K), 0);
     }
     const auto& slots = placement_.cache_slots;
-    l.n_slots = std::clamp<int64_t>(static_cast<size_t>(block) < slots.size() ? slots[static_cast<size_t>(block)] : 0,
-                                    0, E);
+    l.n_slots =
+        std::clamp<int64_t>(static_cast<size_t>(block) < slots.size() ? slots[static_cast<size_t>(block)] : 0, 0, E);
     if (l.n_slots > 0) {
         l.slots = ctx_.allocate(static_cast<size_t>(l.n_slots) * l.slot_bytes, "expert cache");
         slot_bytes_total_ += l.slots.size();
@@ -219,9 +220,8 @@ void ExpertCache::admit(Layer& l, int64_t slot, int32_t expert) {
 void ExpertCache::set_routing_sources(const std::vector<const int32_t*>& ids_by_block) {
     STRATA_ASSERT(ids_by_block.size() == layers_.size());
     routing_layers_ = static_cast<int64_t>(ids_by_block.size());
-    routing_ = std::make_unique<cuda::MappedHostBuffer>(static_cast<size_t>(routing_layers_ * max_window_tokens_ *
-                                                                            std::max<int64_t>(max_k_, 1)) *
-                                                        sizeof(int32_t));
+    routing_ = std::make_unique<cuda::MappedHostBuffer>(
+        static_cast<size_t>(routing_layers_ * max_window_tokens_ * std::max<int64_t>(max_k_, 1)) * sizeof(int32_t));
     source_ids_ = ids_by_block;
     const int32_t* any = nullptr;
     for (const int32_t* p : source_ids_) any = p ? p : any;
@@ -268,9 +268,13 @@ const cuda::MoeHostShare* ExpertCache::host_share(int64_t block) const {
     return doorbell_ && l.block >= 0 ? &l.device_share : nullptr;
 }
 
-void ExpertCache::enqueue_window_start() { doorbell_->enqueue_window_start(); }
+void ExpertCache::enqueue_window_start() {
+    doorbell_->enqueue_window_start();
+}
 
-uint32_t ExpertCache::open_window() { return doorbell_->open_window(); }
+uint32_t ExpertCache::open_window() {
+    return doorbell_->open_window();
+}
 
 // The host side of a decode window, layer by layer as the GPU publishes them: the pairs whose expert the CPU owns
 // (and no slot holds) go to the workers, whose last one rings the layer's slot; a layer with none is rung at once.
@@ -393,8 +397,9 @@ void ExpertCache::end_window(int64_t n_tokens) {
         std::vector<uint64_t>& counts = routing_counts_[static_cast<size_t>(l.block)];
         if (counts.empty()) counts.assign(static_cast<size_t>(l.n_expert), 0);
         for (int32_t e : window_ids_) {
-            if (e < 0 || e >= l.n_expert) throw Error("CUDA expert cache: the routing copy holds expert id " +
-                                                      std::to_string(e) + " (of " + std::to_string(l.n_expert) + ")");
+            if (e < 0 || e >= l.n_expert)
+                throw Error("CUDA expert cache: the routing copy holds expert id " + std::to_string(e) + " (of " +
+                            std::to_string(l.n_expert) + ")");
             ++counts[static_cast<size_t>(e)];
             ++stats_.lookups;
             if (l.slot_of[static_cast<size_t>(e)] >= 0) {
@@ -454,8 +459,8 @@ std::string ExpertCache::report() const {
                   100.0 * static_cast<double>(s.hits) / static_cast<double>(std::max<int64_t>(s.lookups, 1)),
                   static_cast<double>(s.lookups - s.hits) / tokens, static_cast<double>(s.cpu_pairs) / tokens,
                   static_cast<double>(s.miss_bytes) / tokens / 1e6, static_cast<double>(s.cpu_bytes) / tokens / 1e6,
-                  share_, static_cast<double>(s.swaps) / tokens,
-                  static_cast<double>(s.swap_bytes) / tokens / 1e6, static_cast<double>(slot_bytes_total_) / (1 << 30));
+                  share_, static_cast<double>(s.swaps) / tokens, static_cast<double>(s.swap_bytes) / tokens / 1e6,
+                  static_cast<double>(slot_bytes_total_) / (1 << 30));
     return line;
 }
 

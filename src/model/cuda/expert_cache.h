@@ -31,10 +31,10 @@ namespace strata::cuda_model {
 // Counted over the decode and prompt windows since loading.
 struct ExpertCacheStats {
     int64_t tokens = 0;
-    int64_t lookups = 0;  // (token, slot) pairs routed
-    int64_t hits = 0;     // of them, to an expert whose slot served it
+    int64_t lookups = 0;    // (token, slot) pairs routed
+    int64_t hits = 0;       // of them, to an expert whose slot served it
     int64_t cpu_pairs = 0;  // of the misses, pairs the CPU workers computed
-    int64_t swaps = 0;    // copies into slots queued
+    int64_t swaps = 0;      // copies into slots queued
     int64_t swap_bytes = 0;
     int64_t miss_bytes = 0;  // expert bytes the GPU's misses read over PCIe (each missed expert once per window)
     int64_t cpu_bytes = 0;   // expert bytes the CPU workers read from host RAM
@@ -86,12 +86,12 @@ class ExpertCache {
     size_t slot_bytes_total() const { return slot_bytes_total_; }
 
   private:
-    struct Part {              // one expert tensor of a layer (gate_up, or gate and up; down)
-        const uint8_t* cpu;    // expert 0's host address (for the copies into slots)
-        const uint8_t* host;   // expert 0's device-mapped host address (for the tables)
-        size_t stride;         // bytes from one expert to the next (nb[2])
-        size_t bytes;          // one expert's slice
-        size_t slot_offset;    // where it lies within a slot
+    struct Part {             // one expert tensor of a layer (gate_up, or gate and up; down)
+        const uint8_t* cpu;   // expert 0's host address (for the copies into slots)
+        const uint8_t* host;  // expert 0's device-mapped host address (for the tables)
+        size_t stride;        // bytes from one expert to the next (nb[2])
+        size_t bytes;         // one expert's slice
+        size_t slot_offset;   // where it lies within a slot
     };
     struct Layer {
         int64_t block = -1;
@@ -99,16 +99,16 @@ class ExpertCache {
         std::vector<Part> parts;
         size_t slot_bytes = 0;
         cuda::DeviceBuffer slots;
-        const uint8_t** mirror = nullptr;    // parts x n_expert: the tables' contents (in mirror_)
+        const uint8_t** mirror = nullptr;        // parts x n_expert: the tables' contents (in mirror_)
         const uint8_t* const* tables = nullptr;  // the same on the device (in tables_)
-        std::vector<int32_t> serving;        // slot -> the expert it serves (-1)
-        std::vector<int32_t> pending;        // slot -> the expert being copied in (-1)
-        std::vector<uint64_t> ticket;        // slot -> the copy's ticket
-        std::vector<int32_t> intended;       // slot -> serving or pending (what the advisor is told)
-        std::vector<int32_t> slot_of;        // expert -> slot serving it (-1)
+        std::vector<int32_t> serving;            // slot -> the expert it serves (-1)
+        std::vector<int32_t> pending;            // slot -> the expert being copied in (-1)
+        std::vector<uint64_t> ticket;            // slot -> the copy's ticket
+        std::vector<int32_t> intended;           // slot -> serving or pending (what the advisor is told)
+        std::vector<int32_t> slot_of;            // expert -> slot serving it (-1)
         std::deque<Tensor> views;
-        std::vector<uint8_t> cpu_owned;      // expert -> computed by the CPU workers when not in a slot
-        MoeWeights host;                     // the bound host tensors, their expert views pointing into the copy
+        std::vector<uint8_t> cpu_owned;  // expert -> computed by the CPU workers when not in a slot
+        MoeWeights host;                 // the bound host tensors, their expert views pointing into the copy
         MoeShape shape;
         std::unique_ptr<cuda::MappedHostBuffer> share;  // ids, x, rows of a decode window (CPU share)
         cuda::MoeHostShare device_share;
@@ -123,7 +123,7 @@ class ExpertCache {
     ExpertPlacement placement_;
     std::unique_ptr<cuda::HostRegistration> registration_;
     std::unique_ptr<cuda::CopyStream> copies_;
-    std::vector<Layer> layers_;            // by block (those without experts stay empty)
+    std::vector<Layer> layers_;  // by block (those without experts stay empty)
     // Every layer's address tables: [block][3 parts][n_expert], on the device and as pinned host memory the tables
     // are uploaded from in one copy (queued ahead of a window whenever any entry changed).
     int64_t table_experts_ = 0;
@@ -141,7 +141,7 @@ class ExpertCache {
     std::unique_ptr<cuda::MappedHostBuffer> routing_;  // [block][kPromptWindow x K] ids, written by the device
     int64_t max_window_tokens_ = 0;
     int64_t max_k_ = 0;
-    cuda::DeviceBuffer routing_sources_;   // device array of the layers' ids pointers
+    cuda::DeviceBuffer routing_sources_;  // device array of the layers' ids pointers
     std::vector<const int32_t*> source_ids_;
     int64_t routing_layers_ = 0;
     std::vector<ExpertSwap> swaps_;

@@ -24,6 +24,8 @@
 #   STRATA_CUDA_FLAGS     CMAKE_CUDA_FLAGS (e.g. -D defines of a kernel variant being measured)
 #   STRATA_CUDA_TEST_FILTER  a --gtest_filter for the test runs (default: all)
 #   STRATA_CUDA_TESTS     0 to skip the test programs (a benchmark-only run)
+#   STRATA_CUDA_TARGETS   ninja targets of the full build (default: all), e.g. "strata test_cuda_offload"
+#   STRATA_CUDA_PROGRAMS  the test programs to run (default: the op tests, then every other test_cuda_* built)
 #   STRATA_CUDA_BENCH     quick, depth or all: then scripts/gpu_bench.sh benchmarks the CUDA forward pass on
 #                         synthesized qwen4exp-mid and flash-next files (full build only; log: bench.log)
 set -euo pipefail
@@ -67,7 +69,8 @@ nvcc_path=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
         time ninja -C "$build" -j"$(nproc)" test_cuda_ops test_cuda_recurrent test_cuda_attention \
             test_cuda_model_ops test_cuda_block_ops test_cuda_doorbell test_cuda_doorbell_wait test_cuda_gdn_recurrence test_cuda_qsa_union
     else
-        time ninja -C "$build" -j"$(nproc)"
+        # shellcheck disable=SC2086 # a list of targets
+        time ninja -C "$build" -j"$(nproc)" ${STRATA_CUDA_TARGETS:-}
     fi
 } 2>&1 | tee "$logs/build.log"
 
@@ -86,6 +89,8 @@ if [[ $only_tests != 1 ]]; then
 fi
 programs=(test_cuda_block_ops test_cuda_model_ops test_cuda_attention test_cuda_recurrent test_cuda_ops
           test_cuda_doorbell test_cuda_doorbell_wait test_cuda_gdn_recurrence test_cuda_qsa_union "${more_programs[@]}")
+# shellcheck disable=SC2206 # a list of programs
+[[ -n ${STRATA_CUDA_PROGRAMS:-} ]] && programs=($STRATA_CUDA_PROGRAMS)
 [[ ${STRATA_CUDA_TESTS:-1} == 0 ]] && programs=()
 for program in "${programs[@]}"; do
     echo "== $program$([[ ${STRATA_CUDA_PERF:-1} == 1 ]] && echo ' (tests and perf)')"

@@ -10,6 +10,10 @@
 #                        12G and 24G, with and without CPU workers, tg64, pp512, pp4096, tg32 at 8K and 32K; with
 #                        LLAMA_BENCH=path/to/llama-bench (shared/tools/llamacpp-cuda/build.sh) its -ncmoe 40 / 48
 #                        runs on the same files
+#   STRATA_OFFLOAD_SKEWS, STRATA_OFFLOAD_BUDGETS, STRATA_OFFLOAD_RUNS  the offload mode's parts: default "1 0",
+#                        "12G 24G" ("all": every expert in VRAM) and "tg tg-pcie pp512 pp4096 d8k d32k" (also
+#                        pp512-profile). One call of the GPU machine holds a few runs: each copies the 43 GB of
+#                        experts into pinned RAM first
 #   STRATA_BENCH_MODELS  folder for the synthesized files (default /tmp/strata-bench; ~50 GB for flash-next)
 #   STRATA_BENCH_ONLY    mid or flash-next: that model alone
 set -euo pipefail
@@ -36,16 +40,24 @@ models=(mid flash-next)
 [[ -n ${STRATA_BENCH_ONLY:-} ]] && models=("$STRATA_BENCH_ONLY")
 if [[ $mode == offload ]]; then
     {
-        for skew in 1 0; do
-            rm -f "$dir"/fn-skew*.gguf
+        for skew in ${STRATA_OFFLOAD_SKEWS:-1 0}; do
+            [[ -s $dir/fn-skew$skew.gguf ]] || rm -f "$dir"/fn-skew*.gguf
             synth "fn-skew$skew" --preset flash-next --type iq2_xs --ple-vocab-base 200000 --router-skew "$skew"
-            for budget in 12G 24G; do
-                run "fn-skew$skew" --vram-budget "$budget" -p 0 -n 64 -r 2
-                run "fn-skew$skew" --vram-budget "$budget" --cpu-experts 0 -p 0 -n 64 -r 1
-                run "fn-skew$skew" --vram-budget "$budget" -p 512 -n 0 -r 1
-                run "fn-skew$skew" --vram-budget "$budget" -p 4096 -n 0 -r 1
-                run "fn-skew$skew" --vram-budget "$budget" -p 0 -n 32 -r 1 -d 8192
-                run "fn-skew$skew" --vram-budget "$budget" -p 0 -n 32 -r 1 -d 32768
+            for budget in ${STRATA_OFFLOAD_BUDGETS:-12G 24G}; do
+                local_budget=(--vram-budget "$budget")
+                [[ $budget == all ]] && local_budget=()  # every expert in VRAM: the reference
+                for part in ${STRATA_OFFLOAD_RUNS:-tg tg-pcie pp512 pp4096 d8k d32k}; do
+                    case $part in
+                        tg) run "fn-skew$skew" "${local_budget[@]}" -p 0 -n 64 -r 2 ;;
+                        tg-pcie) run "fn-skew$skew" "${local_budget[@]}" --cpu-experts 0 -p 0 -n 64 -r 1 ;;
+                        pp512) run "fn-skew$skew" "${local_budget[@]}" -p 512 -n 0 -r 1 ;;
+                        pp4096) run "fn-skew$skew" "${local_budget[@]}" -p 4096 -n 0 -r 1 ;;
+                        d8k) run "fn-skew$skew" "${local_budget[@]}" -p 0 -n 32 -r 1 -d 8192 ;;
+                        pp512-profile) run "fn-skew$skew" "${local_budget[@]}" -p 512 -n 0 -r 1 --profile ;;
+                        d32k) run "fn-skew$skew" "${local_budget[@]}" -p 0 -n 32 -r 1 -d 32768 ;;
+                        *) echo "gpu_bench.sh: unknown offload run $part" >&2; exit 2 ;;
+                    esac
+                done
             done
             if [[ -n ${LLAMA_BENCH:-} ]]; then
                 for n in 40 48; do

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The one script for the GPU machine (issue 7), run from the repository root with build-deps/ carried along (made on
-# the dev machine by scripts/gpu_deps.sh): configures and builds with CUDA (see below), runs the CUDA op tests
+# The one script for the GPU machine (issue 7), run from the repository root with build-deps/ or build-deps.txz
+# carried along (made on the dev machine by scripts/gpu_deps.sh): configures and builds with CUDA (see below), runs
+# the CUDA op tests
 # (test_cuda_ops: matrix products; test_cuda_recurrent: the GDN/attention recurrent and elementwise ops;
 # test_cuda_attention: the paged KV cache and QSA decode attention; test_cuda_model_ops: MoE, hyper-connections, PLE
 # rows, sampling; test_cuda_block_ops: the blocks' small per-token ops; test_cuda_doorbell and test_cuda_doorbell_wait:
@@ -36,6 +37,7 @@ deps=$PWD/build-deps
 logs=${OUT:-$build/logs}
 mkdir -p "$logs"
 
+[[ -d $deps || ! -f build-deps.txz ]] || tar xJf build-deps.txz
 gtest_dir=$(ls -d "$deps"/lib/*/cmake/GTest 2>/dev/null | head -n1 || true)
 if [[ -z "$gtest_dir" ]]; then
     echo "gpu.sh: no GoogleTest in $deps: run scripts/gpu_deps.sh on the dev machine and carry build-deps" >&2

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Run on the Debian dev machine, from anywhere: fills build-deps/ (ignored by git through /build*/) with what the GPU
 # machine lacks for the CUDA build (it has CMake, ninja, nvcc, g++ and Python, but no package registry, no pkg-config
-# and none of these packages). Carry it there with the device tool's `carry: ["build-deps"]`; scripts/gpu.sh uses it.
+# and none of these packages), and packs it into build-deps.txz (0.7 MB against 4.2: what travels to the GPU machine
+# counts against a size limit). Carry either there (`carry: ["build-deps.txz"]`); scripts/gpu.sh unpacks the archive
+# when build-deps/ is missing.
 #   include/, lib/<arch>/ (libgtest*.a, libgmock*.a), lib/<arch>/cmake/GTest   GoogleTest (libgtest-dev, libgmock-dev):
 #                                               the CUDA op tests (-DSTRATA_CUDA_ONLY_TESTS=ON) need only this
 #   include/pcre2.h, lib/libpcre2-8.a           PCRE2 (libpcre2-dev), static
@@ -128,6 +130,7 @@ rm -rf "$out"
 mv "$stage" "$out"
 trap - EXIT
 [[ -z "${work:-}" ]] || rm -rf "$work"
+tar cJf build-deps.txz "$out"
 echo "gpu_deps.sh: $(du -sh "$out" | cut -f1) in $out: GoogleTest $(version_of libgtest-dev), PCRE2" \
     "$(version_of libpcre2-dev), utf8proc $(version_of libutf8proc-dev), nlohmann_json" \
     "$(version_of nlohmann-json3-dev), cpp-httplib $httplib_version (header-only)"

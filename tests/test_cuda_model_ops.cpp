@@ -282,6 +282,58 @@ TEST_P(CudaMoe, MatchesMoeForward) {
     }
 }
 
+// Prompt windows (more than kMaxMatvecTokens tokens) through the grouped expert GEMM (moe_layer_prompt): fp16
+// operands on tensor cores, as the dense prompt GEMM (NMSE ~1e-7 against cpu::matmul), so the MoE's bound holds. The
+// windows reach the hard cases: 9 tokens (one past decode), a full 64-token workspace, experts with no pairs, and a
+// window of one token repeated, whose K experts take every token (100 pairs each: two tiles of 64 and a ragged one).
+TEST_P(CudaMoe, PromptWindowMatchesMoeForward) {
+    SKIP_WITHOUT_DEVICE();
+    const MoeCase c = GetParam();
+    std::mt19937 rng(977 + static_cast<unsigned>(c.expert_type) * 7 + static_cast<unsigned>(c.E));
+    MoeFixture fx(c, rng, true);
+    if (!cuda::moe_prompt_supported(fx.dev_shape, fx.dev_w)) {
+        std::printf("[ cuda     ] MoE prompt %s/%s: takes the sliced path (no grouped GEMM for these weights)\n",
+                    strata::dtype_name(c.expert_type), strata::dtype_name(c.down_type));
+        return;
+    }
+    cuda::Context& ctx = context();
+    constexpr int64_t kMaxTokens = 100;
+    cuda::MoePromptWorkspace ws(ctx, fx.dev_shape, kMaxTokens);
+    double worst = 0;
+    for (const bool repeated : {false, true})
+        for (const int64_t T : {int64_t{9}, int64_t{40}, int64_t{64}, kMaxTokens}) {
+            SCOPED_TRACE("T " + std::to_string(T) + (repeated ? ", one token repeated" : ""));
+            std::vector<float> x = gaussian(static_cast<size_t>(T * c.H), rng);
+            if (repeated)
+                for (int64_t t = 1; t < T; ++t) std::copy_n(x.begin(), c.H, x.begin() + t * c.H);
+            std::vector<float> ref(x.size());
+            strata::Scratch scratch;
+            strata::moe_forward({.shape = fx.shape, .weights = fx.cpu_w, .x = x.data(), .out = ref.data(),
+                                 .n_tokens = T, .scratch = scratch});
+            std::vector<int32_t> ref_ids;
+            std::vector<float> ref_w;
+            fx.cpu_route(x, T, ref_ids, ref_w);
+            const cuda::DeviceBuffer dx = upload(x), dout = ctx.allocate(x.size() * 4, "test");
+            cuda::moe_layer_prompt(ctx, {.shape = fx.dev_shape, .weights = fx.dev_w, .x = dx.as<float>(),
+                                         .out = dout.as<float>(), .n_tokens = T, .workspace = ws});
+            const std::vector<float> got = download<float>(dout.data(), x.size());
+            EXPECT_EQ(download<int32_t>(ws.expert_ids(), ref_ids.size()), ref_ids);
+            EXPECT_LE(nmse(download<float>(ws.expert_weights(), ref_w.size()), ref_w), kRouteNmse);
+            const double e = nmse(got, ref);
+            EXPECT_LE(e, kMoeNmse);
+            worst = std::max(worst, e);
+            // Again: the same bits (the counting sort's order within an expert does not reach the sums).
+            const cuda::DeviceBuffer dout2 = ctx.allocate(x.size() * 4, "test");
+            cuda::moe_layer_prompt(ctx, {.shape = fx.dev_shape, .weights = fx.dev_w, .x = dx.as<float>(),
+                                         .out = dout2.as<float>(), .n_tokens = T, .workspace = ws});
+            const std::vector<float> again = download<float>(dout2.data(), x.size());
+            EXPECT_EQ(std::memcmp(again.data(), got.data(), got.size() * 4), 0) << "a second run differs";
+        }
+    std::printf("[ cuda     ] MoE prompt %s/%s E %lld K %lld F %lld%s: worst NMSE %.3g (limit %.0g)\n",
+                strata::dtype_name(c.expert_type), strata::dtype_name(c.down_type), static_cast<long long>(c.E),
+                static_cast<long long>(c.K), static_cast<long long>(c.F), c.fused ? " fused" : "", worst, kMoeNmse);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Types, CudaMoe,
     ::testing::Values(MoeCase{DType::IQ2_XS, DType::IQ2_XS, 256, 37, 5, 256, 96, false, DType::Q8_0},

@@ -124,8 +124,13 @@ __device__ __forceinline__ uint32_t half2_bits(__half2 h) {
     return *reinterpret_cast<uint32_t*>(&h);
 }
 
-template <typename F, int kTokens>
-__global__ void __launch_bounds__(kGemmThreads, 2) gemm_tensor_core_kernel(const GemmParams p) {
+// The main loop of one block: weight rows row0 .. row0 + 127 of w (rows in all, row_bytes apart) times the kTokens
+// activation rows that x_row(t) names (-1: zeros; row r starts at x + r * in), over k tiles [kt_begin, kt_end), summed
+// into acc. Shared by the plain GEMM and the grouped expert GEMM: only where rows come from and go to differs.
+template <typename F, int kTokens, typename XRow>
+__device__ __forceinline__ void gemm_block_loop(const uint8_t* w, size_t row_bytes, int64_t rows, int64_t in,
+                                                const __half* x, int64_t row0, int64_t kt_begin, int64_t kt_end,
+                                                XRow x_row, float (&acc)[2][kTokens / 16][4]) {
     static_assert(!F::kIsFloat, "float weights take the f32 GEMM path");
     constexpr int kWarpTokens = kTokens / 2, kTokenFrags = kWarpTokens / 8, kRowFrags = 2;
     static_assert(kTokenFrags % 2 == 0, "token fragments are read in pairs");
@@ -134,11 +139,6 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_tensor_core_kernel(const
     __half* const x_tiles = w_tiles + 2 * kGemmRows * kGemmStride;       // [2][kTokens][kGemmStride]
 
     const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
-    const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kGemmRows;
-    const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * kTokens;
-    const int64_t k_tiles = (p.in + kGemmTileK - 1) / kGemmTileK;
-    const int64_t kt_begin = static_cast<int64_t>(blockIdx.z) * p.k_tiles_per_split;
-    const int64_t kt_end = min(k_tiles, kt_begin + p.k_tiles_per_split);
     const int warp_row = (warp % 4) * 32, warp_tok = (warp / 4) * kWarpTokens;
 
     // Asks for the cache lines of the blocks under this thread's pieces of weight tile kt (once per block and tile:
@@ -149,8 +149,8 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_tensor_core_kernel(const
             const int piece = tid + i * kGemmThreads;
             const int64_t row = row0 + piece / kGemmPiecesPerRow;
             const int64_t e0 = kt * kGemmTileK + (piece % kGemmPiecesPerRow) * kPieceElems;
-            if (row >= p.rows || e0 >= p.in || (e0 % F::kBlockElems != 0 && piece % kGemmPiecesPerRow != 0)) continue;
-            const uint8_t* blk = p.w + row * p.row_bytes + (e0 / F::kBlockElems) * F::kBlockBytes;
+            if (row >= rows || e0 >= in || (e0 % F::kBlockElems != 0 && piece % kGemmPiecesPerRow != 0)) continue;
+            const uint8_t* blk = w + row * row_bytes + (e0 / F::kBlockElems) * F::kBlockBytes;
             prefetch_l1(blk);
             if constexpr (F::kBlockBytes > 128) prefetch_l1(blk + 128);
             static_assert(F::kBlockBytes <= 256, "three lines cover a block");
@@ -165,8 +165,8 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_tensor_core_kernel(const
             const int piece = tid + i * kGemmThreads;  // consecutive threads: consecutive pieces of a row
             const int64_t row = row0 + piece / kGemmPiecesPerRow;
             const int64_t e0 = kt * kGemmTileK + (piece % kGemmPiecesPerRow) * kPieceElems;
-            if (row < p.rows && e0 < p.in) {
-                const uint8_t* blk = p.w + row * p.row_bytes + (e0 / F::kBlockElems) * F::kBlockBytes;
+            if (row < rows && e0 < in) {
+                const uint8_t* blk = w + row * row_bytes + (e0 / F::kBlockElems) * F::kBlockBytes;
                 next[i] = F::decode(blk, static_cast<int>((e0 % F::kBlockElems) / kPieceElems));
             } else {
                 next[i] = QuantPiece{{0, 0, 0, 0}, 0.0f, 0.0f};
@@ -200,14 +200,13 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_tensor_core_kernel(const
 #pragma unroll
         for (int c = tid; c < kChunks; c += kGemmThreads) {
             const int t = c / kChunksPerRow, kc = (c % kChunksPerRow) * 8;
-            const int64_t tok = tok0 + t, k = kt * kGemmTileK + kc;
-            const bool valid = tok < p.tokens && k < p.in;
-            copy_16_async(x_tiles + (buf * kTokens + t) * kGemmStride + kc, valid ? p.x + tok * p.in + k : p.x, valid);
+            const int64_t xr = x_row(t), k = kt * kGemmTileK + kc;
+            const bool valid = xr >= 0 && k < in;
+            copy_16_async(x_tiles + (buf * kTokens + t) * kGemmStride + kc, valid ? x + xr * in + k : x, valid);
         }
         commit_async();
     };
 
-    float acc[kRowFrags][kTokenFrags][4];
 #pragma unroll
     for (int m = 0; m < kRowFrags; ++m)
 #pragma unroll
@@ -258,19 +257,109 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_tensor_core_kernel(const
         wait_async_all();
         __syncthreads();
     }
+}
 
-    // Fragment element j of (m, n): row g (+8 for j >= 2), token 2c + (j % 2), with g = lane / 4 and c = lane % 4.
+// Calls store(r, t, value) for each of this thread's sums in acc: fragment element j of (m, n) is row g (+8 for
+// j >= 2), token 2c + (j % 2) of the block's tile, with g = lane / 4 and c = lane % 4 (r relative to row0).
+template <int kTokens, typename Store>
+__device__ __forceinline__ void gemm_block_store(const float (&acc)[2][kTokens / 16][4], Store store) {
+    const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+    const int warp_row = (warp % 4) * 32, warp_tok = (warp / 4) * (kTokens / 2);
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int n = 0; n < kTokens / 16; ++n)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                store(warp_row + m * 16 + lane / 4 + (j / 2) * 8, warp_tok + n * 8 + (lane % 4) * 2 + j % 2,
+                      acc[m][n][j]);
+}
+
+template <typename F, int kTokens>
+__global__ void __launch_bounds__(kGemmThreads, 2) gemm_tensor_core_kernel(const GemmParams p) {
+    const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kGemmRows;
+    const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * kTokens;
+    const int64_t k_tiles = (p.in + kGemmTileK - 1) / kGemmTileK;
+    const int64_t kt_begin = static_cast<int64_t>(blockIdx.z) * p.k_tiles_per_split;
+    const int64_t kt_end = min(k_tiles, kt_begin + p.k_tiles_per_split);
+    float acc[2][kTokens / 16][4];
+    gemm_block_loop<F, kTokens>(
+        p.w, p.row_bytes, p.rows, p.in, p.x, row0, kt_begin, kt_end,
+        [&](int t) { return tok0 + t < p.tokens ? tok0 + t : int64_t{-1}; }, acc);
     float* out = p.out + static_cast<int64_t>(blockIdx.z) * p.split_stride;
-#pragma unroll
-    for (int m = 0; m < kRowFrags; ++m)
-#pragma unroll
-        for (int n = 0; n < kTokenFrags; ++n)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int64_t r = row0 + warp_row + m * 16 + lane / 4 + (j / 2) * 8;
-                const int64_t t = tok0 + warp_tok + n * 8 + (lane % 4) * 2 + j % 2;
-                if (r < p.rows && t < p.tokens) out[t * p.ld_out + r] = acc[m][n][j] * p.token_scale[t];
-            }
+    gemm_block_store<kTokens>(acc, [&](int r_in, int t_in, float v) {
+        const int64_t r = row0 + r_in, t = tok0 + t_in;
+        if (r < p.rows && t < p.tokens) out[t * p.ld_out + r] = v * p.token_scale[t];
+    });
+}
+
+// The grouped expert GEMM (moe_prompt.cu): block (x, y) multiplies row tile x % row_tiles of matrix x / row_tiles
+// (gate and up: two; down: one) of expert tile_expert[y] by the tile's pairs, sorted_pairs[tile_begin[y] ..
+// + tile_count[y]), whose activation rows are pair / x_div (the token for gate and up, the pair for down), and
+// writes pair p's sums to out[mat][p * ld_out + r]. Tiles past *n_tiles (the grid is sized for the most there can
+// be) return at once.
+struct GroupedGemmParams {
+    const uint8_t* w[2];          // expert 0's slice of each matrix (experts expert_bytes apart), or
+    const uint8_t* const* at[2];  // per-expert addresses (experts in host RAM: a VRAM slot or mapped host pages)
+    size_t expert_bytes;
+    size_t row_bytes;
+    int64_t rows;
+    int64_t in;
+    int row_tiles;
+    const __half* x;      // [x row][in]
+    const float* x_scale;  // what x row r's sums are multiplied by
+    int x_div;
+    const int32_t* n_tiles;
+    const int32_t* tile_expert;
+    const int32_t* tile_begin;
+    const int32_t* tile_count;
+    const int32_t* sorted_pairs;
+    float* out[2];
+    int64_t ld_out;
+};
+
+template <typename F>
+__global__ void __launch_bounds__(kGemmThreads, 2) gemm_grouped_kernel(const GroupedGemmParams p) {
+    constexpr int kTokens = kGroupedGemmTokens;
+    __shared__ int32_t pairs[kTokens];
+    const int tile = static_cast<int>(blockIdx.y);
+    if (tile >= *p.n_tiles) return;
+    const int mat = static_cast<int>(blockIdx.x) / p.row_tiles;
+    const int64_t row0 = static_cast<int64_t>(blockIdx.x % p.row_tiles) * kGemmRows;
+    const int expert = p.tile_expert[tile], count = p.tile_count[tile];
+    if (threadIdx.x < kTokens)
+        pairs[threadIdx.x] = static_cast<int>(threadIdx.x) < count ? p.sorted_pairs[p.tile_begin[tile] + threadIdx.x] : -1;
+    __syncthreads();
+    const uint8_t* w = p.at[mat] ? p.at[mat][expert] : p.w[mat] + static_cast<size_t>(expert) * p.expert_bytes;
+    const int64_t k_tiles = (p.in + kGemmTileK - 1) / kGemmTileK;
+    float acc[2][kTokens / 16][4];
+    gemm_block_loop<F, kTokens>(
+        w, p.row_bytes, p.rows, p.in, p.x, row0, 0, k_tiles,
+        [&](int t) { return pairs[t] >= 0 ? static_cast<int64_t>(pairs[t] / p.x_div) : int64_t{-1}; }, acc);
+    float* out = p.out[mat];
+    gemm_block_store<kTokens>(acc, [&](int r_in, int t_in, float v) {
+        const int64_t r = row0 + r_in;
+        const int pair = pairs[t_in];
+        if (r < p.rows && pair >= 0) out[pair * p.ld_out + r] = v * p.x_scale[pair / p.x_div];
+    });
+}
+
+template <typename F>
+void launch_grouped_gemm_typed(const GroupedGemmLaunch& l) {
+    STRATA_ASSERT(l.in % kPieceElems == 0 && l.in % F::kBlockElems == 0);
+    constexpr size_t kSharedBytes = gemm_shared_bytes(kGroupedGemmTokens);
+    auto* kernel = gemm_grouped_kernel<F>;
+    STRATA_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes)));
+    const int row_tiles = static_cast<int>((l.rows + kGemmRows - 1) / kGemmRows);
+    GroupedGemmParams p{.w = {l.w[0], l.w[1]}, .at = {l.at[0], l.at[1]}, .expert_bytes = l.expert_bytes,
+                        .row_bytes = l.row_bytes, .rows = l.rows, .in = l.in, .row_tiles = row_tiles, .x = l.x,
+                        .x_scale = l.x_scale, .x_div = l.x_div, .n_tiles = l.n_tiles, .tile_expert = l.tile_expert,
+                        .tile_begin = l.tile_begin, .tile_count = l.tile_count, .sorted_pairs = l.sorted_pairs,
+                        .out = {l.out[0], l.out[1]}, .ld_out = l.ld_out};
+    const dim3 grid(static_cast<unsigned>(row_tiles * l.n_mats), static_cast<unsigned>(l.max_tiles));
+    kernel<<<grid, kGemmThreads, kSharedBytes, l.stream>>>(p);
+    STRATA_CUDA_CHECK_LAUNCH("gemm_grouped_kernel");
 }
 
 template <typename F, int kTokens>

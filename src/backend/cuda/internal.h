@@ -157,6 +157,46 @@ bool launch_gemm_basic(const GemmLaunch& l);
 bool launch_gemm_kquant(const GemmLaunch& l);
 bool launch_gemm_iq(const GemmLaunch& l);
 
+// Pairs a block of the grouped expert GEMM takes (an expert with more has several tiles).
+constexpr int kGroupedGemmTokens = 64;
+// The grouped expert GEMM of a prompt window's MoE (gemm_tensor_core.cuh's GroupedGemmParams says what each field
+// is): one launch multiplies every expert's pairs by that expert's one or two matrices.
+struct GroupedGemmLaunch {
+    DType type;
+    int n_mats;  // 1 or 2 (gate and up)
+    const uint8_t* w[2];
+    const uint8_t* const* at[2];
+    size_t expert_bytes;
+    size_t row_bytes;
+    int64_t rows;
+    int64_t in;
+    const __half* x;
+    const float* x_scale;
+    int x_div;
+    const int32_t* n_tiles;
+    const int32_t* tile_expert;
+    const int32_t* tile_begin;
+    const int32_t* tile_count;
+    const int32_t* sorted_pairs;
+    int64_t max_tiles;
+    float* out[2];
+    int64_t ld_out;
+    cudaStream_t stream;
+};
+bool launch_grouped_gemm_basic(const GroupedGemmLaunch& l);
+bool launch_grouped_gemm_kquant(const GroupedGemmLaunch& l);
+bool launch_grouped_gemm_iq(const GroupedGemmLaunch& l);
+bool launch_grouped_gemm(const GroupedGemmLaunch& l);
+// moe.cu's routing of T tokens (softmax, top n_used, the weights): ids and weights [T x n_used].
+void route_tokens(const float* logits, int64_t T, int n_expert, int n_used, bool normalize, int32_t* ids,
+                  float* weights, cudaStream_t stream);
+// Whether weights of this type run in the tensor-core GEMMs (the quant types; float weights do not).
+bool supports_gemm_tensor_core(DType type);
+// x[t * in + k] = the quantized activations (q, d per 32 values) as fp16 times a power of two per row, and
+// row_scale[t] the power of two that undoes it (matmul.cu's prompt path: what the CPU multiplies, in fp16's range).
+void activations_to_half(const QuantizedActivations& act, int64_t in, int64_t n_rows, __half* x, float* row_scale,
+                         cudaStream_t stream);
+
 // __CUDA_ARCH__ of the kernels loaded for the current device (kernel_arch.cu): 900 for an sm_90 build on an H200, 750
 // for a 75-virtual build on the same H200 (its PTX JIT-compiled: the sm_75 code runs); 0 when the build has no code
 // the device runs.

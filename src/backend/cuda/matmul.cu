@@ -226,6 +226,27 @@ bool launch_matvec_any(const MatvecLaunch& l) {
     return launch_matvec(l);
 }
 
+bool supports_gemm_tensor_core(DType type) {
+    switch (type) {
+        case DType::Q8_0: case DType::Q4_0: case DType::IQ4_NL: case DType::IQ4_XS: case DType::Q2_K:
+        case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::IQ2_XS:
+        case DType::IQ3_XXS: case DType::IQ3_S: case DType::IQ1_M: return true;
+        default: return false;
+    }
+}
+
+bool launch_grouped_gemm(const GroupedGemmLaunch& l) {
+    return launch_grouped_gemm_basic(l) || launch_grouped_gemm_kquant(l) || launch_grouped_gemm_iq(l);
+}
+
+void activations_to_half(const QuantizedActivations& act, int64_t in, int64_t n_rows, __half* x, float* row_scale,
+                         cudaStream_t stream) {
+    STRATA_ASSERT(in % 32 == 0 && n_rows > 0);
+    activations_to_half_kernel<<<static_cast<unsigned>(n_rows), kHalfThreads, 0, stream>>>(act.q, act.d, in, x,
+                                                                                           row_scale);
+    STRATA_CUDA_CHECK_LAUNCH("activations_to_half_kernel");
+}
+
 bool launch_dequantize_any(const DequantizeLaunch& l) {
     return launch_dequantize(l);
 }

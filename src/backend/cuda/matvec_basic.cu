@@ -189,4 +189,15 @@ bool launch_gemm_basic(const GemmLaunch& l) {
     }
 }
 
+bool launch_grouped_gemm_basic(const GroupedGemmLaunch& l) {
+    using namespace kernels;
+    switch (l.type) {
+        case DType::Q8_0: launch_grouped_gemm_typed<Format<DType::Q8_0>>(l); return true;
+        case DType::Q4_0: launch_grouped_gemm_typed<Format<DType::Q4_0>>(l); return true;
+        case DType::IQ4_NL: launch_grouped_gemm_typed<Format<DType::IQ4_NL>>(l); return true;
+        case DType::IQ4_XS: launch_grouped_gemm_typed<Format<DType::IQ4_XS>>(l); return true;
+        default: return false;
+    }
+}
+
 }  // namespace strata::cuda

@@ -211,4 +211,15 @@ bool launch_gemm_iq(const GemmLaunch& l) {
     }
 }
 
+bool launch_grouped_gemm_iq(const GroupedGemmLaunch& l) {
+    using namespace kernels;
+    switch (l.type) {
+        case DType::IQ2_XS: launch_grouped_gemm_typed<Format<DType::IQ2_XS>>(l); return true;
+        case DType::IQ3_XXS: launch_grouped_gemm_typed<Format<DType::IQ3_XXS>>(l); return true;
+        case DType::IQ3_S: launch_grouped_gemm_typed<Format<DType::IQ3_S>>(l); return true;
+        case DType::IQ1_M: launch_grouped_gemm_typed<Format<DType::IQ1_M>>(l); return true;
+        default: return false;
+    }
+}
+
 }  // namespace strata::cuda

@@ -222,4 +222,16 @@ bool launch_gemm_kquant(const GemmLaunch& l) {
     }
 }
 
+bool launch_grouped_gemm_kquant(const GroupedGemmLaunch& l) {
+    using namespace kernels;
+    switch (l.type) {
+        case DType::Q2_K: launch_grouped_gemm_typed<Format<DType::Q2_K>>(l); return true;
+        case DType::Q3_K: launch_grouped_gemm_typed<Format<DType::Q3_K>>(l); return true;
+        case DType::Q4_K: launch_grouped_gemm_typed<Format<DType::Q4_K>>(l); return true;
+        case DType::Q5_K: launch_grouped_gemm_typed<Format<DType::Q5_K>>(l); return true;
+        case DType::Q6_K: launch_grouped_gemm_typed<Format<DType::Q6_K>>(l); return true;
+        default: return false;
+    }
+}
+
 }  // namespace strata::cuda

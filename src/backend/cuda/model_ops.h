@@ -55,6 +55,11 @@ struct MoeLayerShape {
     bool normalize_weights = true;
 };
 
+inline bool same_shape(const MoeLayerShape& a, const MoeLayerShape& b) {
+    return a.n_embd == b.n_embd && a.n_expert == b.n_expert && a.n_expert_used == b.n_expert_used &&
+           a.n_ff == b.n_ff && a.n_ff_shared == b.n_ff_shared;
+}
+
 struct MoeLayerArgs;
 
 // Device buffers of one MoE call for up to kMaxMatvecTokens tokens of a shape ("scratch"), and a second stream with
@@ -137,6 +142,67 @@ struct MoeLayerArgs {
     const MoeHostShare* host_share = nullptr;  // needs the *_at tables
 };
 void moe_layer(Context& ctx, const MoeLayerArgs& args);
+
+// ---- MoE for prompt windows (more than kMaxMatvecTokens tokens; issue 26) -----------------------------------------
+//
+// The same layer for a whole window at once: the router and the routing of every token, the (token, slot) pairs
+// grouped by expert on the device (a counting sort), one grouped tensor-core GEMM launch for the gate and up rows of
+// every expert's pairs, SwiGLU into the down products' activations, one grouped launch for the down rows, the shared
+// expert as GEMMs, and moe_combine. An expert's quantized blocks are read once per 64 of its pairs in the window
+// instead of once per pair, and its products run on tensor cores (fp16 operands, as the dense prompt GEMM). The
+// ids stay on the device. All on the context's stream: nothing here is captured in a graph.
+struct MoePromptArgs;
+
+class MoePromptWorkspace {
+public:
+    // For windows of up to max_tokens tokens of layers of this shape: one workspace serves every MoE layer of a
+    // model (the layers run one after another on one stream).
+    MoePromptWorkspace(Context& ctx, const MoeLayerShape& shape, int64_t max_tokens);
+    MoePromptWorkspace(const MoePromptWorkspace&) = delete;
+    MoePromptWorkspace& operator=(const MoePromptWorkspace&) = delete;
+    // The last call's routing, [n_tokens x K] each.
+    const int32_t* expert_ids() const { return ids_; }
+    const float* expert_weights() const { return weights_; }
+    int64_t max_tokens() const { return max_tokens_; }
+    const MoeLayerShape& shape() const { return shape_; }
+    // The VRAM one takes (the memory plan counts it).
+    static size_t bytes(const MoeLayerShape& shape, int64_t max_tokens);
+
+private:
+    friend void moe_layer_prompt(Context& ctx, const MoePromptArgs& args);
+    DeviceBuffer buffer_;
+    MoeLayerShape shape_;
+    int64_t max_tokens_ = 0, max_tiles_ = 0;
+    float* logits_ = nullptr;
+    int32_t* ids_ = nullptr;
+    float* weights_ = nullptr;
+    int32_t* sorted_pairs_ = nullptr;
+    int32_t* n_tiles_ = nullptr;  // then tile_expert_, tile_begin_, tile_count_: max_tiles_ each
+    int32_t* tile_expert_ = nullptr, *tile_begin_ = nullptr, *tile_count_ = nullptr;
+    void* x_act_ = nullptr;          // x quantized for gate and up
+    void* x_half_ = nullptr;         // fp16 [T][H]
+    float* x_scale_ = nullptr;       // [T]
+    float* gate_out_ = nullptr;      // [pairs][2F] (fused) or gate [pairs][F] then up [pairs][F]
+    void* hidden_act_ = nullptr;     // silu(gate) * up quantized for down
+    void* hidden_half_ = nullptr;    // fp16 [pairs][F]
+    float* hidden_scale_ = nullptr;  // [pairs]
+    float* expert_out_ = nullptr;    // [pairs][H]
+    float* shared_g_ = nullptr, *shared_u_ = nullptr, *shared_h_ = nullptr, *shared_out_ = nullptr;  // [T][Fs], [T][H]
+};
+
+// Whether moe_layer_prompt takes these weights: quant experts of a type the tensor-core GEMM decodes, whose rows
+// hold whole blocks, at most 4,096 experts. Else the window goes through moe_layer in slices.
+bool moe_prompt_supported(const MoeLayerShape& shape, const MoeLayerWeights& weights);
+
+struct MoePromptArgs {
+    const MoeLayerShape& shape;
+    const MoeLayerWeights& weights;
+    const float* x;  // [n_tokens x H], device
+    float* out;      // [n_tokens x H]
+    int64_t n_tokens = 0;
+    MoePromptWorkspace& workspace;
+};
+void moe_layer_prompt(Context& ctx, const MoePromptArgs& args);
 
 // ---- hyper-connections (model/hyper_connection.cpp) ----------------------------------------------------------------
 //

@@ -243,6 +243,11 @@ void check_expert_tensor(const Tensor* t, const char* what, int64_t in, int64_t 
 
 }  // namespace
 
+void route_tokens(const float* logits, int64_t T, int n_expert, int n_used, bool normalize, int32_t* ids,
+                  float* weights, cudaStream_t stream) {
+    route(logits, T, n_expert, n_used, normalize, ids, weights, stream);
+}
+
 MoeWorkspace::MoeWorkspace(Context& ctx, const MoeLayerShape& s, const MoeLayerWeights& w) : shape_(s) {
     if (s.n_embd <= 0 || s.n_expert <= 0 || s.n_expert_used <= 0 || s.n_expert_used > s.n_expert || s.n_ff <= 0 ||
         s.n_ff_shared < 0)

@@ -10,6 +10,9 @@
 #                        12G and 24G, with and without CPU workers, tg64, pp512, pp4096, tg32 at 8K and 32K; with
 #                        LLAMA_BENCH=path/to/llama-bench (shared/tools/llamacpp-cuda/build.sh) its -ncmoe 40 / 48
 #                        runs on the same files
+#   STRATA_PROMPT_RUNS   with STRATA_CUDA_BENCH=prompts (issue 26), on the offload mode's --router-skew 1 file:
+#                        "vram" (all in VRAM: pp512 + tg128, pp4096), "12G" (pp512 + tg64, pp4096 at --vram-budget
+#                        12G); default both
 #   STRATA_OFFLOAD_SKEWS, STRATA_OFFLOAD_BUDGETS, STRATA_OFFLOAD_RUNS  the offload mode's parts: default "1 0",
 #                        "12G 24G" ("all": every expert in VRAM) and "tg tg-pcie pp512 pp4096 d8k d32k" (also
 #                        pp512-profile). One call of the GPU machine holds a few runs: each copies the 43 GB of
@@ -38,6 +41,21 @@ run() {  # name, then bench arguments
 
 models=(mid flash-next)
 [[ -n ${STRATA_BENCH_ONLY:-} ]] && models=("$STRATA_BENCH_ONLY")
+if [[ $mode == prompts ]]; then
+    {
+        [[ -s $dir/fn-skew1.gguf ]] || rm -f "$dir"/fn-skew*.gguf
+        synth fn-skew1 --preset flash-next --type iq2_xs --ple-vocab-base 200000 --router-skew 1
+        for part in ${STRATA_PROMPT_RUNS:-vram 12G}; do
+            budget=()
+            [[ $part == vram ]] || budget=(--vram-budget "$part")
+            n=128
+            [[ $part == vram ]] || n=64
+            run fn-skew1 "${budget[@]}" -p 512 -n "$n" -r 2
+            run fn-skew1 "${budget[@]}" -p 4096 -n 0 -r 1
+        done
+    } 2>&1 | tee -a "$logs/bench.log"
+    exit 0
+fi
 if [[ $mode == offload ]]; then
     {
         for skew in ${STRATA_OFFLOAD_SKEWS:-1 0}; do

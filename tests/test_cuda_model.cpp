@@ -289,7 +289,9 @@ TEST(CudaModel, SequencesAreIndependentAndResetStartsOver) {
 // CUDA against strata's CPU backend on quantized weights: the same activation quantization, other summation orders.
 // bounded false: the argmax only (expect_runs_like_cpu says why).
 void expect_matches_cpu(const std::string& path, const char* what, bool bounded = true) {
-    auto gpu = load_model(path, cuda_options());
+    LoadOptions sliced = cuda_options();
+    sliced.cuda_grouped_moe = false;
+    auto gpu = load_model(path, sliced);
     auto cpu = load_model(path, {.n_threads = 2});
     const int64_t V = gpu->info().n_vocab;
     std::vector<int32_t> tokens;
@@ -319,6 +321,19 @@ void expect_matches_cpu(const std::string& path, const char* what, bool bounded 
         }
         EXPECT_GE(agree, 38) << per_call << " per call";
     }
+    // The whole prompt again with the MoE through the grouped expert GEMM (the default where it applies): fp16
+    // operands in every expert product too, which these chaotic random-weight fixtures amplify far past a wrong op's
+    // 3e-2 (measured 1.3e-2 to 0.15 on the H200, 38-40 of 40 argmax equal), so only the argmax is held to here;
+    // test_cuda_model_ops bounds the grouped MoE itself (NMSE 1e-4 against the CPU) and test_cuda_offload holds it
+    // bit for bit across expert placements.
+    auto grouped = load_model(path, cuda_options());
+    const std::vector<float> a = logits_fed(*grouped, tokens, tokens.size());
+    const Diff d = compare(a, b);
+    const int agree = agreement(a, b, V);
+    std::printf("[ cuda vs cpu %s ] %zu per call, grouped MoE: max |diff| %.3g, relative %.3g, argmax agreement "
+                "%d/%zu\n",
+                what, tokens.size(), d.max_diff, d.relative(), agree, tokens.size());
+    EXPECT_GE(agree, 36) << "grouped MoE";
 }
 
 TEST(CudaModel, Q8_0MatchesTheCpuBackend) {

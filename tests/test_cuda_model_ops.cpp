@@ -283,9 +283,14 @@ TEST_P(CudaMoe, MatchesMoeForward) {
 }
 
 // Prompt windows (more than kMaxMatvecTokens tokens) through the grouped expert GEMM (moe_layer_prompt): fp16
-// operands on tensor cores, as the dense prompt GEMM (NMSE ~1e-7 against cpu::matmul), so the MoE's bound holds. The
-// windows reach the hard cases: 9 tokens (one past decode), a full 64-token workspace, experts with no pairs, and a
-// window of one token repeated, whose K experts take every token (100 pairs each: two tiles of 64 and a ragged one).
+// operands on tensor cores, as the dense prompt GEMM. Gate and up then differ from the CPU's by ~3e-4 relative (11-bit
+// operands) instead of ~1e-7, and about 1% of the hidden values land on the other side of a Q8 rounding step before
+// down (one step is ~1/40 of a typical value): NMSE ~1e-5 on the output, measured 0.85-4.8e-5 on the H200 over these
+// cases, where the CPU's own Q8 rounding of the hidden values is ~5e-5 from exact f32 arithmetic. Bound 1e-4; a
+// wrong expert or a misread block costs ~1e-1. The windows reach the hard cases: 9 tokens (one past decode), 64 and
+// 100, experts with no pairs, and a window of one token repeated, whose K experts take every token (100 pairs each:
+// a tile of 64 and a ragged one).
+constexpr double kGroupedMoeNmse = 1e-4;
 TEST_P(CudaMoe, PromptWindowMatchesMoeForward) {
     SKIP_WITHOUT_DEVICE();
     const MoeCase c = GetParam();
@@ -320,7 +325,7 @@ TEST_P(CudaMoe, PromptWindowMatchesMoeForward) {
             EXPECT_EQ(download<int32_t>(ws.expert_ids(), ref_ids.size()), ref_ids);
             EXPECT_LE(nmse(download<float>(ws.expert_weights(), ref_w.size()), ref_w), kRouteNmse);
             const double e = nmse(got, ref);
-            EXPECT_LE(e, kMoeNmse);
+            EXPECT_LE(e, kGroupedMoeNmse);
             worst = std::max(worst, e);
             // Again: the same bits (the counting sort's order within an expert does not reach the sums).
             const cuda::DeviceBuffer dout2 = ctx.allocate(x.size() * 4, "test");
@@ -331,7 +336,8 @@ TEST_P(CudaMoe, PromptWindowMatchesMoeForward) {
         }
     std::printf("[ cuda     ] MoE prompt %s/%s E %lld K %lld F %lld%s: worst NMSE %.3g (limit %.0g)\n",
                 strata::dtype_name(c.expert_type), strata::dtype_name(c.down_type), static_cast<long long>(c.E),
-                static_cast<long long>(c.K), static_cast<long long>(c.F), c.fused ? " fused" : "", worst, kMoeNmse);
+                static_cast<long long>(c.K), static_cast<long long>(c.F), c.fused ? " fused" : "", worst,
+                kGroupedMoeNmse);
 }
 
 INSTANTIATE_TEST_SUITE_P(

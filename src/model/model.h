@@ -124,6 +124,9 @@ struct LoadOptions {
     int cuda_device = 0;
     size_t vram_budget = 0;
     bool cuda_graphs = true;
+    // CUDA: prompt windows' MoE through the grouped expert GEMM (fp16 operands on tensor cores; false: in slices on
+    // the decode windows' kernels, for parity checks and A/B benchmarks).
+    bool cuda_grouped_moe = true;
     // CUDA: time each kind of op with events (launches one by one) and print the split per token to stderr when the
     // model goes away.
     bool cuda_profile = false;

@@ -24,7 +24,7 @@ namespace {
 // The CUDA trunk's window sizes (model/cuda/hybrid_cuda.h kPromptWindow, backend/cuda kMaxMatvecTokens) and the
 // backend constants the workspaces are cut by (backend/cuda/attention.h, decode_attention.cu, matmul.cu,
 // gemm_tensor_core.cuh).
-constexpr int64_t kPromptWindow = 64;
+constexpr int64_t kPromptWindow = 512;
 constexpr int64_t kDecodeWindow = 8;
 constexpr int64_t kKvPageCells = 4;
 constexpr int64_t kKvInt8Group = 64;
@@ -355,6 +355,31 @@ uint64_t moe_workspace_bytes(const Shapes& s, DType gate_type, DType down_type, 
     return booked(total);
 }
 
+// backend/cuda/moe_prompt.cu MoePromptWorkspace: one for the model, for a prompt window, where the first MoE layer's
+// experts take the grouped GEMM (moe_prompt_supported: quant types whose rows hold whole blocks).
+bool grouped_gemm_type(DType t, int64_t in) {
+    switch (t) {
+        case DType::Q8_0: case DType::Q4_0: case DType::IQ4_NL: case DType::IQ4_XS: case DType::Q2_K:
+        case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::IQ2_XS:
+        case DType::IQ3_XXS: case DType::IQ3_S: case DType::IQ1_M:
+            return in % 32 == 0 && in % traits(t).block_size == 0;
+        default: return false;
+    }
+}
+
+uint64_t moe_prompt_workspace_bytes(const Shapes& s) {
+    const int64_t P = kPromptWindow, H = s.H, E = s.moe.n_expert, K = s.moe.n_expert_used, F = s.moe.n_ff,
+                  FS = s.moe.n_ff_shared, pairs = P * K;
+    const int64_t tiles = (pairs + 63) / 64 + std::min(E, pairs);
+    const uint64_t sizes[] = {u(P * E) * 4,  u(pairs) * 4, u(pairs) * 4, u(pairs) * 4,
+                              u(1 + 3 * tiles) * 4, activation_bytes(DType::Q8_0, P * H), u(P * H) * 2, u(P) * 4,
+                              u(pairs * 2 * F) * 4, activation_bytes(DType::Q8_0, pairs * F), u(pairs * F) * 2,
+                              u(pairs) * 4, u(pairs * H) * 4, u(P * FS) * 4 * 3, u(P * H) * 4};
+    uint64_t total = 0;
+    for (uint64_t b : sizes) total += round256(b);
+    return booked(total);
+}
+
 // The file's tensors by role.
 struct TensorTotals {
     uint64_t dense = 0, ple = 0, mtp = 0, experts = 0;
@@ -404,6 +429,9 @@ TensorTotals classify(const gguf::File& file, const Shapes& s) {
         const DType gate = type_of("ffn_gate_up_exps.weight", type_of("ffn_gate_exps.weight", down->type));
         t.moe_workspaces += moe_workspace_bytes(s, gate, down->type, type_of("ffn_gate_shexp.weight", DType::F32),
                                                 type_of("ffn_down_shexp.weight", DType::F32));
+        if (t.n_moe_layers == 0 && grouped_gemm_type(gate, s.H) && grouped_gemm_type(down->type, s.moe.n_ff) &&
+            s.moe.n_expert <= 4096)
+            t.moe_workspaces += moe_prompt_workspace_bytes(s);
         ++t.n_moe_layers;
     }
     return t;
@@ -594,7 +622,7 @@ MemoryPlan plan_device_memory(const gguf::File& file, const MemoryPlanInputs& in
     vram("PLE token + conv history", seq.ple * n);
     vram("attention workspaces", seq.attention_workspace * n);
     vram("QSA union workspace (--qsa-union)", seq.union_workspace * n);
-    vram("window buffers (64-token window)", window_bytes(s));
+    vram("window buffers (" + std::to_string(kPromptWindow) + "-token window)", window_bytes(s));
     vram("MoE workspaces (" + std::to_string(t.n_moe_layers) + " layers)", t.moe_workspaces);
     vram("matmul scratch", t.matmul_scratch);
 

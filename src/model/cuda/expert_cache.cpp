@@ -359,7 +359,7 @@ void ExpertCache::finish(double window_seconds, int64_t n_tokens) {
     epoch_tokens_ = epoch_windows_ = 0;
 }
 
-void ExpertCache::copy_routing(int64_t block, int64_t first, int64_t n_tokens) {
+void ExpertCache::copy_routing(int64_t block, int64_t first, int64_t n_tokens, const int32_t* ids) {
     const int64_t stride = max_window_tokens_ * max_k_;
     if (block < 0) {
         STRATA_ASSERT(first == 0);
@@ -370,7 +370,7 @@ void ExpertCache::copy_routing(int64_t block, int64_t first, int64_t n_tokens) {
     }
     const Layer& l = layers_[static_cast<size_t>(block)];
     auto* host = static_cast<int32_t*>(routing_->host());
-    cuda::copy_to_host_async(ctx_, host + block * stride + first * l.k, source_ids_[static_cast<size_t>(block)],
+    cuda::copy_to_host_async(ctx_, host + block * stride + first * l.k, ids ? ids : source_ids_[static_cast<size_t>(block)],
                              static_cast<size_t>(n_tokens * l.k) * sizeof(int32_t));
 }
 

@@ -76,7 +76,9 @@ class ExpertCache {
     void finish(double window_seconds, int64_t n_tokens);
     // Inside the window (capturable): the routing of `n_tokens` tokens of every layer to the host, written at
     // token offset `first` of the window (a prompt window's slices call it per layer; block -1: every layer).
-    void copy_routing(int64_t block, int64_t first, int64_t n_tokens);
+    // ids: where the block's routing is now (default: its decode workspace; a prompt window's grouped MoE keeps it
+    // in the prompt workspace).
+    void copy_routing(int64_t block, int64_t first, int64_t n_tokens, const int32_t* ids = nullptr);
     // After the window's work has finished: statistics, the advisor, and the swaps it asks for.
     void end_window(int64_t n_tokens);
 

@@ -38,6 +38,7 @@ cuda::GdnRecurrence gdn_recurrence_kernel(GdnRecurrenceKernel choice) {
 CudaHybridModel::CudaHybridModel(std::unique_ptr<gguf::File> file, const LoadOptions& options)
     : file_(std::move(file)),
       graphs_(options.cuda_graphs && !options.cuda_profile),
+      grouped_moe_(options.cuda_grouped_moe),
       gdn_recurrence_(gdn_recurrence_kernel(options.gdn_recurrence)),
       kv_storage_(options.kv_cache == KvCacheType::Int8 ? cuda::KvStorage::Int8 : cuda::KvStorage::F16),
       qsa_union_(options.qsa_union),
@@ -125,6 +126,8 @@ MoeDevice CudaHybridModel::upload_moe(const MoeWeights& m, const MoeShape& s, in
         d.weights.down = dw.tensor(m.down);
     }
     d.workspace = std::make_unique<cuda::MoeWorkspace>(*ctx_, d.shape, d.weights);
+    if (grouped_moe_ && !moe_prompt_ && cuda::moe_prompt_supported(d.shape, d.weights))
+        moe_prompt_ = std::make_unique<cuda::MoePromptWorkspace>(*ctx_, d.shape, kPromptWindow);
     STRATA_ASSERT(block >= 0 && block < static_cast<int64_t>(routing_ids_.size()));
     routing_ids_[static_cast<size_t>(block)] = d.workspace->expert_ids();
     return d;
@@ -138,6 +141,14 @@ void CudaHybridModel::moe_window(const MoeDevice& m, const float* x, float* out,
     // Experts in host RAM: a prompt window reads every miss over PCIe; a decode window hands the CPU workers theirs.
     const cuda::MoeLayerWeights prompt = experts_ && T > kWindow ? experts_->prompt_weights(m.weights) : m.weights;
     const cuda::MoeHostShare* share = experts_ && T <= kWindow ? experts_->host_share(m.block) : nullptr;
+    if (T > kWindow && T * m.shape.n_expert_used >= kGroupedMinPairs * m.shape.n_expert && moe_prompt_ &&
+        same_shape(m.shape, moe_prompt_->shape()) &&
+        cuda::moe_prompt_supported(m.shape, prompt)) {
+        cuda::moe_layer_prompt(*ctx_, {.shape = m.shape, .weights = prompt, .x = x, .out = out, .n_tokens = T,
+                                       .workspace = *moe_prompt_});
+        if (experts_) experts_->copy_routing(m.block, 0, T, moe_prompt_->expert_ids());
+        return;
+    }
     for (int64_t start = 0, n = 0; start < T; start += n) {
         n = std::min(kWindow, T - start);
         cuda::moe_layer(*ctx_, {.shape = m.shape,

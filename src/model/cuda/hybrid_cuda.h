@@ -29,10 +29,15 @@ namespace strata::cuda_model {
 
 constexpr int64_t kWindow = cuda::kMaxMatvecTokens;
 // Prompts longer than a decode window go through in windows of up to kPromptWindow tokens; a window longer than
-// kWindow is launched one by one (no graph), every dense product through the matmul's GEMM path, and the MoE in
-// slices of kWindow (its workspace and gathered kernels are cut for decode windows).
-// 64: the GEMM path is now a tensor-core GEMM (session 8; on the old f32 GEMM windows of 64 ran 2.6x slower than 8).
-constexpr int64_t kPromptWindow = 64;
+// kWindow is launched one by one (no graph), every dense product through the matmul's GEMM path, and the MoE through
+// the grouped expert GEMM where its experts average kGroupedMinPairs pairs or more (else in slices of kWindow on the
+// decode path's gathered kernels).
+// 512: the grouped GEMM reads an expert's blocks once per window, and at Flash-Next's 512 experts top-10 a window of
+// 64 gives an expert 1.25 pairs, too few to pay for decoding its weights into fp16 tiles (bench/notes/prompts.md).
+constexpr int64_t kPromptWindow = 512;
+// The grouped GEMM decodes each weight once per 64 pairs at ~0.55 T weights/s on the H200, the gathered products read
+// each once per pair at ~1.9 T/s: below ~3.5 pairs an expert the slices win.
+constexpr int64_t kGroupedMinPairs = 4;
 
 // The op kinds of the profile (LoadOptions::cuda_profile).
 enum OpKind {
@@ -180,6 +185,8 @@ class CudaHybridModel : public Model {
     std::unique_ptr<cuda::Context> ctx_;
     std::unique_ptr<DeviceWeights> weights_;
     std::unique_ptr<ExpertCache> experts_;  // experts in host RAM (LoadOptions::experts.in_host), else null
+    // The grouped MoE of prompt windows (issue 26), for the shape of the first MoE layer; null: no MoE layer.
+    std::unique_ptr<cuda::MoePromptWorkspace> moe_prompt_;
     std::vector<const int32_t*> routing_ids_;  // by block: its MoE workspace's expert ids (null: no MoE)
     const Tensor* token_embd_ = nullptr;
     const Tensor* output_ = nullptr;
@@ -192,6 +199,7 @@ class CudaHybridModel : public Model {
     void run_window(CudaSequence& s, std::span<const int32_t> tokens) const;
 
     bool graphs_ = true;
+    bool grouped_moe_ = true;  // LoadOptions::cuda_grouped_moe
     bool experts_in_host_ = false;
     cuda::GdnRecurrence gdn_recurrence_ = cuda::GdnRecurrence::Auto;  // --gdn-recurrence
     cuda::KvStorage kv_storage_ = cuda::KvStorage::F16;

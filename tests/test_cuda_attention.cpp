@@ -515,6 +515,114 @@ TEST(CudaQsa, SparseAttentionMatchesCpu) {
     }
 }
 
+// A prompt window's queries at consecutive positions (model/cuda/hybrid_cuda.cpp attention_window): the batched
+// selection (in groups of various sizes, each query with its own workspace) gives every query the cells, count and
+// bits it gets alone, and the batched attention (one launch for all queries, one split) the bits of each query's own
+// one-split decode_attention; the positions cross the QSA budget inside the window and the tail block takes every
+// offset.
+TEST(CudaQsa, BatchedWindowGivesEachQuerysOwnBits) {
+    SKIP_WITHOUT_DEVICE();
+    cuda::Context& ctx = context();
+    std::mt19937 rng(43);
+    struct Case {
+        AttentionCase a;  // n_cells: the cache length after the window
+        strata::IndexerShape ix;
+        int64_t window;
+        bool sparse;
+    };
+    const Case cases[] = {
+        {{24, 2, 256, KvStorage::F16, 300}, {.n_head = 4, .head_dim = 128, .budget = 64, .ratio = 4}, 77, true},
+        {{8, 1, 128, KvStorage::Int8, 40}, {.n_head = 2, .head_dim = 64, .budget = 16, .ratio = 4}, 40, true},
+        {{12, 3, 64, KvStorage::F16, 60}, {.n_head = 3, .head_dim = 32, .budget = 30, .ratio = 5}, 45, true},
+        {{8, 2, 64, KvStorage::F16, 70}, {}, 33, false},  // full attention: every query over its own prefix
+    };
+    for (const Case& cs : cases) {
+        SCOPED_TRACE(describe(cs.a) + (cs.sparse ? ", QSA" : ", full") + ", window " + std::to_string(cs.window));
+        const int64_t T = cs.window, nh = cs.a.nh, hd = cs.a.hd, width = nh * hd;
+        TestCache c(cs.a.nkv, hd, cs.a.storage, cs.a.n_cells + 9, rng);
+        c.fill_to(cs.a.n_cells, rng);
+        std::vector<int32_t> lengths(static_cast<size_t>(T));
+        for (int64_t t = 0; t < T; ++t) lengths[static_cast<size_t>(t)] = static_cast<int32_t>(cs.a.n_cells - T + 1 + t);
+        const cuda::DeviceBuffer lengths_dev = upload(lengths);
+        const cuda::DeviceBuffer qd = upload(gaussian(static_cast<size_t>(T * 2 * width), rng, 1.5f));
+        const strata::IndexerShape& ix = cs.ix;
+        const int64_t max_cells = cs.sparse ? strata::qsa_max_cells(ix) : 0;
+        const int64_t max_blocks = cs.sparse ? c.logical * 4 / ix.ratio : 1;
+        cuda::DeviceBuffer pooled, iq, cells[2], n_selected[2], scores, keys;
+        if (cs.sparse) {
+            pooled = upload(pooled_keys(max_blocks, ix.head_dim, rng));
+            iq = upload(gaussian(static_cast<size_t>(T * ix.n_head * ix.head_dim), rng));
+            scores = ctx.allocate(static_cast<size_t>(T * max_blocks) * 4, "test");
+            keys = ctx.allocate(static_cast<size_t>(T * max_blocks) * 8, "test");
+            for (int k = 0; k < 2; ++k) {
+                cells[k] = upload(std::vector<int32_t>(static_cast<size_t>(T * max_cells), -7));
+                n_selected[k] = upload(std::vector<int32_t>(static_cast<size_t>(T), -7));
+            }
+            auto select = [&](int k, int64_t t, int64_t n) {
+                cuda::qsa_select(ctx, {.n_head = ix.n_head, .head_dim = ix.head_dim, .budget = ix.budget,
+                                       .ratio = ix.ratio, .q = iq.as<float>() + t * ix.n_head * ix.head_dim,
+                                       .pooled = pooled.as<float>(), .max_blocks = max_blocks,
+                                       .n_cells = lengths_dev.as<int32_t>() + t, .scores = scores.as<float>(),
+                                       .keys = keys.as<uint32_t>(), .cells = cells[k].as<int32_t>() + t * max_cells,
+                                       .n_selected = n_selected[k].as<int32_t>() + t, .n_queries = n,
+                                       .q_stride = ix.n_head * ix.head_dim, .cells_stride = max_cells});
+            };
+            for (int64_t t = 0; t < T; ++t) select(0, t, 1);
+            const std::vector<int32_t> want_n = download<int32_t>(n_selected[0].data(), static_cast<size_t>(T));
+            const std::vector<int32_t> want = download<int32_t>(cells[0].data(), static_cast<size_t>(T * max_cells));
+            bool dropped = false;
+            for (int64_t t = 0; t < T; ++t) dropped |= want_n[static_cast<size_t>(t)] < lengths[static_cast<size_t>(t)];
+            EXPECT_TRUE(dropped) << "the window never crosses the budget";
+            for (const int64_t group : {T, int64_t{5}, int64_t{1}}) {
+                for (int64_t t = 0; t < T; t += group) select(1, t, std::min(group, T - t));
+                EXPECT_EQ(download<int32_t>(n_selected[1].data(), static_cast<size_t>(T)), want_n) << group;
+                const std::vector<int32_t> got = download<int32_t>(cells[1].data(), static_cast<size_t>(T * max_cells));
+                for (int64_t t = 0; t < T; ++t) {
+                    const auto at = static_cast<size_t>(t * max_cells), n = static_cast<size_t>(want_n[size_t(t)]);
+                    EXPECT_TRUE(std::equal(got.begin() + long(at), got.begin() + long(at + n), want.begin() + long(at)))
+                        << "query " << t << ", groups of " << group;
+                }
+            }
+        }
+        const size_t ws = cuda::decode_attention_workspace_bytes(nh, hd, 1);
+        const cuda::DeviceBuffer work = ctx.allocate(ws, "test");
+        const cuda::DeviceBuffer alone = ctx.allocate(static_cast<size_t>(T * width) * 4, "test");
+        const cuda::DeviceBuffer batched = upload(std::vector<float>(static_cast<size_t>(T * width), std::nanf("")));
+        const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+        for (int64_t t = 0; t < T; ++t) {
+            const float* qg = qd.as<float>() + t * 2 * width;
+            cuda::decode_attention(ctx, {.cache = c.cache->view(), .table = c.table(),
+                                         .n_cells = lengths_dev.as<int32_t>() + t,
+                                         .cells = cs.sparse ? cells[0].as<int32_t>() + t * max_cells : nullptr,
+                                         .n_selected = cs.sparse ? n_selected[0].as<int32_t>() + t : nullptr,
+                                         .max_cells = max_cells, .q = qg, .n_head = nh, .q_head_stride = 2 * hd,
+                                         .gate = qg + hd, .gate_head_stride = 2 * hd, .scale = scale,
+                                         .out = alone.as<float>() + t * width, .n_splits = 1,
+                                         .workspace = work.data(), .workspace_bytes = ws});
+        }
+        cuda::decode_attention(ctx, {.cache = c.cache->view(), .table = c.table(), .n_cells = lengths_dev.as<int32_t>(),
+                                     .cells = cs.sparse ? cells[0].as<int32_t>() : nullptr,
+                                     .n_selected = cs.sparse ? n_selected[0].as<int32_t>() : nullptr,
+                                     .max_cells = max_cells, .q = qd.as<float>(), .n_head = nh,
+                                     .q_head_stride = 2 * hd, .gate = qd.as<float>() + hd, .gate_head_stride = 2 * hd,
+                                     .scale = scale, .out = batched.as<float>(), .n_splits = 1, .n_queries = T,
+                                     .q_token_stride = 2 * width, .gate_token_stride = 2 * width,
+                                     .out_token_stride = width, .cells_stride = cs.sparse ? max_cells : 0});
+        const std::vector<float> want = download<float>(alone.data(), static_cast<size_t>(T * width));
+        const std::vector<float> got = download<float>(batched.data(), static_cast<size_t>(T * width));
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0) << "batched attention differs";
+        // And the last query against the CPU (the per-query path's oracle), so a shared fault cannot hide.
+        if (!cs.sparse) {
+            Queries last(nh, hd, rng);
+            last.qg = download<float>(qd.as<float>() + (T - 1) * 2 * width, static_cast<size_t>(2 * width));
+            std::vector<int32_t> all(static_cast<size_t>(lengths.back()));
+            std::iota(all.begin(), all.end(), 0);
+            const std::vector<float> ref = cpu_attention(c, last, all);
+            EXPECT_LT(nmse(std::vector<float>(got.end() - width, got.end()), ref), kAttentionNmse);
+        }
+    }
+}
+
 // Append one token, select, attend, all captured once as a graph and replayed for consecutive tokens: only the device
 // buffers change between replays (the position, written by a copy queued before each launch).
 TEST(CudaAttention, GraphReplayMatchesCpu) {

@@ -113,6 +113,12 @@ struct QsaSelectArgs {
     uint32_t* keys = nullptr;   // 2 x max_blocks of workspace (the second half for selections decided by a tie)
     int32_t* cells = nullptr;   // room for qsa_max_cells(args)
     int32_t* n_selected = nullptr;
+    // A prompt window's queries in one launch pair: query t reads q + t * q_stride and n_cells[t], uses scores + t *
+    // max_blocks and keys + t * 2 * max_blocks as its workspace, and writes cells + t * cells_stride and
+    // n_selected[t]. Each query's selection is the one it would get alone.
+    int64_t n_queries = 1;
+    int64_t q_stride = 0;
+    int64_t cells_stride = 0;
 };
 inline int64_t qsa_max_cells(const QsaSelectArgs& a) {
     return a.budget / a.ratio * a.ratio + a.ratio;
@@ -144,6 +150,12 @@ struct DecodeAttentionArgs {
     int64_t n_splits = 1;
     void* workspace = nullptr;  // decode_attention_workspace_bytes
     size_t workspace_bytes = 0;
+    // A prompt window's queries in one launch (n_queries > 1; n_splits must be 1): query t reads q + t *
+    // q_token_stride, gate + t * gate_token_stride, n_cells[t], cells + t * cells_stride and n_selected[t], and writes
+    // out + t * out_token_stride. Each (query, kv head) is one thread block that normalises and gates its heads' sums
+    // itself: no workspace, and the bits of a one-split decode_attention of that query.
+    int64_t n_queries = 1;
+    int64_t q_token_stride = 0, gate_token_stride = 0, out_token_stride = 0, cells_stride = 0;
 };
 size_t decode_attention_workspace_bytes(int64_t n_head, int64_t head_dim, int64_t n_splits);
 // A split count that gives the device about two thread blocks per multiprocessor for up to max_cells cells, with at

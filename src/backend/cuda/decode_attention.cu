@@ -54,6 +54,13 @@ struct SplitParams {
     float* part_o;  // [split][head][hd]
     float* part_m;  // [split][head]
     float* part_l;
+    // Queries by blockIdx.z (DecodeAttentionArgs::n_queries); with out set (one split) the block writes the final,
+    // normalised and gated, heads instead of the split's partial results.
+    int64_t q_token_stride, cells_stride;
+    float* out;
+    int64_t out_token_stride;
+    const float* gate;
+    int64_t gate_stride, gate_token_stride;
 };
 
 
@@ -128,17 +135,20 @@ __global__ void __launch_bounds__(kThreads, 2) attention_split_kernel(const Spli
 
     const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
     const int split = static_cast<int>(blockIdx.x), kvh = static_cast<int>(blockIdx.y);
+    const int64_t query = blockIdx.z;
     const int64_t nkv = p.c.shape.n_head_kv;
     const int64_t capacity = p.table.n_logical_pages * kKvPageCells;
-    const int32_t cache_len = static_cast<int32_t>(min(static_cast<int64_t>(max(*p.n_cells, 0)), capacity));
+    const int32_t cache_len = static_cast<int32_t>(min(static_cast<int64_t>(max(p.n_cells[query], 0)), capacity));
+    const int32_t* cells = p.cells ? p.cells + query * p.cells_stride : nullptr;
+    const float* q = p.q + query * p.q_token_stride;
     const int32_t n =
-        p.cells ? static_cast<int32_t>(min(static_cast<int64_t>(max(*p.n_selected, 0)), p.max_cells)) : cache_len;
+        cells ? static_cast<int32_t>(min(static_cast<int64_t>(max(p.n_selected[query], 0)), p.max_cells)) : cache_len;
     const int32_t chunk = (n + p.n_splits - 1) / p.n_splits;
     const int32_t begin = min(n, split * chunk), end = min(n, begin + chunk);
 
     for (int i = tid; i < G * HD; i += kThreads) {
         const int g = i / HD, d = stored_dim<HD>(i % HD);
-        q_s[i] = p.q[static_cast<int64_t>(kvh * G + g) * p.q_stride + d];
+        q_s[i] = q[static_cast<int64_t>(kvh * G + g) * p.q_stride + d];
     }
     if (tid < G) m_s[tid] = -INFINITY, l_s[tid] = 0.0f;
     float acc[kMaxAcc];
@@ -158,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_split_kernel(const Spli
 #pragma unroll
         for (int r = 0; r < kCellsPerWarp; ++r) {
             const int32_t idx = t0 + warp + kWarps * r;
-            int32_t cell = idx < end ? (p.cells ? p.cells[idx] : idx) : -1;
+            int32_t cell = idx < end ? (cells ? cells[idx] : idx) : -1;
             int32_t page = -1;
             if (cell >= 0 && cell < cache_len) page = p.table.pages[cell / kKvPageCells];
             valid[r] = page >= 0 && page < p.c.shape.n_pages;
@@ -261,6 +271,22 @@ __global__ void __launch_bounds__(kThreads, 2) attention_split_kernel(const Spli
     }
 
     const int64_t head0 = static_cast<int64_t>(kvh) * G;
+    if (p.out) {
+        // One split: what attention_merge_kernel makes of it (a weight of exactly 1, the sum over l, the gate).
+        float* out = p.out + query * p.out_token_stride;
+        const float* gate = p.gate ? p.gate + query * p.gate_token_stride : nullptr;
+#pragma unroll
+        for (int j = 0; j < kMaxAcc; ++j) {
+            const int g = part + j * kParts;
+            if (g >= G) continue;
+            const int64_t h = head0 + g, d = stored_dim<HD>(d_own);
+            const float l = l_s[g];
+            float r = l > 0.0f ? acc[j] / l : 0.0f;
+            if (gate) r *= kernels::sigmoid(gate[h * p.gate_stride + d]);
+            out[h * HD + d] = r;
+        }
+        return;
+    }
 #pragma unroll
     for (int j = 0; j < kMaxAcc; ++j) {
         const int g = part + j * kParts;
@@ -329,7 +355,7 @@ __global__ void __launch_bounds__(kMergeThreads)
 }
 
 template <int HD, bool kInt8>
-void launch_split(const SplitParams& p, int64_t nkv, cudaStream_t stream) {
+void launch_split(const SplitParams& p, int64_t nkv, int64_t n_queries, cudaStream_t stream) {
     const size_t shared = split_shared_floats<HD>(p.group) * sizeof(float);
     // Raised once per kernel to the largest size asked for (an attribute, not a stream operation: fine during capture).
     static size_t shared_set = 48 * 1024;
@@ -338,7 +364,7 @@ void launch_split(const SplitParams& p, int64_t nkv, cudaStream_t stream) {
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
         shared_set = shared;
     }
-    const dim3 grid(static_cast<unsigned>(p.n_splits), static_cast<unsigned>(nkv));
+    const dim3 grid(static_cast<unsigned>(p.n_splits), static_cast<unsigned>(nkv), static_cast<unsigned>(n_queries));
     launch_dependent("attention_split_kernel", attention_split_kernel<HD, kInt8>, grid, dim3(kThreads), shared, stream,
                      p);
 }
@@ -385,32 +411,43 @@ void run_decode_attention(Context& ctx, const DecodeAttentionArgs& a, const Quan
     const int64_t gate_stride = a.gate_head_stride ? a.gate_head_stride : s.head_dim;
     if (q_stride < s.head_dim || gate_stride < s.head_dim)
         throw Error("CUDA decode_attention: head strides shorter than head_dim");
+    const bool batched = a.n_queries > 1;
+    if (a.n_queries < 1 || a.n_queries > 65535)
+        throw Error("CUDA decode_attention: n_queries must be in 1..65535, got " + std::to_string(a.n_queries));
+    if (batched && a.n_splits != 1) throw Error("CUDA decode_attention: several queries in one launch take one split");
+    if (batched && (a.q_token_stride < a.n_head * q_stride || a.out_token_stride < a.n_head * s.head_dim ||
+                    (a.gate && a.gate_token_stride < a.n_head * gate_stride) ||
+                    (a.cells && a.cells_stride < a.max_cells)))
+        throw Error("CUDA decode_attention: the queries' rows overlap (token strides shorter than a query's heads)");
+    if (batched && q8_0.q) throw Error("CUDA decode_attention: Q8_0 outputs are for one query");
     const size_t need = decode_attention_workspace_bytes(a.n_head, s.head_dim, a.n_splits);
-    if (!a.workspace || a.workspace_bytes < need)
+    if (!batched && (!a.workspace || a.workspace_bytes < need))
         throw Error("CUDA decode_attention: workspace of " + std::to_string(a.workspace_bytes) + " bytes, " +
                     std::to_string(need) + " needed");
     STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
-    float* part_o = static_cast<float*>(a.workspace);
-    float* part_m = part_o + a.n_splits * a.n_head * s.head_dim;
-    float* part_l = part_m + a.n_splits * a.n_head;
+    float* part_o = batched ? nullptr : static_cast<float*>(a.workspace);
+    float* part_m = batched ? nullptr : part_o + a.n_splits * a.n_head * s.head_dim;
+    float* part_l = batched ? nullptr : part_m + a.n_splits * a.n_head;
     const SplitParams p{.c = a.cache, .table = a.table, .n_cells = a.n_cells, .cells = a.cells,
                         .n_selected = a.n_selected, .max_cells = a.max_cells, .q = a.q, .q_stride = q_stride,
                         .scale = a.scale, .n_head = static_cast<int>(a.n_head), .group = static_cast<int>(group),
                         .n_splits = static_cast<int>(a.n_splits), .part_o = part_o, .part_m = part_m,
-                        .part_l = part_l};
+                        .part_l = part_l, .q_token_stride = a.q_token_stride, .cells_stride = a.cells_stride,
+                        .out = batched ? a.out : nullptr, .out_token_stride = a.out_token_stride, .gate = a.gate,
+                        .gate_stride = gate_stride, .gate_token_stride = a.gate_token_stride};
     cudaStream_t stream = ctx.stream().handle();
+    const int64_t nkv = s.n_head_kv, nq = a.n_queries;
     switch (s.head_dim) {
-        case 32: launch_split<32, false>(p, s.n_head_kv, stream); break;
-        case 64:
-            int8 ? launch_split<64, true>(p, s.n_head_kv, stream) : launch_split<64, false>(p, s.n_head_kv, stream);
-            break;
+        case 32: launch_split<32, false>(p, nkv, nq, stream); break;
+        case 64: int8 ? launch_split<64, true>(p, nkv, nq, stream) : launch_split<64, false>(p, nkv, nq, stream); break;
         case 128:
-            int8 ? launch_split<128, true>(p, s.n_head_kv, stream) : launch_split<128, false>(p, s.n_head_kv, stream);
+            int8 ? launch_split<128, true>(p, nkv, nq, stream) : launch_split<128, false>(p, nkv, nq, stream);
             break;
         default:
-            int8 ? launch_split<256, true>(p, s.n_head_kv, stream) : launch_split<256, false>(p, s.n_head_kv, stream);
+            int8 ? launch_split<256, true>(p, nkv, nq, stream) : launch_split<256, false>(p, nkv, nq, stream);
             break;
     }
+    if (batched) return;
     const dim3 merge_grid(static_cast<unsigned>(a.n_head), static_cast<unsigned>(s.head_dim / kMergeDims));
     launch_dependent("attention_merge_kernel", attention_merge_kernel, merge_grid, dim3(kMergeThreads),
                      static_cast<size_t>(a.n_splits) * sizeof(float), stream, part_o, part_m, part_l,

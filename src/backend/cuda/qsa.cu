@@ -28,6 +28,17 @@ struct Counts {
     int32_t n_visible, n_blocks, k;
 };
 
+// Query t's arguments alone (QsaSelectArgs::n_queries): its q, cache length, workspace, cells and count.
+__device__ __forceinline__ QsaSelectArgs query_args(QsaSelectArgs a, int64_t t) {
+    a.q += t * a.q_stride;
+    a.n_cells += t;
+    a.scores += t * a.max_blocks;
+    a.keys += t * 2 * a.max_blocks;
+    a.cells += t * a.cells_stride;
+    a.n_selected += t;
+    return a;
+}
+
 __device__ __forceinline__ Counts counts(const QsaSelectArgs& a) {
     int32_t n_visible = *a.n_cells;
     n_visible = max(0, n_visible);
@@ -49,11 +60,14 @@ __device__ __forceinline__ uint32_t float_key(float f) {
 
 // Eight lanes per block: lane j of the eight sums the products of dims j, j + 8, ... in order (cpu::dot's partial sum
 // j), then the eight combine as ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)). Rounded multiplies and adds only.
-__global__ void __launch_bounds__(kScoreThreads) qsa_score_kernel(QsaSelectArgs a) {
+// Block (x, t): query t's blocks x * 32 .. x * 32 + 31.
+__global__ void __launch_bounds__(kScoreThreads) qsa_score_kernel(QsaSelectArgs batch) {
     kernels::enter_dependent_grid();
     __shared__ float q[kMaxIndexerQ];
+    const QsaSelectArgs a = query_args(batch, blockIdx.y);
     const Counts n = counts(a);
     if (n.k == n.n_blocks) return;  // everything is kept: no scores needed (the CPU computes none either)
+    if (static_cast<int64_t>(blockIdx.x) * (kScoreThreads / 8) >= n.n_blocks) return;  // none of its blocks exist yet
     const int64_t qn = a.n_head * a.head_dim;
     for (int64_t i = threadIdx.x; i < qn; i += kScoreThreads) q[i] = a.q[i];
     __syncthreads();
@@ -83,9 +97,10 @@ __global__ void __launch_bounds__(kScoreThreads) qsa_score_kernel(QsaSelectArgs 
 }
 
 
-// One thread block: the selection of qsa_select_into.
-__global__ void __launch_bounds__(kSelectThreads) qsa_select_kernel(QsaSelectArgs a, bool keys_in_shared) {
+// Thread block t: query t's selection (qsa_select_into).
+__global__ void __launch_bounds__(kSelectThreads) qsa_select_kernel(QsaSelectArgs batch, bool keys_in_shared) {
     kernels::enter_dependent_grid();
+    const QsaSelectArgs a = query_args(batch, blockIdx.x);
     extern __shared__ uint32_t shared_keys[];
     __shared__ int32_t hist[256];
     __shared__ int32_t warp_sums[32];
@@ -233,12 +248,17 @@ void qsa_select(Context& ctx, const QsaSelectArgs& a) {
     if (a.max_blocks * a.ratio + a.ratio > 0x7fffffff) throw Error("CUDA qsa_select: capacity too large");
     if (!a.q || !a.pooled || !a.n_cells || !a.scores || !a.keys || !a.cells || !a.n_selected)
         throw Error("CUDA qsa_select: a null pointer among q, pooled, n_cells, scores, keys, cells, n_selected");
+    if (a.n_queries < 1 || a.n_queries > 65535)
+        throw Error("CUDA qsa_select: n_queries must be in 1..65535, got " + std::to_string(a.n_queries));
+    if (a.n_queries > 1 && (a.q_stride < a.n_head * a.head_dim || a.cells_stride < qsa_max_cells(a)))
+        throw Error("CUDA qsa_select: the queries' q or cell rows overlap (q_stride, cells_stride)");
     STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
     cudaStream_t stream = ctx.stream().handle();
     const int64_t per_block = kScoreThreads / 8;
     launch_dependent("qsa_score_kernel", qsa_score_kernel,
-                     dim3(static_cast<unsigned>((a.max_blocks + per_block - 1) / per_block)), dim3(kScoreThreads), 0,
-                     stream, a);
+                     dim3(static_cast<unsigned>((a.max_blocks + per_block - 1) / per_block),
+                          static_cast<unsigned>(a.n_queries)),
+                     dim3(kScoreThreads), 0, stream, a);
     // Raised once to the most the keys can take (an attribute, not a stream operation: fine during graph capture):
     // kMaxSharedKeys, or fewer where the device's blocks have less room beside the kernel's own arrays (sm_75, 64 KB).
     static int64_t max_shared_keys = -1;
@@ -254,8 +274,8 @@ void qsa_select(Context& ctx, const QsaSelectArgs& a) {
     }
     const bool keys_in_shared = a.max_blocks <= max_shared_keys;
     const size_t shared = keys_in_shared ? static_cast<size_t>(a.max_blocks) * 4 : 0;
-    launch_dependent("qsa_select_kernel", qsa_select_kernel, dim3(1), dim3(kSelectThreads), shared, stream, a,
-                     keys_in_shared);
+    launch_dependent("qsa_select_kernel", qsa_select_kernel, dim3(static_cast<unsigned>(a.n_queries)),
+                     dim3(kSelectThreads), shared, stream, a, keys_in_shared);
 }
 
 }  // namespace strata::cuda

@@ -318,15 +318,15 @@ struct GroupedGemmParams {
     int64_t ld_out;
 };
 
-template <typename F>
+template <typename F, int kTokens>
 __global__ void __launch_bounds__(kGemmThreads, 2) gemm_grouped_kernel(const GroupedGemmParams p) {
-    constexpr int kTokens = kGroupedGemmTokens;
     __shared__ int32_t pairs[kTokens];
     const int tile = static_cast<int>(blockIdx.y);
     if (tile >= *p.n_tiles) return;
     const int mat = static_cast<int>(blockIdx.x) / p.row_tiles;
     const int64_t row0 = static_cast<int64_t>(blockIdx.x % p.row_tiles) * kGemmRows;
     const int expert = p.tile_expert[tile], count = p.tile_count[tile];
+    static_assert(kTokens <= kGemmThreads);
     if (threadIdx.x < kTokens)
         pairs[threadIdx.x] = static_cast<int>(threadIdx.x) < count ? p.sorted_pairs[p.tile_begin[tile] + threadIdx.x] : -1;
     __syncthreads();
@@ -344,11 +344,10 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_grouped_kernel(const Gro
     });
 }
 
-template <typename F>
-void launch_grouped_gemm_typed(const GroupedGemmLaunch& l) {
-    STRATA_ASSERT(l.in % kPieceElems == 0 && l.in % F::kBlockElems == 0);
-    constexpr size_t kSharedBytes = gemm_shared_bytes(kGroupedGemmTokens);
-    auto* kernel = gemm_grouped_kernel<F>;
+template <typename F, int kTokens>
+void launch_grouped_gemm_tiles(const GroupedGemmLaunch& l) {
+    constexpr size_t kSharedBytes = gemm_shared_bytes(kTokens);
+    auto* kernel = gemm_grouped_kernel<F, kTokens>;
     STRATA_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes)));
     const int row_tiles = static_cast<int>((l.rows + kGemmRows - 1) / kGemmRows);
@@ -360,6 +359,15 @@ void launch_grouped_gemm_typed(const GroupedGemmLaunch& l) {
     const dim3 grid(static_cast<unsigned>(row_tiles * l.n_mats), static_cast<unsigned>(l.max_tiles));
     kernel<<<grid, kGemmThreads, kSharedBytes, l.stream>>>(p);
     STRATA_CUDA_CHECK_LAUNCH("gemm_grouped_kernel");
+}
+
+template <typename F>
+void launch_grouped_gemm_typed(const GroupedGemmLaunch& l) {
+    STRATA_ASSERT(l.in % kPieceElems == 0 && l.in % F::kBlockElems == 0);
+    if (l.tile_tokens == kGroupedGemmWideTokens)
+        launch_grouped_gemm_tiles<F, kGroupedGemmWideTokens>(l);
+    else
+        launch_grouped_gemm_tiles<F, kGroupedGemmTokens>(l);
 }
 
 template <typename F, int kTokens>

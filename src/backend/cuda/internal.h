@@ -157,8 +157,10 @@ bool launch_gemm_basic(const GemmLaunch& l);
 bool launch_gemm_kquant(const GemmLaunch& l);
 bool launch_gemm_iq(const GemmLaunch& l);
 
-// Pairs a block of the grouped expert GEMM takes (an expert with more has several tiles).
+// Pairs a block of the grouped expert GEMM takes (an expert with more has several tiles): 64, or 128 where experts
+// average 64 pairs or more (each expert's weights are then decoded half as often). The workspace is cut for 64.
 constexpr int kGroupedGemmTokens = 64;
+constexpr int kGroupedGemmWideTokens = 128;
 // The grouped expert GEMM of a prompt window's MoE (gemm_tensor_core.cuh's GroupedGemmParams says what each field
 // is): one launch multiplies every expert's pairs by that expert's one or two matrices.
 struct GroupedGemmLaunch {
@@ -182,11 +184,14 @@ struct GroupedGemmLaunch {
     float* out[2];
     int64_t ld_out;
     cudaStream_t stream;
+    int tile_tokens = kGroupedGemmTokens;  // the pairs a tile holds (the grouping's); kGroupedGemmWideTokens or 64
 };
 bool launch_grouped_gemm_basic(const GroupedGemmLaunch& l);
 bool launch_grouped_gemm_kquant(const GroupedGemmLaunch& l);
 bool launch_grouped_gemm_iq(const GroupedGemmLaunch& l);
 bool launch_grouped_gemm(const GroupedGemmLaunch& l);
+// The shared memory a tensor-core GEMM block of tile_tokens tokens takes (a device with less runs 64-token tiles).
+size_t gemm_tile_shared_bytes(int tile_tokens);
 // moe.cu's routing of T tokens (softmax, top n_used, the weights): ids and weights [T x n_used].
 void route_tokens(const float* logits, int64_t T, int n_expert, int n_used, bool normalize, int32_t* ids,
                   float* weights, cudaStream_t stream);

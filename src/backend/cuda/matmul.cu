@@ -235,6 +235,10 @@ bool supports_gemm_tensor_core(DType type) {
     }
 }
 
+size_t gemm_tile_shared_bytes(int tile_tokens) {
+    return kernels::gemm_shared_bytes(tile_tokens);
+}
+
 bool launch_grouped_gemm(const GroupedGemmLaunch& l) {
     return launch_grouped_gemm_basic(l) || launch_grouped_gemm_kquant(l) || launch_grouped_gemm_iq(l);
 }

@@ -148,7 +148,7 @@ void moe_layer(Context& ctx, const MoeLayerArgs& args);
 // The same layer for a whole window at once: the router and the routing of every token, the (token, slot) pairs
 // grouped by expert on the device (a counting sort), one grouped tensor-core GEMM launch for the gate and up rows of
 // every expert's pairs, SwiGLU into the down products' activations, one grouped launch for the down rows, the shared
-// expert as GEMMs, and moe_combine. An expert's quantized blocks are read once per 64 of its pairs in the window
+// expert as GEMMs, and moe_combine. An expert's quantized blocks are read once per tile of its pairs in the window
 // instead of once per pair, and its products run on tensor cores (fp16 operands, as the dense prompt GEMM). The
 // ids stay on the device. All on the context's stream: nothing here is captured in a graph.
 struct MoePromptArgs;
@@ -158,6 +158,9 @@ public:
     // For windows of up to max_tokens tokens of layers of this shape: one workspace serves every MoE layer of a
     // model (the layers run one after another on one stream).
     MoePromptWorkspace(Context& ctx, const MoeLayerShape& shape, int64_t max_tokens);
+    // The same in device memory the caller owns (bytes(shape, max_tokens) of it, 256-byte aligned, valid as long as
+    // this lives): a model's window buffers lend it the room their block stages use while the MoE runs.
+    MoePromptWorkspace(const MoeLayerShape& shape, int64_t max_tokens, void* memory);
     MoePromptWorkspace(const MoePromptWorkspace&) = delete;
     MoePromptWorkspace& operator=(const MoePromptWorkspace&) = delete;
     // The last call's routing, [n_tokens x K] each.
@@ -170,7 +173,8 @@ public:
 
 private:
     friend void moe_layer_prompt(Context& ctx, const MoePromptArgs& args);
-    DeviceBuffer buffer_;
+    void carve(uint8_t* base);
+    DeviceBuffer buffer_;  // empty when the memory is the caller's
     MoeLayerShape shape_;
     int64_t max_tokens_ = 0, max_tiles_ = 0;
     float* logits_ = nullptr;

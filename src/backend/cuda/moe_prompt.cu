@@ -20,13 +20,13 @@ namespace {
 constexpr int kGroupThreads = 1024;
 constexpr int kGroupExpertsPerThread = 4;
 constexpr int kMaxPromptExperts = kGroupThreads * kGroupExpertsPerThread;
-constexpr int kTileTokens = kGroupedGemmTokens;
+constexpr int kTileTokens = kGroupedGemmTokens;  // the smallest tile: the workspace's tile arrays are cut for it
 
 // One block: counts per expert, their prefix sums (where each expert's pairs start in the sorted list) and each
-// expert's tiles of up to kTileTokens pairs, then every pair to its expert's range.
+// expert's tiles of up to tile_tokens pairs, then every pair to its expert's range.
 __global__ void __launch_bounds__(kGroupThreads)
-    group_pairs_kernel(const int32_t* ids, int n_pairs, int n_expert, int32_t* sorted, int32_t* n_tiles,
-                       int32_t* tile_expert, int32_t* tile_begin, int32_t* tile_count) {
+    group_pairs_kernel(const int32_t* ids, int n_pairs, int n_expert, int tile_tokens, int32_t* sorted,
+                       int32_t* n_tiles, int32_t* tile_expert, int32_t* tile_begin, int32_t* tile_count) {
     using Scan = cub::BlockScan<int, kGroupThreads>;
     __shared__ typename Scan::TempStorage scan_storage;
     __shared__ int count[kMaxPromptExperts];
@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(kGroupThreads)
         const int e = tid * kGroupExpertsPerThread + j;
         c[j] = e < n_expert ? count[e] : 0;
         pairs += c[j];
-        tiles += (c[j] + kTileTokens - 1) / kTileTokens;
+        tiles += (c[j] + tile_tokens - 1) / tile_tokens;
     }
     int pair_base = 0, tile_base = 0, total_tiles = 0;
     Scan(scan_storage).ExclusiveSum(pairs, pair_base);
@@ -53,10 +53,10 @@ __global__ void __launch_bounds__(kGroupThreads)
         const int e = tid * kGroupExpertsPerThread + j;
         if (e >= n_expert) break;
         cursor[e] = pair_base;
-        for (int i = 0; i * kTileTokens < c[j]; ++i, ++tile_base) {
+        for (int i = 0; i * tile_tokens < c[j]; ++i, ++tile_base) {
             tile_expert[tile_base] = e;
-            tile_begin[tile_base] = pair_base + i * kTileTokens;
-            tile_count[tile_base] = min(kTileTokens, c[j] - i * kTileTokens);
+            tile_begin[tile_base] = pair_base + i * tile_tokens;
+            tile_count[tile_base] = min(tile_tokens, c[j] - i * tile_tokens);
         }
         pair_base += c[j];
     }
@@ -118,15 +118,36 @@ size_t MoePromptWorkspace::bytes(const MoeLayerShape& shape, int64_t max_tokens)
     return total;
 }
 
-MoePromptWorkspace::MoePromptWorkspace(Context& ctx, const MoeLayerShape& s, int64_t max_tokens)
-    : shape_(s), max_tokens_(max_tokens), max_tiles_(max_tiles_of(s, max_tokens)) {
+namespace {
+
+void check_prompt_shape(const MoeLayerShape& s, int64_t max_tokens) {
     if (max_tokens <= kMaxMatvecTokens || s.n_embd <= 0 || s.n_expert <= 0 || s.n_expert_used <= 0 ||
         s.n_expert_used > s.n_expert || s.n_ff <= 0 || s.n_ff_shared < 0)
         throw Error("CUDA MoE prompt workspace: bad shape or window (" + std::to_string(max_tokens) + " tokens)");
-    const std::vector<size_t> sizes = part_sizes(s, max_tokens);
+}
+
+}  // namespace
+
+MoePromptWorkspace::MoePromptWorkspace(Context& ctx, const MoeLayerShape& s, int64_t max_tokens)
+    : shape_(s), max_tokens_(max_tokens), max_tiles_(max_tiles_of(s, max_tokens)) {
+    check_prompt_shape(s, max_tokens);
     buffer_ = ctx.allocate(bytes(s, max_tokens), "scratch");
+    carve(static_cast<uint8_t*>(buffer_.data()));
+}
+
+MoePromptWorkspace::MoePromptWorkspace(const MoeLayerShape& s, int64_t max_tokens, void* memory)
+    : shape_(s), max_tokens_(max_tokens), max_tiles_(max_tiles_of(s, max_tokens)) {
+    check_prompt_shape(s, max_tokens);
+    if (!memory || reinterpret_cast<uintptr_t>(memory) % 256 != 0)
+        throw Error("CUDA MoE prompt workspace: the memory lent must be 256-byte aligned");
+    carve(static_cast<uint8_t*>(memory));
+}
+
+void MoePromptWorkspace::carve(uint8_t* base) {
+    const MoeLayerShape& s = shape_;
+    const int64_t max_tokens = max_tokens_;
+    const std::vector<size_t> sizes = part_sizes(s, max_tokens);
     std::vector<uint8_t*> at;
-    auto* base = static_cast<uint8_t*>(buffer_.data());
     for (size_t b : sizes) {
         at.push_back(base);
         base += aligned(b);
@@ -189,8 +210,15 @@ void moe_layer_prompt(Context& ctx, const MoePromptArgs& a) {
     matmul(ctx, {.w = *w.router, .x = a.x, .y = ws.logits_, .n_tokens = T});
     route_tokens(ws.logits_, T, static_cast<int>(E), static_cast<int>(K), s.normalize_weights, ws.ids_, ws.weights_,
                  stream);
+    // Wide tiles once experts average a full narrow tile: half the weight decoding, the same sums (a pair's products
+    // do not depend on its tile).
+    const int tile_tokens =
+        pairs >= kGroupedGemmWideTokens / 2 * E &&
+                ctx.info().max_shared_per_block >= gemm_tile_shared_bytes(kGroupedGemmWideTokens)
+            ? kGroupedGemmWideTokens
+            : kGroupedGemmTokens;
     group_pairs_kernel<<<1, kGroupThreads, 0, stream>>>(ws.ids_, static_cast<int>(pairs), static_cast<int>(E),
-                                                        ws.sorted_pairs_, ws.n_tiles_, ws.tile_expert_,
+                                                        tile_tokens, ws.sorted_pairs_, ws.n_tiles_, ws.tile_expert_,
                                                         ws.tile_begin_, ws.tile_count_);
     STRATA_CUDA_CHECK_LAUNCH("group_pairs_kernel");
 
@@ -207,7 +235,7 @@ void moe_layer_prompt(Context& ctx, const MoePromptArgs& a) {
                               .tile_begin = ws.tile_begin_, .tile_count = ws.tile_count_,
                               .sorted_pairs = ws.sorted_pairs_, .max_tiles = ws.max_tiles_,
                               .out = {ws.gate_out_, ws.gate_out_ + pairs * F}, .ld_out = fused ? 2 * F : F,
-                              .stream = stream};
+                              .stream = stream, .tile_tokens = tile_tokens};
     if (fused) {
         gate_up.w[0] = static_cast<const uint8_t*>(w.gate_up->data);
         gate_up.at[0] = w.gate_up_at;
@@ -236,7 +264,7 @@ void moe_layer_prompt(Context& ctx, const MoePromptArgs& a) {
                                  .tile_expert = ws.tile_expert_, .tile_begin = ws.tile_begin_,
                                  .tile_count = ws.tile_count_, .sorted_pairs = ws.sorted_pairs_,
                                  .max_tiles = ws.max_tiles_, .out = {ws.expert_out_, nullptr}, .ld_out = H,
-                                 .stream = stream};
+                                 .stream = stream, .tile_tokens = tile_tokens};
     STRATA_ASSERT(launch_grouped_gemm(down));
 
     // The shared expert: GEMMs through matmul (gate and up share x), SwiGLU, down.

@@ -215,7 +215,7 @@ TEST_P(CudaMatmul, MatchesTheCpuReference) {
 }
 
 // The GEMM path (more than 8 tokens) for every type: token counts that fill no tile of 64 or 128 tokens (9, 100, 300)
-// and one that does (64); rows that fill no tile of 128 (300, 130); a short K (320 quant weights a row, 256 for the
+// and one that does (64); from 256 (cuda::kBlasMinTokens) quant weights go to cuBLAS on their fp16 dequantization; rows that fill no tile of 128 (300, 130); a short K (320 quant weights a row, 256 for the
 // super-block types, 1,000 float) with one k tile split, and a long one (4,128 / 4,352 / 4,112) that small tile
 // counts split over up to 8 blocks. Every case runs twice: split-K must add its partial sums in a fixed order.
 TEST_P(CudaMatmul, GemmPathMatchesTheCpuReference) {
@@ -231,7 +231,7 @@ TEST_P(CudaMatmul, GemmPathMatchesTheCpuReference) {
     double worst_nmse = 0, worst_over_rms = 0;
     for (const auto& shape : shapes) {
         const std::vector<uint8_t> w = random_weights(t, shape.rows, shape.in, rng);
-        for (const int64_t tokens : {9, 64, 100, 300}) {
+        for (const int64_t tokens : {9, 64, 100, 256, 300}) {
             const Outcome o = run_case(t, w, shape.rows, shape.in, tokens, rng, /*rerun=*/true);
             SCOPED_TRACE(std::string(strata::dtype_name(t)) + " rows " + std::to_string(shape.rows) + " in " +
                          std::to_string(shape.in) + " tokens " + std::to_string(tokens));

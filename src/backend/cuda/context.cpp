@@ -11,6 +11,7 @@
 #include <set>
 #include <utility>
 
+#include "backend/cuda/blas.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/internal.h"
@@ -230,14 +231,16 @@ Context::Context(const ContextOptions& options) {
                     std::to_string(prop.minor));
     const size_t budget = options.vram_budget ? options.vram_budget : free_bytes / 20 * 19;
     memory_ = std::make_unique<MemoryAccountant>(budget);
+    blas_products_ = options.blas_products;
     stream_ = std::make_unique<Stream>();
     upload_basic_tables();
     upload_iq_tables();
 }
 
 Context::~Context() {
-    scratch_ = DeviceBuffer();  // before the accountant it is booked in
     if (stream_ && cudaStreamSynchronize(stream_->handle()) != cudaSuccess) (void)cudaGetLastError();
+    blas_.reset();              // its workspace is booked in the accountant, and it is bound to the stream
+    scratch_ = DeviceBuffer();  // before the accountant it is booked in
 }
 
 DeviceBuffer Context::allocate(size_t bytes, const std::string& label) {
@@ -377,6 +380,11 @@ void Context::copy_to_device(void* device, const void* host, size_t bytes) {
 
 void Context::zero(void* device, size_t bytes) {
     if (bytes) STRATA_CUDA_CHECK(cudaMemsetAsync(device, 0, bytes, stream_->handle()));
+}
+
+BlasHandle& Context::blas() {
+    if (!blas_) blas_ = std::make_unique<BlasHandle>(*this);
+    return *blas_;
 }
 
 void* Context::scratch(size_t bytes) {

@@ -120,6 +120,7 @@ private:
 // ---- context --------------------------------------------------------------------------------------------------------
 
 class DownloadRing;  // context.cpp
+class BlasHandle;    // blas.h
 
 // n zeroed floats of page-locked host memory (cudaHostAlloc, portable), which Context::download copies into
 // directly; null when the system will not pin that much. Freed with free_pinned_floats.
@@ -130,7 +131,13 @@ struct ContextOptions {
     int device = 0;
     // Bytes strata may hold on the device; 0: the memory free when the context starts, less a 5% margin.
     size_t vram_budget = 0;
+    // Dense products of kBlasMinTokens tokens or more with quant weights: the weights dequantized to fp16 and
+    // multiplied by cuBLAS (false: the backend's own tensor-core GEMM, which decodes them in its tiles).
+    bool blas_products = true;
 };
+// Tokens from which matmul takes cuBLAS (ContextOptions::blas_products): each weight is then dequantized once for at
+// least this many products.
+constexpr int64_t kBlasMinTokens = 256;
 
 // One device in use: selects it, reads its properties, uploads the quant codebooks, and owns the stream every
 // operation of this context runs on plus a grow-only scratch buffer for the matrix products. Methods must be called
@@ -143,6 +150,7 @@ public:
     Context& operator=(const Context&) = delete;
 
     const DeviceInfo& info() const { return info_; }
+    bool blas_products() const { return blas_products_; }
     MemoryAccountant& memory() { return *memory_; }
     const Stream& stream() const { return *stream_; }
 
@@ -166,12 +174,16 @@ public:
     // only grows, and never while the stream is being captured into a graph (that throws Error: reserve enough
     // before capturing, since a captured graph keeps the address).
     void* scratch(size_t bytes);
+    // cuBLAS on this context's stream, made on first use (its workspace is booked as scratch).
+    BlasHandle& blas();
 
 private:
     DeviceInfo info_;
     std::unique_ptr<MemoryAccountant> memory_;
     std::unique_ptr<Stream> stream_;
     DeviceBuffer scratch_;
+    bool blas_products_ = true;
+    std::unique_ptr<BlasHandle> blas_;
     mutable std::unique_ptr<DownloadRing> downloads_;  // made on the first download into pageable memory
 };
 

@@ -126,6 +126,7 @@ struct DequantizeLaunch {
     int64_t in;
     float* out;
     cudaStream_t stream;
+    __half* out_half = nullptr;  // quant types: fp16 rows here instead of out (float types take out only)
 };
 bool launch_dequantize_float(const DequantizeLaunch& l);
 bool launch_dequantize_basic(const DequantizeLaunch& l);

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "backend/cuda/blas.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/internal.h"
@@ -77,25 +78,53 @@ constexpr int kHalfThreads = 256;
 // One block per token: xh[t * in + i] = d * q * 2^shift in fp16, and token_scale[t] = 2^-shift, the power of two that
 // puts the token's largest possible |d * q| (127 max |d|) in [2^14, 2^15): no fp16 overflow (65504) for large
 // activations, no subnormals for small ones, and the scaling is undone exactly on the f32 sums.
-__global__ void __launch_bounds__(kHalfThreads)
-    activations_to_half_kernel(const int8_t* q, const float* d, int64_t in, __half* xh, float* token_scale) {
-    __shared__ float warp_max[kHalfThreads / 32];
-    const int64_t t = blockIdx.x;
-    const float* dt = d + t * (in / 32);
+// The largest |d| of n scales, as the block's threads see it (every thread gets it).
+__device__ __forceinline__ float block_max_abs(const float* d, int64_t n, float* warp_max) {
     float m = 0.0f;
-    for (int64_t i = threadIdx.x; i < in / 32; i += kHalfThreads) m = fmaxf(m, fabsf(dt[i]));
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, fabsf(d[i]));
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
     if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
     __syncthreads();
     m = warp_max[0];
-#pragma unroll
-    for (int w = 1; w < kHalfThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
+    for (int w = 1; w < static_cast<int>(blockDim.x) / 32; ++w) m = fmaxf(m, warp_max[w]);
+    return m;
+}
+
+// The power of two that puts 127 * m (the largest |d * q| a row can hold) in [2^14, 2^15).
+__device__ __forceinline__ int half_shift(float m) {
     int e = 0;
     (void)frexpf(127.0f * m, &e);  // 127 m < 2^e
-    const int shift = m > 0.0f ? max(-100, min(100, 15 - e)) : 0;
-    if (threadIdx.x == 0) token_scale[t] = ldexpf(1.0f, -shift);
-    const float up = ldexpf(1.0f, shift);
+    return m > 0.0f ? max(-100, min(100, 15 - e)) : 0;
+}
+
+// One block of 1024 threads: the shift of a whole window (the cuBLAS path multiplies every token's sums by one alpha):
+// out[0] = alpha = 2^-shift, out[1] = beta = 0, out[2] = 2^shift (what activations_to_half multiplies by).
+__global__ void __launch_bounds__(1024) window_half_scale_kernel(const float* d, int64_t n, float* out) {
+    __shared__ float warp_max[32];
+    const int shift = half_shift(block_max_abs(d, n, warp_max));
+    if (threadIdx.x == 0) {
+        out[0] = ldexpf(1.0f, -shift);
+        out[1] = 0.0f;
+        out[2] = ldexpf(1.0f, shift);
+    }
+}
+
+// With window_up set, the window's shift (window_half_scale_kernel) instead of the token's own, and no token_scale.
+__global__ void __launch_bounds__(kHalfThreads)
+    activations_to_half_kernel(const int8_t* q, const float* d, int64_t in, __half* xh, float* token_scale,
+                               const float* window_up) {
+    __shared__ float warp_max[kHalfThreads / 32];
+    const int64_t t = blockIdx.x;
+    const float* dt = d + t * (in / 32);
+    float up = 0.0f;
+    if (window_up) {
+        up = *window_up;
+    } else {
+        const int shift = half_shift(block_max_abs(dt, in / 32, warp_max));
+        if (threadIdx.x == 0) token_scale[t] = ldexpf(1.0f, -shift);
+        up = ldexpf(1.0f, shift);
+    }
     const int8_t* qt = q + t * in;
     __half* ot = xh + t * in;
     for (int64_t i = static_cast<int64_t>(threadIdx.x) * 8; i < in; i += kHalfThreads * 8) {
@@ -247,7 +276,7 @@ void activations_to_half(const QuantizedActivations& act, int64_t in, int64_t n_
                          cudaStream_t stream) {
     STRATA_ASSERT(in % 32 == 0 && n_rows > 0);
     activations_to_half_kernel<<<static_cast<unsigned>(n_rows), kHalfThreads, 0, stream>>>(act.q, act.d, in, x,
-                                                                                           row_scale);
+                                                                                           row_scale, nullptr);
     STRATA_CUDA_CHECK_LAUNCH("activations_to_half_kernel");
 }
 
@@ -376,10 +405,13 @@ namespace {
 
 // Scratch of one product: quantized activations, then for the GEMM path of quant weights their fp16 copy, the
 // token scales and the split-K partial sums, or for float weights one f32 weight panel.
+// With blas (quant weights, kBlasMinTokens tokens or more, cuBLAS allowed): token_scale holds the window's alpha,
+// beta and up (window_half_scale_kernel), and panel the weights dequantized to fp16.
 struct ScratchLayout {
     size_t q = 0, d = 0, s = 0, x = 0, token_scale = 0, panel = 0;
     int64_t panel_rows = 0;
     GemmPlan plan;
+    bool blas = false;
     size_t total() const { return q + d + s + x + token_scale + panel + 256; }
 };
 
@@ -390,7 +422,12 @@ QuantizedActivations activations_in(uint8_t* scratch, const ScratchLayout& l) {
             .s16 = reinterpret_cast<float*>(scratch + l.q + l.d)};
 }
 
-ScratchLayout scratch_layout(const Tensor& w, int64_t tokens) {
+bool takes_blas(const Tensor& w, int64_t tokens, bool allowed) {
+    return allowed && tokens >= kBlasMinTokens && activation_format(w.type) != ActivationFormat::F32 &&
+           supports_gemm_tensor_core(w.type);
+}
+
+ScratchLayout scratch_layout(const Tensor& w, int64_t tokens, bool blas_allowed) {
     const int64_t in = w.ne[0], rows = w.ne[1];
     const ActivationFormat format = activation_format(w.type);
     const bool matvec = tokens <= kMaxMatvecTokens;
@@ -400,6 +437,13 @@ ScratchLayout scratch_layout(const Tensor& w, int64_t tokens) {
     l.d = format == ActivationFormat::F32 ? 0 : align_up(n_act / 32 * 4);
     l.s = format == ActivationFormat::F32 ? 0 : align_up(n_act / 16 * 4);
     if (matvec) return l;
+    if (takes_blas(w, tokens, blas_allowed)) {
+        l.blas = true;
+        l.x = align_up(n_act * sizeof(__half));
+        l.token_scale = align_up(4 * sizeof(float));
+        l.panel = align_up(static_cast<size_t>(rows * in) * sizeof(__half));
+        return l;
+    }
     if (format != ActivationFormat::F32) {
         l.plan = gemm_plan(rows, in, tokens);
         l.x = align_up(n_act * sizeof(__half));
@@ -417,7 +461,7 @@ ScratchLayout scratch_layout(const Tensor& w, int64_t tokens) {
 }  // namespace
 
 size_t matmul_scratch_bytes(const Tensor& w, int64_t n_tokens) {
-    return scratch_layout(w, n_tokens).total();
+    return std::max(scratch_layout(w, n_tokens, false).total(), scratch_layout(w, n_tokens, true).total());
 }
 
 namespace {
@@ -446,7 +490,7 @@ void matmul_shared_input(Context& ctx, const float* x, int64_t n_tokens, std::in
         if (o.w->ne[0] != outputs.begin()->w->ne[0])
             throw Error("CUDA matmul_shared_input: " + o.w->name + " takes rows of " + std::to_string(o.w->ne[0]) +
                         " values, " + outputs.begin()->w->name + " of " + std::to_string(outputs.begin()->w->ne[0]));
-        need = std::max(need, scratch_layout(*o.w, n_tokens).total());
+        need = std::max(need, scratch_layout(*o.w, n_tokens, ctx.blas_products()).total());
     }
     STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
     cudaStream_t stream = ctx.stream().handle();
@@ -471,7 +515,7 @@ void matmul_shared_input(Context& ctx, const float* x, int64_t n_tokens, std::in
         const bool quantized_ahead = x_q8_0 && reads_q8_0_activations(w.type);  // rows of whole blocks of 32
         const QuantizedActivations act = quantized_ahead
                                              ? quantized_activations_at(const_cast<void*>(x_q8_0), w.type, in)
-                                             : activations_in(scratch, scratch_layout(w, n_tokens));
+                                             : activations_in(scratch, scratch_layout(w, n_tokens, false));
         if (pending && pending->type == w.type && pending->n_more + 1 < kMaxMatvecSegments) {
             pending->more[pending->n_more++] = {.w = static_cast<const uint8_t*>(w.data), .row_bytes = w.nb[1],
                                                 .rows = rows, .y = o.y};
@@ -491,7 +535,7 @@ void matmul_shared_input(Context& ctx, const float* x, int64_t n_tokens, std::in
 
 QuantizedActivations matvec_activations(Context& ctx, const Tensor& w, int64_t n_tokens) {
     check_weights(w);
-    const ScratchLayout layout = scratch_layout(w, n_tokens);
+    const ScratchLayout layout = scratch_layout(w, n_tokens, false);
     return activations_in(static_cast<uint8_t*>(ctx.scratch(layout.total())), layout);
 }
 
@@ -529,7 +573,7 @@ void matmul(Context& ctx, const MatmulArgs& a) {
     const ActivationFormat format = activation_format(w.type);
     const bool matvec = tokens <= kMaxMatvecTokens;
 
-    const ScratchLayout layout = scratch_layout(w, tokens);
+    const ScratchLayout layout = scratch_layout(w, tokens, ctx.blas_products());
     const size_t q_bytes = layout.q, d_bytes = layout.d, s_bytes = layout.s, x_bytes = layout.x;
     auto* scratch = static_cast<uint8_t*>(ctx.scratch(layout.total()));
     const QuantizedActivations act = activations_in(scratch, layout);
@@ -538,13 +582,35 @@ void matmul(Context& ctx, const MatmulArgs& a) {
 
     if (matvec) return matvec_quantized(ctx, w, act, a.x, a.y, tokens);
 
+    if (layout.blas) {
+        // The activations the GEMM path multiplies, in fp16 at one power of two for the window (alpha undoes it),
+        // the weights as its tiles hold them, and cuBLAS's f32 sums: y^T = W . x^T in column-major terms.
+        auto* xh = reinterpret_cast<__half*>(scratch + q_bytes + d_bytes + s_bytes);
+        auto* alpha_beta = reinterpret_cast<float*>(scratch + q_bytes + d_bytes + s_bytes + x_bytes);
+        auto* wh = reinterpret_cast<__half*>(scratch + q_bytes + d_bytes + s_bytes + x_bytes + layout.token_scale);
+        window_half_scale_kernel<<<1, 1024, 0, stream>>>(act.d, tokens * (in / 32), alpha_beta);
+        STRATA_CUDA_CHECK_LAUNCH("window_half_scale_kernel");
+        activations_to_half_kernel<<<static_cast<unsigned>(tokens), kHalfThreads, 0, stream>>>(
+            act.q, act.d, in, xh, nullptr, alpha_beta + 2);
+        STRATA_CUDA_CHECK_LAUNCH("activations_to_half_kernel (window)");
+        const DequantizeLaunch dq{.type = w.type, .w = wdata, .row_bytes = w.nb[1], .rows = rows, .in = in,
+                                  .out = nullptr, .stream = stream, .out_half = wh};
+        STRATA_ASSERT(launch_dequantize(dq));
+        check_blas(cublasGemmEx(ctx.blas().get(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows),
+                                static_cast<int>(tokens), static_cast<int>(in), alpha_beta, wh, CUDA_R_16F,
+                                static_cast<int>(in), xh, CUDA_R_16F, static_cast<int>(in), alpha_beta + 1, a.y,
+                                CUDA_R_32F, static_cast<int>(rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "cublasGemmEx");
+        return;
+    }
+
     if (format != ActivationFormat::F32) {
         // Quant weights: the tensor-core GEMM on fp16 copies of the quantized activations (what the CPU multiplies).
         auto* xh = reinterpret_cast<__half*>(scratch + q_bytes + d_bytes + s_bytes);
         auto* token_scale = reinterpret_cast<float*>(scratch + q_bytes + d_bytes + s_bytes + x_bytes);
         auto* partials = reinterpret_cast<float*>(scratch + q_bytes + d_bytes + s_bytes + x_bytes + layout.token_scale);
         activations_to_half_kernel<<<static_cast<unsigned>(tokens), kHalfThreads, 0, stream>>>(act.q, act.d, in, xh,
-                                                                                               token_scale);
+                                                                                               token_scale, nullptr);
         STRATA_CUDA_CHECK_LAUNCH("activations_to_half_kernel");
         const GemmPlan& plan = layout.plan;
         // A device whose blocks cannot hold 128-token tiles (sm_75: 64 KB) runs 64-token ones. The split stays the

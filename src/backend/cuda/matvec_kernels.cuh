@@ -665,13 +665,41 @@ __global__ void dequantize_kernel(const uint8_t* w, size_t row_bytes, int64_t ro
             o[4 * k + j] = wp.scale * static_cast<float>(static_cast<int8_t>(wp.q[k] >> (8 * j))) + wp.offset;
 }
 
+// The same as fp16 (the dense prompt products through cuBLAS): each weight fmaf(scale, q, offset) rounded to fp16,
+// the value the tensor-core GEMM's tiles hold.
+template <typename F>
+__global__ void dequantize_half_kernel(const uint8_t* w, size_t row_bytes, int64_t rows, int64_t in, __half* out) {
+    const int64_t pieces_per_row = in / kPieceElems;
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= rows * pieces_per_row) return;
+    const int64_t r = i / pieces_per_row;
+    const int64_t e0 = (i % pieces_per_row) * kPieceElems;
+    const uint8_t* blk = w + r * row_bytes + (e0 / F::kBlockElems) * F::kBlockBytes;
+    const QuantPiece wp = F::decode(blk, static_cast<int>((e0 % F::kBlockElems) / kPieceElems));
+    __half2 h[8];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const auto q = [&](int j) { return static_cast<float>(static_cast<int8_t>(wp.q[k] >> (8 * j))); };
+        h[2 * k] = __floats2half2_rn(fmaf(wp.scale, q(0), wp.offset), fmaf(wp.scale, q(1), wp.offset));
+        h[2 * k + 1] = __floats2half2_rn(fmaf(wp.scale, q(2), wp.offset), fmaf(wp.scale, q(3), wp.offset));
+    }
+    uint4* o = reinterpret_cast<uint4*>(out + r * in + e0);
+    o[0] = *reinterpret_cast<const uint4*>(h);
+    o[1] = *reinterpret_cast<const uint4*>(h + 4);
+}
+
 template <typename F>
 void launch_dequantize_typed(const DequantizeLaunch& l) {
     const int64_t n = l.rows * (l.in / kPieceElems);
     constexpr int kThreads = 256;
-    launch_dependent("dequantize_kernel", dequantize_kernel<F>,
-                     dim3(static_cast<unsigned>((n + kThreads - 1) / kThreads)), dim3(kThreads), 0, l.stream, l.w,
-                     l.row_bytes, l.rows, l.in, l.out);
+    const dim3 grid(static_cast<unsigned>((n + kThreads - 1) / kThreads));
+    if (l.out_half) {
+        dequantize_half_kernel<F><<<grid, kThreads, 0, l.stream>>>(l.w, l.row_bytes, l.rows, l.in, l.out_half);
+        STRATA_CUDA_CHECK_LAUNCH("dequantize_half_kernel");
+        return;
+    }
+    launch_dependent("dequantize_kernel", dequantize_kernel<F>, grid, dim3(kThreads), 0, l.stream, l.w, l.row_bytes,
+                     l.rows, l.in, l.out);
 }
 
 }  // namespace strata::cuda::kernels

@@ -127,10 +127,16 @@ bool has_line(const MemoryPlan& plan, const std::string& prefix) {
                        [&](const PlanLine& l) { return l.what.rfind(prefix, 0) == 0; });
 }
 
+// With the default prompt window fixed (the plan would otherwise lengthen it where every expert fits: see
+// PromptWindowGrowsOnlyIntoMemoryTheExpertsDoNotNeed), so that plans at different budgets share their workspaces.
 MemoryPlan plan_for(const std::string& path, uint64_t vram, uint64_t ram = 1024 * kGiB, int64_t ctx = 4096,
                     KvCacheType kv = KvCacheType::F16) {
     const auto f = gguf::File::open(path);
-    return plan_device_memory(*f, {.vram_budget = vram, .ram_budget = ram, .n_ctx = ctx, .kv_cache = kv});
+    return plan_device_memory(*f, {.vram_budget = vram,
+                                   .ram_budget = ram,
+                                   .n_ctx = ctx,
+                                   .kv_cache = kv,
+                                   .prompt_chunk = strata::kDefaultPromptChunk});
 }
 
 // VRAM the plan takes besides the experts, at a budget where they all fit (measured once; the tests below check
@@ -213,6 +219,35 @@ TEST(MemoryPlan, KvCacheAndGdnStateFollowTheHyperparameters) {
         plan_device_memory(*f, {.vram_budget = 64 * kGiB, .ram_budget = kGiB, .n_ctx = 4096, .n_sequences = 2});
     EXPECT_EQ(line(two, "GDN conv + recurrent state"), 2 * gdn);
     EXPECT_EQ(line(two, "KV cache (f16"), 2 * n_attention * (2 * uint64_t{4096 * nkv * hd} * 2 + 4096 + 256));
+}
+
+// Without --prompt-chunk: the longest window (4096, 2048, 1024) with which every routed expert still fits in VRAM,
+// else the default; the plan's totals are those of a plan asked for that window.
+TEST(MemoryPlan, PromptWindowGrowsOnlyIntoMemoryTheExpertsDoNotNeed) {
+    const auto f = gguf::File::open(mid_path());
+    auto chosen = [&](uint64_t vram) { return plan_device_memory(*f, {.vram_budget = vram, .ram_budget = kGiB}); };
+    auto asked = [&](uint64_t vram, int64_t chunk) {
+        return plan_device_memory(*f, {.vram_budget = vram, .ram_budget = kGiB, .prompt_chunk = chunk});
+    };
+    const MemoryPlan roomy = chosen(64 * kGiB);
+    EXPECT_EQ(roomy.prompt_window, 4096);
+    EXPECT_TRUE(roomy.experts_in_vram);
+    EXPECT_EQ(roomy.vram_total(), asked(64 * kGiB, 4096).vram_total());
+    // The smallest budget that holds every expert beside the 4096-token window, and one byte less.
+    const MemoryPlan long_window = asked(64 * kGiB, 4096);
+    const uint64_t just = long_window.vram_total();
+    EXPECT_EQ(chosen(just).prompt_window, 4096);
+    const MemoryPlan shorter = chosen(just - 1);
+    EXPECT_LT(shorter.prompt_window, 4096);
+    EXPECT_TRUE(shorter.experts_in_vram);
+    EXPECT_EQ(shorter.vram_total(), asked(just - 1, shorter.prompt_window).vram_total());
+    // Where the experts do not all fit even beside the default window, it stays the default.
+    const MemoryPlan tight = chosen(asked(64 * kGiB, strata::kDefaultPromptChunk).vram_total() - 1);
+    EXPECT_FALSE(tight.experts_in_vram);
+    EXPECT_EQ(tight.prompt_window, strata::kDefaultPromptChunk);
+    // An explicit window is kept, and one outside 16..8192 is a one-line error.
+    EXPECT_EQ(asked(2 * kGiB, 64).prompt_window, 64);
+    expect_error([&] { asked(64 * kGiB, 8193); }, "outside 16..8192");
 }
 
 TEST(MemoryPlan, LeftoverBecomesTheSameSlotCountInEveryLayer) {
@@ -327,9 +362,10 @@ TEST(MemoryPlan, ImpossiblePlansAreOneLineErrors) {
     expect_error([&] { plan(budget, largest + 1); }, marker + std::to_string(largest) + " tokens");
     // One more token costs, in each of the 4 attention layers (all QSA, ratio 4, indexer keys of 64): K and V rows of
     // 2 heads x 128 fp16, a quarter of a page-table entry, a raw indexer key of 64 floats and a quarter of a pooled
-    // one. 1024 more tokens fit in that much more budget, give or take what the largest context left unused (less
-    // than a token) and the 256-byte rounding of the 20 buffers that grow with the context.
-    const uint64_t per_token = 4 * (2 * 2 * 128 * 2 + 1 + 64 * 4 + 64), rounding = 20 * 256;
+    // one; and a quarter of a block of QSA selection workspace (12 bytes for each of the 64 queries a launch takes).
+    // 1024 more tokens fit in that much more budget, give or take what the largest context left unused (less than a
+    // token) and the 256-byte rounding of the 20 buffers that grow with the context.
+    const uint64_t per_token = 4 * (2 * 2 * 128 * 2 + 1 + 64 * 4 + 64) + 64 * 12 / 4, rounding = 20 * 256;
     EXPECT_NO_THROW(plan(budget + 1024 * per_token + rounding, largest + 1024));
     expect_error([&] { plan(budget + 1024 * per_token - per_token - rounding, largest + 1024); },
                  "the largest context that fits");

@@ -187,8 +187,11 @@ int run_info(const Args& args) {
     print_memory_plan(*file, n_ctx);
     // The CUDA plan needs no GPU: it is worked out for a card of --vram-budget (people plan a purchase with it), not
     // for the device this machine may have.
-    if (args.has("--vram-budget") || args.has("--ram-budget") || args.has("--kv-cache") || args.has("--qsa-union")) {
-        MemoryPlanInputs in{.n_ctx = n_ctx, .qsa_union = args.has("--qsa-union")};
+    if (args.has("--vram-budget") || args.has("--ram-budget") || args.has("--kv-cache") || args.has("--qsa-union") ||
+        args.has("--prompt-chunk")) {
+        MemoryPlanInputs in{.n_ctx = n_ctx,
+                            .qsa_union = args.has("--qsa-union"),
+                            .prompt_chunk = args.get_int("--prompt-chunk", kMinPromptChunk, kMaxPromptChunk).value_or(0)};
         const auto size_flag = [&](const char* flag, const char* example) -> std::optional<uint64_t> {
             const auto text = args.get(flag);
             if (!text) return std::nullopt;
@@ -220,7 +223,7 @@ Command info_command() {
                 .name = "info",
                 .summary = "show a GGUF's metadata, tensors, vocabulary and memory plan for this machine",
                 .usage = "strata info FILE.gguf [--ctx N] [--vram-budget SIZE [--ram-budget SIZE] [--kv-cache TYPE] "
-                         "[--qsa-union]]",
+                         "[--qsa-union] [--prompt-chunk N]]",
                 .flags =
                     {
                         {"--model", "FILE.gguf", "the file (instead of the positional FILE)"},
@@ -233,6 +236,7 @@ Command info_command() {
                          "host memory the plan may pin for experts and the PLE table (default: what is available)"},
                         {"--kv-cache", "TYPE", "the CUDA plan's KV cache storage: f16 (default) or int8"},
                         {"--qsa-union", "", "the CUDA plan includes the workspace of --qsa-union"},
+                        {"--prompt-chunk", "N", "the CUDA plan's prompt window in tokens (default 512)"},
                     },
                 .positional_name = "FILE.gguf",
                 .notes = "For a split model, give any of its NAME-0000i-of-0000n.gguf files. With --vram-budget, "

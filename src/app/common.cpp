@@ -147,6 +147,12 @@ const std::vector<FlagSpec> kLoadFlags = {
      "cuda: the GDN recurrence kernel, auto (default: the faster), column or shuffle (same outputs)"},
     {"--kv-cache", "TYPE", "cuda: KV cache storage, f16 (default) or int8 (one fp16 scale per 64 values: about half)"},
     {"--qsa-union", "", "cuda: prompt windows attend over the union of 8 positions' QSA selections on tensor cores"},
+    {"--prompt-chunk", "N",
+     "cuda: tokens of a prompt window, 16..8192 (default: 4096 when every expert still fits in VRAM, else 512; longer "
+     "windows read each weight, and each expert missed in VRAM, once for more tokens, and take more device memory: "
+     "strata info shows the plan)"},
+    {"--no-cuda-blas", "",
+     "cuda: dense products of prompt windows on strata's own GEMM instead of cuBLAS (for comparisons)"},
     {"--routing-trace", "FILE",
      "cpu: write the experts every token routes to at every MoE layer to FILE (replay: strata bench expert-cache)"},
 };
@@ -166,13 +172,17 @@ LoadOptions load_options(const Args& args, bool read_threads) {
     if (args.has("--kv-cache"))
         o.kv_cache = args.get_choice("--kv-cache", {"f16", "int8"}) == "int8" ? KvCacheType::Int8 : KvCacheType::F16;
     o.qsa_union = args.has("--qsa-union");
+    o.prompt_chunk = args.get_int("--prompt-chunk", kMinPromptChunk, kMaxPromptChunk).value_or(0);
+    o.cuda_blas = !args.has("--no-cuda-blas");
     if (o.backend == Backend::Cpu && (args.has("--vram-budget") || args.has("--ram-budget") ||
+                                      args.has("--prompt-chunk") || args.has("--no-cuda-blas") ||
                                       args.has("--no-cuda-graphs") || args.has("--gdn-recurrence") ||
                                       args.has("--kv-cache") || o.qsa_union || args.has("--expert-policy") ||
                                       args.has("--expert-profile") || args.has("--cpu-experts") ||
                                       args.has("--cpu-share")))
-        throw Error("--vram-budget, --ram-budget, --expert-policy, --expert-profile, --cpu-experts, --cpu-share, "
-                    "--no-cuda-graphs, --gdn-recurrence, --kv-cache and --qsa-union apply to --backend cuda only");
+        throw Error("--vram-budget, --ram-budget, --prompt-chunk, --no-cuda-blas, --expert-policy, --expert-profile, "
+                    "--cpu-experts, --cpu-share, --no-cuda-graphs, --gdn-recurrence, --kv-cache and --qsa-union apply "
+                    "to --backend cuda only");
     (void)args.get_int("--cpu-experts", 0, 1024);
     if (auto text = args.get("--cpu-share")) {
         char* end = nullptr;
@@ -200,12 +210,14 @@ std::optional<MemoryPlan> plan_memory_for_load(const Args& args, const std::stri
                         .n_sequences = std::max<int64_t>(n_sequences, 1),
                         .kv_cache = options.kv_cache,
                         .qsa_union = options.qsa_union,
+                        .prompt_chunk = options.prompt_chunk,
                         .device = cuda_device_memory(options.cuda_device)};
     // No budget and no device: loading says why there is no CUDA backend or device.
     if (in.vram_budget == 0 && !in.device) return std::nullopt;
     const std::unique_ptr<gguf::File> file = gguf::File::open(path);
     MemoryPlan plan = plan_device_memory(*file, in);
     std::fputs(("strata: " + plan.table()).c_str(), stderr);
+    options.prompt_chunk = plan.prompt_window;
     options.experts.in_host = plan.placement().in_host;
     options.experts.cache_slots = plan.placement().cache_slots;
     if (!options.experts.in_host) {

@@ -109,6 +109,11 @@ struct ExpertPlacement {
     double cpu_share = -1;
 };
 
+// CUDA prompt windows (LoadOptions::prompt_chunk): the default and the range --prompt-chunk takes.
+inline constexpr int64_t kDefaultPromptChunk = 512;
+inline constexpr int64_t kMinPromptChunk = 16;
+inline constexpr int64_t kMaxPromptChunk = 8192;
+
 struct LoadOptions {
     Backend backend = Backend::Cpu;
     int n_threads = 0;  // 0: all cores
@@ -124,6 +129,13 @@ struct LoadOptions {
     int cuda_device = 0;
     size_t vram_budget = 0;
     bool cuda_graphs = true;
+    // CUDA: the tokens of a prompt window (--prompt-chunk; 0: kDefaultPromptChunk). A longer window reads each
+    // weight, and each expert missed in VRAM, once for more tokens, and its buffers take more device memory (the
+    // memory plan counts them).
+    int64_t prompt_chunk = 0;
+    // CUDA: dense products of prompt windows (cuda::kBlasMinTokens tokens or more) through cuBLAS on weights
+    // dequantized to fp16 (false: the backend's own tensor-core GEMM; for parity checks and A/B benchmarks).
+    bool cuda_blas = true;
     // CUDA: prompt windows' MoE through the grouped expert GEMM (fp16 operands on tensor cores; false: in slices on
     // the decode windows' kernels, for parity checks and A/B benchmarks).
     bool cuda_grouped_moe = true;

@@ -21,11 +21,17 @@ namespace strata {
 
 namespace {
 
-// The CUDA trunk's window sizes (model/cuda/hybrid_cuda.h kPromptWindow, backend/cuda kMaxMatvecTokens) and the
+// The CUDA trunk's window sizes (the prompt window: LoadOptions::prompt_chunk; backend/cuda kMaxMatvecTokens), the
+// logits rows a window's head writes at a time (model/cuda/hybrid_cuda.h kHeadRows), and the
 // backend constants the workspaces are cut by (backend/cuda/attention.h, decode_attention.cu, matmul.cu,
 // gemm_tensor_core.cuh).
-constexpr int64_t kPromptWindow = 512;
 constexpr int64_t kDecodeWindow = 8;
+constexpr int64_t kHeadRows = 64;
+constexpr int64_t kBlasMinTokens = 256;                      // backend/cuda/cuda_backend.h
+constexpr uint64_t kBlasWorkspaceBytes = uint64_t{32} << 20;  // backend/cuda/blas.h
+constexpr int64_t kQsaSelectGroup = 64;
+// The prompt windows the plan tries, longest first, when --prompt-chunk is not given (bench/notes/prompts.md).
+constexpr int64_t kLongPromptChunks[] = {4096, 2048, 1024};                        // model/cuda/hybrid_cuda.h
 constexpr int64_t kKvPageCells = 4;
 constexpr int64_t kKvInt8Group = 64;
 constexpr int64_t kMinCellsPerSplit = 32;
@@ -101,9 +107,12 @@ uint64_t matmul_scratch(const gguf::TensorInfo& w, int64_t tokens) {
     if (tokens <= kDecodeWindow) return total;
     if (quant) {
         const int64_t splits = gemm_splits(rows, in, tokens);
-        total += round256(n_act * 2) + round256(u(tokens) * 4);
-        if (splits > 1) total += round256(u(splits * rows * tokens) * 4);
-        return total;
+        const uint64_t own = round256(n_act * 2) + round256(u(tokens) * 4) +
+                             (splits > 1 ? round256(u(splits * rows * tokens) * 4) : 0);
+        // From kBlasMinTokens cuBLAS may take it: the window's fp16 activations, its scales, the fp16 weights.
+        const uint64_t blas =
+            tokens >= kBlasMinTokens ? round256(n_act * 2) + 256 + round256(u(rows * in) * 2) : 0;
+        return total + std::max(own, blas);
     }
     const int64_t panel_rows =
         std::clamp<int64_t>(static_cast<int64_t>(kGemmPanelBytes / (u(in) * 4)) / kGemmFloatTile * kGemmFloatTile,
@@ -166,6 +175,8 @@ struct Shapes {
     PleShape ple;
     uint64_t ple_row_bytes = 0;
     const gguf::TensorInfo* token_embd = nullptr;
+    const gguf::TensorInfo* output = nullptr;  // the head: output.weight, or token_embd when they are tied
+    int64_t prompt_window = kDefaultPromptChunk;  // tokens of a prompt window
 };
 
 Shapes read_shapes(const gguf::File& file) {
@@ -175,6 +186,8 @@ Shapes read_shapes(const gguf::File& file) {
     s.H = info.n_embd;
     s.n_layer = info.n_layer;
     s.token_embd = file.find_tensor("token_embd.weight");
+    s.output = file.find_tensor("output.weight");
+    if (!s.output) s.output = s.token_embd;
     if (!s.token_embd) throw Error(file.path() + ": tensor token_embd.weight is missing");
     s.V = s.token_embd->ne[1];
     if (info.arch == "qwen4exp") {
@@ -220,13 +233,14 @@ struct SequenceCost {
 };
 
 // backend/cuda/qsa_union.cu qsa_union_splits (for a decode window) and workspace_layout (for a prompt window).
-uint64_t qsa_union_bytes(int64_t max_cells, int64_t n_head, int64_t n_head_kv, int64_t head_dim, int sms) {
+uint64_t qsa_union_bytes(int64_t prompt_window, int64_t max_cells, int64_t n_head, int64_t n_head_kv,
+                         int64_t head_dim, int sms) {
     constexpr int64_t kGroup = 8, kChunk = 64;  // qsa_union.h kQsaUnionGroup, kQsaUnionChunk
     const int64_t max_chunks = std::max<int64_t>(1, ceil_div(kGroup * max_cells, kChunk));
     const int64_t blocks = std::max<int64_t>(1, n_head_kv) * std::max<int64_t>(1, ceil_div(kDecodeWindow, kGroup));
     const int64_t splits = std::clamp<int64_t>(ceil_div(sms, blocks), 1, max_chunks);
-    const uint64_t groups = u(ceil_div(kPromptWindow, kGroup)), stride = u(kGroup * max_cells);
-    const uint64_t rows = u(splits * kPromptWindow * n_head);
+    const uint64_t groups = u(ceil_div(prompt_window, kGroup)), stride = u(kGroup * max_cells);
+    const uint64_t rows = u(splits * prompt_window * n_head);
     return booked(round256(groups * stride * 4) + round256(groups * stride) + round256(groups * 4) +
                   round256(rows * u(head_dim) * 4) + 2 * round256(rows * 4));
 }
@@ -265,7 +279,9 @@ SequenceCost sequence_cost(const Shapes& s, int64_t cap, KvCacheType kv, int mul
             c.ple += booked(u(p.history_rows() * p.n_streams * p.n_embd) * 4);
         }
     }
-    c.attention_workspace = booked(u(max_blocks) * 4) + booked(u(max_blocks) * 8);  // QSA scores, keys
+    // QSA scores and keys of the queries one qsa_select launch takes (model/cuda/hybrid_cuda.h kQsaSelectGroup).
+    const int64_t group = any_sparse ? std::min(kQsaSelectGroup, s.prompt_window) : 1;
+    c.attention_workspace = booked(u(group * max_blocks) * 4) + booked(u(group * max_blocks) * 8);
     // decode_attention.cu decode_attention_splits and decode_attention_workspace_bytes.
     const int sms = multiprocessors > 0 ? multiprocessors : kAssumedMultiprocessors;
     auto splits = [&](int64_t cells) {
@@ -275,15 +291,17 @@ SequenceCost sequence_cost(const Shapes& s, int64_t cap, KvCacheType kv, int mul
     };
     const int64_t dense_splits = any_dense ? splits(cap) : 1;
     const int64_t sparse_splits = any_sparse ? splits(std::min(cap, max_cells)) : 1;
-    if (qsa_union && any_sparse) c.union_workspace = qsa_union_bytes(max_cells, a.n_head, a.n_head_kv, a.head_dim, sms);
+    if (qsa_union && any_sparse) c.union_workspace = qsa_union_bytes(s.prompt_window, max_cells, a.n_head, a.n_head_kv, a.head_dim, sms);
     if (any_dense || any_sparse)
         c.attention_workspace += booked(u(std::max(dense_splits, sparse_splits)) * u(a.n_head) * u(a.head_dim + 2) * 4);
     return c;
 }
 
-// hybrid_cuda.cpp finish_loading: the window buffers of a prompt window, carved from one allocation.
-uint64_t window_bytes(const Shapes& s) {
-    const int64_t T = kPromptWindow, H = s.H, hc = s.hc, HC = hc * H, V = s.V;
+// hybrid_cuda.cpp finish_loading: the window buffers of a prompt window, carved from one allocation: the parts every
+// stage of a block uses, then one region that the embedding's staging, the GDN, attention and PLE buffers and the MoE
+// prompt workspace (moe_prompt bytes) each start at (they are never live at once).
+uint64_t window_bytes(const Shapes& s, uint64_t moe_prompt) {
+    const int64_t T = s.prompt_window, H = s.H, hc = s.hc, HC = hc * H, V = s.V;
     const GdnShape& g = s.gdn;
     const AttentionShape& a = s.attention;
     int64_t max_cells = 1, index_heads = 0, index_dim = 0;
@@ -297,9 +315,15 @@ uint64_t window_bytes(const Shapes& s) {
     const int64_t ple_heads = ple ? s.ple.n_heads() : 0;
     const int64_t ple_width = ple ? ple_heads * s.ple.row_width : 0;
     const int64_t ple_rows = ple ? HC : 0;
-    uint64_t total = 0;
-    auto part = [&](uint64_t bytes) { total += round256(bytes); };
+    uint64_t always = 0, stage = 0, region = moe_prompt;
+    uint64_t* total = &always;
+    auto part = [&](uint64_t bytes) { *total += round256(bytes); };
     auto f32 = [&](int64_t n) { part(u(n) * 4); };
+    auto next_stage = [&] {
+        region = std::max(region, stage);
+        stage = 0;
+        total = &stage;
+    };
     f32(3 * T);  // tokens, positions, lengths (int32)
     f32(T * HC);
     f32(T * H);
@@ -314,22 +338,27 @@ uint64_t window_bytes(const Shapes& s) {
         const uint64_t partials = xn_q + activation_bytes(DType::Q8_0, T * HC) + activation_bytes(DType::Q8_0, T * R);
         f32(static_cast<int64_t>((gate_end + 256 + (partials - xn_q)) / 4) + T * hc * hc);
     }
+    f32(T * H);
+    f32(std::min(T, std::max(kDecodeWindow, kHeadRows)) * V);  // the logits of kHeadRows tokens at a time
+    next_stage();
+    // backend/cuda/block_ops.cu embed_staging_bytes
+    part(round256(u(T) * row_bytes(s.token_embd->type, s.token_embd->ne[0])) + u(T * s.token_embd->ne[0]) * 4);
+    next_stage();
     for (int64_t n : {T * g.conv_dim(), T * g.value_dim(), T * g.n_v_heads, T * g.n_v_heads, T * 2 * g.n_v_heads,
                       T * g.conv_dim(), T * g.value_dim()})
         f32(n);
+    next_stage();
     for (int64_t n : {T * 2 * a.head_dim * a.n_head, T * a.n_head_kv * a.head_dim, T * a.n_head_kv * a.head_dim,
                       T * a.n_head * a.head_dim, T * index_dim, T * index_heads * index_dim, T * max_cells, T})
         f32(n);
+    next_stage();
     part(u(T * ple_heads) * 8);
     part(u(T * ple_heads) * s.ple_row_bytes);
     f32(T * ple_width);
     for (int i = 0; i < 5; ++i) f32(T * ple_rows);
     f32(ple ? T * H : 0);
-    f32(T * H);
-    f32(T * V);
-    // backend/cuda/block_ops.cu embed_staging_bytes
-    part(round256(u(T) * row_bytes(s.token_embd->type, s.token_embd->ne[0])) + u(T * s.token_embd->ne[0]) * 4);
-    return booked(total);
+    next_stage();
+    return booked(always + region);
 }
 
 // backend/cuda/moe.cu MoeWorkspace: one per MoE layer, cut for a decode window.
@@ -368,7 +397,7 @@ bool grouped_gemm_type(DType t, int64_t in) {
 }
 
 uint64_t moe_prompt_workspace_bytes(const Shapes& s) {
-    const int64_t P = kPromptWindow, H = s.H, E = s.moe.n_expert, K = s.moe.n_expert_used, F = s.moe.n_ff,
+    const int64_t P = s.prompt_window, H = s.H, E = s.moe.n_expert, K = s.moe.n_expert_used, F = s.moe.n_ff,
                   FS = s.moe.n_ff_shared, pairs = P * K;
     const int64_t tiles = (pairs + 63) / 64 + std::min(E, pairs);
     const uint64_t sizes[] = {u(P * E) * 4,  u(pairs) * 4, u(pairs) * 4, u(pairs) * 4,
@@ -387,6 +416,7 @@ struct TensorTotals {
     std::vector<uint64_t> expert_bytes;  // per trunk block: one cache slot (one expert's gate, up and down)
     uint64_t matmul_scratch = 0;
     uint64_t moe_workspaces = 0;
+    uint64_t moe_prompt = 0;  // the grouped MoE's prompt workspace (inside the window buffers)
     int64_t n_moe_layers = 0;
 };
 
@@ -413,11 +443,17 @@ TensorTotals classify(const gguf::File& file, const Shapes& s) {
         }
         // model/cuda/device_weights.cpp: each bound file tensor is one upload (a DeviceBuffer).
         t.dense += booked(info.n_bytes);
+        // The head's products take kHeadRows tokens at most, and the embedding table is only read by rows unless it is
+        // the head (hybrid_cuda.cpp finish_loading).
+        const bool head = &info == s.output || &info == s.token_embd;
+        const int64_t prompt_tokens = head ? std::min(s.prompt_window, kHeadRows) : s.prompt_window;
         if (info.ne[2] == 1 && info.ne[3] == 1 && cuda_matmul_type(info.type))
             t.matmul_scratch =
-                std::max({t.matmul_scratch, matmul_scratch(info, kDecodeWindow), matmul_scratch(info, kPromptWindow)});
+                std::max({t.matmul_scratch, matmul_scratch(info, kDecodeWindow), matmul_scratch(info, prompt_tokens)});
     }
     t.matmul_scratch = t.matmul_scratch ? booked(t.matmul_scratch) : 0;
+    // cuBLAS's workspace, booked when the prompt window reaches it (backend/cuda/blas.h).
+    if (s.prompt_window >= kBlasMinTokens) t.matmul_scratch += booked(kBlasWorkspaceBytes);
     for (int64_t il = 0; il < s.n_layer; ++il) {
         const std::string p = "blk." + std::to_string(il) + ".";
         auto type_of = [&](const char* name, DType fallback) {
@@ -431,7 +467,7 @@ TensorTotals classify(const gguf::File& file, const Shapes& s) {
                                                 type_of("ffn_down_shexp.weight", DType::F32));
         if (t.n_moe_layers == 0 && grouped_gemm_type(gate, s.H) && grouped_gemm_type(down->type, s.moe.n_ff) &&
             s.moe.n_expert <= 4096)
-            t.moe_workspaces += moe_prompt_workspace_bytes(s);
+            t.moe_prompt = moe_prompt_workspace_bytes(s);
         ++t.n_moe_layers;
     }
     return t;
@@ -520,8 +556,12 @@ std::string MemoryPlan::table() const {
 MemoryPlan plan_device_memory(const gguf::File& file, const MemoryPlanInputs& in) {
     if (in.n_ctx < 1) throw Error("the memory plan needs a context of at least one token");
     if (in.n_sequences < 1) throw Error("the memory plan needs at least one sequence");
-    const Shapes s = read_shapes(file);
-    const TensorTotals t = classify(file, s);
+    if (in.prompt_chunk != 0 && (in.prompt_chunk < kMinPromptChunk || in.prompt_chunk > kMaxPromptChunk))
+        throw Error("a prompt window of " + std::to_string(in.prompt_chunk) + " tokens is outside " +
+                    std::to_string(kMinPromptChunk) + ".." + std::to_string(kMaxPromptChunk));
+    Shapes s = read_shapes(file);
+    if (in.prompt_chunk) s.prompt_window = in.prompt_chunk;
+    TensorTotals t = classify(file, s);
     const int sms = in.device ? in.device->multiprocessors : 0;
 
     MemoryPlan plan;
@@ -563,10 +603,27 @@ MemoryPlan plan_device_memory(const gguf::File& file, const MemoryPlanInputs& in
     auto states = [&](int64_t ctx) {
         return sequence_cost(s, ctx, in.kv_cache, sms, in.qsa_union).total() * u(in.n_sequences);
     };
+    // Without --prompt-chunk the prompt window grows only into memory the experts would not use: the longest of
+    // kLongPromptChunks with which every routed expert still fits in VRAM beside everything else, else the default
+    // (a longer window's buffers would cost expert-cache slots, which decoding needs more).
+    if (in.prompt_chunk == 0) {
+        const Shapes short_window = s;
+        const TensorTotals short_totals = t;
+        for (const int64_t chunk : kLongPromptChunks) {
+            s.prompt_window = chunk;
+            t = classify(file, s);
+            const uint64_t need = reserve + t.dense + window_bytes(s, t.moe_prompt) + t.moe_workspaces +
+                                  t.matmul_scratch + states(in.n_ctx) + t.experts_uploaded;
+            if (need <= plan.vram_budget) break;
+            s = short_window;
+            t = short_totals;
+        }
+    }
+    plan.prompt_window = s.prompt_window;
     // With experts in host RAM, every layer has an address table of 3 tensors x n_expert pointers (expert_cache.cpp):
     // part of the fixed cost whenever the experts do not all fit beside the rest.
     const uint64_t tables = booked(u(s.n_layer) * 3 * u(s.moe.n_expert) * 8);
-    uint64_t fixed = t.dense + window_bytes(s) + t.moe_workspaces + t.matmul_scratch;
+    uint64_t fixed = t.dense + window_bytes(s, t.moe_prompt) + t.moe_workspaces + t.matmul_scratch;
     const bool all_fit = t.experts == 0 || reserve + fixed + states(in.n_ctx) + t.experts_uploaded <= plan.vram_budget;
     if (!all_fit) fixed += tables;
     const uint64_t minimum = reserve + fixed + states(in.n_ctx);
@@ -622,7 +679,7 @@ MemoryPlan plan_device_memory(const gguf::File& file, const MemoryPlanInputs& in
     vram("PLE token + conv history", seq.ple * n);
     vram("attention workspaces", seq.attention_workspace * n);
     vram("QSA union workspace (--qsa-union)", seq.union_workspace * n);
-    vram("window buffers (" + std::to_string(kPromptWindow) + "-token window)", window_bytes(s));
+    vram("window buffers (" + std::to_string(s.prompt_window) + "-token window)", window_bytes(s, t.moe_prompt));
     vram("MoE workspaces (" + std::to_string(t.n_moe_layers) + " layers)", t.moe_workspaces);
     vram("matmul scratch", t.matmul_scratch);
 

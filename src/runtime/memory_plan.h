@@ -49,6 +49,7 @@ struct MemoryPlanInputs {
     int64_t n_sequences = 1;  // sequences alive at once (server slots)
     KvCacheType kv_cache = KvCacheType::F16;
     bool qsa_union = false;  // --qsa-union: each sequence also holds the union kernel's workspace
+    int64_t prompt_chunk = 0;  // --prompt-chunk: tokens of a prompt window (0: the plan chooses)
     std::optional<DeviceMemory> device;
 };
 
@@ -78,6 +79,9 @@ struct MemoryPlan {
     bool experts_pinned = false;         // host side: pinned arena (else read from the mapped file)
     bool has_ple = false;
     bool ple_pinned = false;  // else rows read from the file with a row cache
+    // The CUDA prompt window in tokens: --prompt-chunk, or without it the longest of 4096, 2048 and 1024 that leaves
+    // every routed expert in VRAM, else the default (model.h kDefaultPromptChunk).
+    int64_t prompt_window = 0;
 
     uint64_t vram_total() const;  // every VRAM line, the reserve included
     uint64_t pinned_total() const;

@@ -34,10 +34,11 @@ const Tensor* DeviceWeights::tensor(const Tensor& host) {
     return &views_.back();
 }
 
-size_t DeviceWeights::max_matmul_scratch(int64_t n_tokens) const {
+size_t DeviceWeights::max_matmul_scratch(int64_t n_tokens, std::initializer_list<const Tensor*> except) const {
     size_t bytes = 0;
     for (const Tensor& t : views_)
-        if (t.ne[2] == 1 && t.ne[3] == 1 && cuda::supports_matmul(t.type))
+        if (std::none_of(except.begin(), except.end(), [&](const Tensor* e) { return e && e->data == t.data; }) &&
+            t.ne[2] == 1 && t.ne[3] == 1 && cuda::supports_matmul(t.type))
             bytes = std::max(bytes, cuda::matmul_scratch_bytes(t, n_tokens));
     return bytes;
 }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <string>
@@ -28,8 +29,9 @@ class DeviceWeights {
     const uint64_t* u64s(const std::vector<uint64_t>& values);
 
     size_t uploaded_bytes() const { return uploaded_bytes_; }
-    // The largest context scratch a product of n_tokens takes over the 2-D matrices handed out so far.
-    size_t max_matmul_scratch(int64_t n_tokens) const;
+    // The largest context scratch a product of n_tokens takes over the 2-D matrices handed out so far, but those that
+    // view the same bytes as one of `except` (the head and the embedding table: their products take fewer tokens).
+    size_t max_matmul_scratch(int64_t n_tokens, std::initializer_list<const Tensor*> except = {}) const;
 
   private:
     struct Range {

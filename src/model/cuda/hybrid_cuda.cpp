@@ -43,14 +43,21 @@ CudaHybridModel::CudaHybridModel(std::unique_ptr<gguf::File> file, const LoadOpt
       kv_storage_(options.kv_cache == KvCacheType::Int8 ? cuda::KvStorage::Int8 : cuda::KvStorage::F16),
       qsa_union_(options.qsa_union),
       ncu_replay_(options.cuda_ncu_replay) {
+    if (options.prompt_chunk != 0 &&
+        (options.prompt_chunk < kMinPromptChunk || options.prompt_chunk > kMaxPromptChunk))
+        throw Error("--prompt-chunk " + std::to_string(options.prompt_chunk) + " is outside " +
+                    std::to_string(kMinPromptChunk) + ".." + std::to_string(kMaxPromptChunk));
+    // A prompt window is at least a decode window and a head block (the window logits buffer holds kHeadRows rows).
+    prompt_window_ = options.prompt_chunk ? std::max(options.prompt_chunk, kWindow + 1) : kDefaultPromptChunk;
+    window_host_.assign(static_cast<size_t>(3 * prompt_window_), 0);
     info_ = read_hybrid_info(*file_, &n_block_all_);
-    ctx_ = std::make_unique<cuda::Context>(
-        cuda::ContextOptions{.device = options.cuda_device, .vram_budget = options.vram_budget});
+    ctx_ = std::make_unique<cuda::Context>(cuda::ContextOptions{
+        .device = options.cuda_device, .vram_budget = options.vram_budget, .blas_products = options.cuda_blas});
     experts_in_host_ = options.experts.in_host;
     check_weights_fit();
     weights_ = std::make_unique<DeviceWeights>(*ctx_, *file_);
     if (experts_in_host_)
-        experts_ = std::make_unique<ExpertCache>(*ctx_, *file_, info_.n_layer, kPromptWindow, options.experts);
+        experts_ = std::make_unique<ExpertCache>(*ctx_, *file_, info_.n_layer, prompt_window_, options.experts);
     routing_ids_.assign(static_cast<size_t>(info_.n_layer), nullptr);
     if (options.cuda_profile) profiler_ = std::make_unique<cuda::StreamProfiler>(kOpKindNames);
 }
@@ -126,8 +133,8 @@ MoeDevice CudaHybridModel::upload_moe(const MoeWeights& m, const MoeShape& s, in
         d.weights.down = dw.tensor(m.down);
     }
     d.workspace = std::make_unique<cuda::MoeWorkspace>(*ctx_, d.shape, d.weights);
-    if (grouped_moe_ && !moe_prompt_ && cuda::moe_prompt_supported(d.shape, d.weights))
-        moe_prompt_ = std::make_unique<cuda::MoePromptWorkspace>(*ctx_, d.shape, kPromptWindow);
+    if (grouped_moe_ && !moe_prompt_shape_ && cuda::moe_prompt_supported(d.shape, d.weights))
+        moe_prompt_shape_ = d.shape;  // its workspace goes into the window buffers (finish_loading)
     STRATA_ASSERT(block >= 0 && block < static_cast<int64_t>(routing_ids_.size()));
     routing_ids_[static_cast<size_t>(block)] = d.workspace->expert_ids();
     return d;
@@ -169,7 +176,7 @@ void CudaHybridModel::moe_window(const MoeDevice& m, const float* x, float* out,
 void CudaHybridModel::finish_loading(const WindowShape& shape, const Tensor* token_embd, const Tensor* output) {
     token_embd_ = token_embd;
     output_ = output;
-    const int64_t T = kPromptWindow, H = info_.n_embd, hc = shape.n_streams, HC = hc * H, V = info_.n_vocab;
+    const int64_t T = prompt_window_, H = info_.n_embd, hc = shape.n_streams, HC = hc * H, V = info_.n_vocab;
     const GdnShape& g = gdn_;
     const AttentionShape& a = attention_;
     int64_t max_cells = 1, index_heads = 0, index_dim = 0;
@@ -195,16 +202,32 @@ void CudaHybridModel::finish_loading(const WindowShape& shape, const Tensor* tok
     const int64_t ple_heads = shape.ple ? shape.ple->n_heads() : 0;
     const int64_t ple_width = shape.ple ? ple_heads * shape.ple->row_width : 0;
     const int64_t ple_rows = shape.ple ? HC : 0;
-    std::vector<std::pair<void**, size_t>> parts;
-    auto f32 = [&](float** ptr, int64_t n) { parts.push_back({reinterpret_cast<void**>(ptr), size_t(n) * 4}); };
-    auto i32 = [&](int32_t** ptr, int64_t n) { parts.push_back({reinterpret_cast<void**>(ptr), size_t(n) * 4}); };
+    // The parts every stage of a block uses, then stages that are never live at once (the embedding's staging, the
+    // GDN, attention and PLE buffers, and the grouped MoE's prompt workspace), each carved from the start of one
+    // shared region (runtime/memory_plan.cpp window_bytes counts the same).
+    struct Part {
+        void** ptr;
+        size_t bytes;
+        int stage;  // 0: always
+    };
+    std::vector<Part> parts;
+    int stage = 0;
+    auto f32 = [&](float** ptr, int64_t n) { parts.push_back({reinterpret_cast<void**>(ptr), size_t(n) * 4, stage}); };
+    auto i32 = [&](int32_t** ptr, int64_t n) {
+        parts.push_back({reinterpret_cast<void**>(ptr), size_t(n) * 4, stage});
+    };
     i32(&w_.tokens, 3 * T);  // tokens, positions, lengths: one block, written by one copy per window
     f32(&w_.residual, T * HC);
     f32(&w_.mixed, T * H);
     f32(&w_.out, T * H);
     f32(&w_.inject, T * hc);
-    parts.push_back({&w_.mixed_q8_0, cuda::q8_0_activation_bytes(H)});
+    parts.push_back({&w_.mixed_q8_0, cuda::q8_0_activation_bytes(H), stage});
     f32(&w_.hc_work, shape.hc_work_floats);
+    f32(&w_.hidden, T * H);
+    f32(&w_.logits, std::min(T, kHeadRows) * V);
+    stage = 1;
+    parts.push_back({&w_.embed_staging, cuda::embed_staging_bytes(*token_embd_, T), stage});
+    stage = 2;
     f32(&w_.qkv, T * g.conv_dim());
     f32(&w_.z, T * g.value_dim());
     f32(&w_.beta, T * g.n_v_heads);
@@ -212,6 +235,7 @@ void CudaHybridModel::finish_loading(const WindowShape& shape, const Tensor* tok
     f32(&w_.ba, T * 2 * g.n_v_heads);
     f32(&w_.conv, T * g.conv_dim());
     f32(&w_.core, T * g.value_dim());
+    stage = 3;
     f32(&w_.qg, T * 2 * a.head_dim * a.n_head);
     f32(&w_.k_new, T * a.n_head_kv * a.head_dim);
     f32(&w_.v_new, T * a.n_head_kv * a.head_dim);
@@ -221,27 +245,35 @@ void CudaHybridModel::finish_loading(const WindowShape& shape, const Tensor* tok
     i32(&w_.cells, T * max_cells);
     i32(&w_.n_selected, T);
     w_.max_cells = max_cells;
-    parts.push_back({reinterpret_cast<void**>(&w_.ple_rows), size_t(T * ple_heads) * 8});
-    parts.push_back({&w_.ple_staging, size_t(T * ple_heads) * shape.ple_row_bytes});
+    stage = 4;
+    parts.push_back({reinterpret_cast<void**>(&w_.ple_rows), size_t(T * ple_heads) * 8, stage});
+    parts.push_back({&w_.ple_staging, size_t(T * ple_heads) * shape.ple_row_bytes, stage});
     f32(&w_.ple_emb, T * ple_width);
     for (float** p : {&w_.ple_key, &w_.ple_query, &w_.ple_gated, &w_.ple_normed, &w_.ple_conv}) f32(p, T * ple_rows);
     f32(&w_.ple_value, shape.ple ? T * H : 0);
-    f32(&w_.hidden, T * H);
-    f32(&w_.logits, T * V);
-    parts.push_back({&w_.embed_staging, cuda::embed_staging_bytes(*token_embd_, T)});
-    size_t total = 0;
-    for (auto& [ptr, bytes] : parts) total += (bytes + 255) / 256 * 256;
-    w_.buffer = ctx_->allocate(total, "window");
-    auto* base = static_cast<uint8_t*>(w_.buffer.data());
-    for (auto& [ptr, bytes] : parts) {
-        *ptr = bytes ? base : nullptr;
-        base += (bytes + 255) / 256 * 256;
+    constexpr int kStages = 5;
+    auto rounded = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+    size_t sizes[kStages] = {};
+    for (const Part& p : parts) sizes[p.stage] += rounded(p.bytes);
+    const size_t moe_prompt = moe_prompt_shape_ ? cuda::MoePromptWorkspace::bytes(*moe_prompt_shape_, T) : 0;
+    const size_t region = std::max(*std::max_element(sizes + 1, sizes + kStages), rounded(moe_prompt));
+    w_.buffer = ctx_->allocate(sizes[0] + region, "window");
+    uint8_t* const region_start = static_cast<uint8_t*>(w_.buffer.data()) + sizes[0];
+    uint8_t* at[kStages] = {static_cast<uint8_t*>(w_.buffer.data())};
+    for (int k = 1; k < kStages; ++k) at[k] = region_start;
+    for (const Part& p : parts) {
+        *p.ptr = p.bytes ? at[p.stage] : nullptr;
+        at[p.stage] += rounded(p.bytes);
     }
-    w_.positions = w_.tokens + kPromptWindow;
-    w_.lengths = w_.tokens + 2 * kPromptWindow;
+    if (moe_prompt_shape_) moe_prompt_ = std::make_unique<cuda::MoePromptWorkspace>(*moe_prompt_shape_, T, region_start);
+    w_.positions = w_.tokens + T;
+    w_.lengths = w_.tokens + 2 * T;
     // Every matrix a window multiplies by was uploaded through weights_: the largest scratch any of them takes, for
-    // a decode window (the graphs keep its address) and a prompt window (its GEMM path takes more).
-    ctx_->scratch(std::max(weights_->max_matmul_scratch(kWindow), weights_->max_matmul_scratch(kPromptWindow)));
+    // a decode window (the graphs keep its address) and a prompt window (its GEMM path takes more), the head at
+    // kHeadRows tokens at most (the embedding table is read by rows, unless it is the head).
+    ctx_->scratch(std::max({weights_->max_matmul_scratch(kWindow), weights_->max_matmul_scratch(T, {output_, token_embd_}),
+                            cuda::matmul_scratch_bytes(*output_, std::min(T, kHeadRows))}));
+    if (ctx_->blas_products() && T >= cuda::kBlasMinTokens) ctx_->blas();  // its workspace in the plan below
     if (experts_) experts_->set_routing_sources(routing_ids_);
     std::fprintf(stderr, "strata: CUDA %s, VRAM plan after loading:\n%s", ctx_->info().name.c_str(),
                  ctx_->memory().plan().c_str());
@@ -250,7 +282,7 @@ void CudaHybridModel::finish_loading(const WindowShape& shape, const Tensor* tok
 std::unique_ptr<SequenceState> CudaHybridModel::new_sequence(int64_t max_tokens) const {
     if (max_tokens <= 0)
         throw Error("a sequence needs room for at least one token, asked for " + std::to_string(max_tokens));
-    if (max_tokens > (int64_t{1} << 31) - kPromptWindow)
+    if (max_tokens > (int64_t{1} << 31) - prompt_window_)
         throw Error("a sequence of " + std::to_string(max_tokens) + " tokens is more than the CUDA backend "
                     "supports (2^31 positions)");
     std::lock_guard<std::mutex> lock(mutex_);
@@ -297,14 +329,32 @@ void CudaHybridModel::forward(SequenceState& state, std::span<const int32_t> tok
                     " more would pass its capacity of " + std::to_string(seq->capacity_));
     if (T == 0) return;
     std::lock_guard<std::mutex> lock(mutex_);
-    // Prompt windows while more than a decode window is left, then one decode window for the rest.
+    // Prompt windows while more than a decode window is left, then one decode window for the rest. A decode window's
+    // graph holds the head of all its rows; a prompt window runs the head only for the rows wanted, kHeadRows at a
+    // time, each block downloaded before the next overwrites it.
     for (int64_t start = 0, n = 0; start < T; start += n) {
-        n = T - start > kWindow ? std::min(kPromptWindow, T - start) : T - start;
-        run_window(*seq, tokens.subspan(static_cast<size_t>(start), static_cast<size_t>(n)));
-        if (logits.empty()) continue;
+        n = T - start > kWindow ? std::min(prompt_window_, T - start) : T - start;
+        const bool last = start + n == T;
+        auto head = [&] {
+            if (n <= kWindow) return enqueue_head(0, n);
+            if (logits.empty()) return;
+            if (last_only) {
+                if (!last) return;
+                enqueue_head(n - 1, 1);
+                return ctx_->download(w_.logits, logits.data(), static_cast<size_t>(V) * sizeof(float));
+            }
+            for (int64_t row = 0; row < n; row += kHeadRows) {
+                const int64_t rows = std::min(kHeadRows, n - row);
+                enqueue_head(row, rows);
+                ctx_->download(w_.logits, logits.data() + (start + row) * V,
+                               static_cast<size_t>(rows * V) * sizeof(float));
+            }
+        };
+        run_window(*seq, tokens.subspan(static_cast<size_t>(start), static_cast<size_t>(n)), head);
+        if (logits.empty() || n > kWindow) continue;
         if (!last_only)
             ctx_->download(w_.logits, logits.data() + start * V, static_cast<size_t>(n * V) * sizeof(float));
-        else if (start + n == T)
+        else if (last)
             ctx_->download(w_.logits + (n - 1) * V, logits.data(), static_cast<size_t>(V) * sizeof(float));
     }
     ctx_->synchronize();
@@ -383,8 +433,10 @@ void CudaHybridModel::allocate_sequence(CudaSequence& s) const {
                 ctx_->allocate(size_t(p.history_rows() * p.n_streams * p.n_embd) * 4, "sequence state");
         }
     }
-    s.qsa_scores = ctx_->allocate(size_t(max_blocks) * 4, "sequence state");
-    s.qsa_keys = ctx_->allocate(size_t(max_blocks) * 8, "sequence state");  // keys, then a tie's block indices
+    s.qsa_group = any_sparse ? std::min(kQsaSelectGroup, prompt_window_) : 1;
+    s.qsa_scores = ctx_->allocate(size_t(s.qsa_group * max_blocks) * 4, "sequence state");
+    // keys, then a tie's block indices
+    s.qsa_keys = ctx_->allocate(size_t(s.qsa_group * max_blocks) * 8, "sequence state");
     s.dense_splits = any_dense ? cuda::decode_attention_splits(*ctx_, a.n_head_kv, cap) : 1;
     s.sparse_splits = any_sparse ? cuda::decode_attention_splits(*ctx_, a.n_head_kv, std::min(cap, w_.max_cells)) : 1;
     if (any_dense || any_sparse)
@@ -395,7 +447,7 @@ void CudaHybridModel::allocate_sequence(CudaSequence& s) const {
         // Scratch for one window's unions and split results. Without room for it the sequence keeps the per-query path.
         s.union_splits = cuda::qsa_union_splits(*ctx_, kWindow, a.n_head_kv, w_.max_cells);
         try {
-            s.union_workspace = ctx_->allocate(cuda::qsa_union_workspace_bytes(kPromptWindow, w_.max_cells, a.n_head,
+            s.union_workspace = ctx_->allocate(cuda::qsa_union_workspace_bytes(prompt_window_, w_.max_cells, a.n_head,
                                                                                 a.head_dim, s.union_splits),
                                                "sequence state");
         } catch (const Error& e) {
@@ -436,20 +488,24 @@ void CudaHybridModel::clear_sequence(CudaSequence& s) const {
 
 // One window: its tokens, positions and cache lengths to the device, then the sequence's graph for this window size
 // (captured on first use, and again if the context scratch has moved since), or the launches one by one.
-void CudaHybridModel::run_window(CudaSequence& s, std::span<const int32_t> tokens) const {
-    const int64_t T = static_cast<int64_t>(tokens.size());
-    int32_t host[3 * kPromptWindow] = {};
+void CudaHybridModel::run_window(CudaSequence& s, std::span<const int32_t> tokens,
+                                 const std::function<void()>& head) const {
+    const int64_t T = static_cast<int64_t>(tokens.size()), P = prompt_window_;
+    int32_t* host = window_host_.data();
     for (int64_t t = 0; t < T; ++t) {
         host[t] = tokens[static_cast<size_t>(t)];
-        host[kPromptWindow + t] = static_cast<int32_t>(s.n_past_ + t);
-        host[2 * kPromptWindow + t] = static_cast<int32_t>(s.n_past_ + t + 1);
+        host[P + t] = static_cast<int32_t>(s.n_past_ + t);
+        host[2 * P + t] = static_cast<int32_t>(s.n_past_ + t + 1);
     }
-    ctx_->copy_to_device(w_.tokens, host, sizeof(host));
+    // A pageable source: the copy has read it when the call returns, so the next window may rewrite it.
+    ctx_->copy_to_device(w_.tokens, host, window_host_.size() * sizeof(int32_t));
     const bool share = experts_ && experts_->cpu_share() && T <= kWindow;
     if (experts_) experts_->begin_window(T <= kWindow);
     const auto window = [&] {
         if (share) experts_->enqueue_window_start();
         enqueue_window(s, T);
+        mark(kHead);
+        head();
         if (experts_ && T <= kWindow) experts_->copy_routing(-1, 0, T);
     };
     const auto started = std::chrono::steady_clock::now();
@@ -492,6 +548,11 @@ void CudaHybridModel::run_window(CudaSequence& s, std::span<const int32_t> token
         ctx_->synchronize();  // the routing is on the host once the window has run
         experts_->end_window(T);
     }
+}
+
+void CudaHybridModel::enqueue_head(int64_t row0, int64_t n) const {
+    STRATA_ASSERT(n >= 1 && n <= kHeadRows);
+    cuda::matmul(*ctx_, {.w = *output_, .x = w_.hidden + row0 * info_.n_embd, .y = w_.logits, .n_tokens = n});
 }
 
 // Gated DeltaNet (model/gdn.cpp): projections, conv + SiLU, normalised q/k, gates, the recurrence on the sequence's
@@ -641,7 +702,10 @@ void CudaHybridModel::attention_window(const AttentionDevice& w, CudaSequence& s
                                          .positions = w_.positions,
                                          .n_tokens = T};
         cuda::indexer_store_pool(ctx, store, pool);
-        for (int64_t t = 0; t < T; ++t)
+        // A decode window's queries one by one (the graph's launches stay small); a prompt window's s.qsa_group at a
+        // time, each with its own workspace.
+        const int64_t group = T > kWindow ? s.qsa_group : 1;
+        for (int64_t t = 0; t < T; t += group)
             cuda::qsa_select(ctx, {.n_head = ix.n_head,
                                    .head_dim = di,
                                    .budget = ix.budget,
@@ -653,7 +717,10 @@ void CudaHybridModel::attention_window(const AttentionDevice& w, CudaSequence& s
                                    .scores = s.qsa_scores.as<float>(),
                                    .keys = s.qsa_keys.as<uint32_t>(),
                                    .cells = w_.cells + t * w_.max_cells,
-                                   .n_selected = w_.n_selected + t});
+                                   .n_selected = w_.n_selected + t,
+                                   .n_queries = std::min(group, T - t),
+                                   .q_stride = ix.n_head * di,
+                                   .cells_stride = w_.max_cells});
     }
     const int64_t splits = w.sparse() ? s.sparse_splits : s.dense_splits;
     // --qsa-union: the window's positions attend over the union of their selections, all at once.
@@ -681,6 +748,31 @@ void CudaHybridModel::attention_window(const AttentionDevice& w, CudaSequence& s
                                         .workspace = s.union_workspace.data(),
                                         .workspace_bytes = s.union_workspace.size()});
     if (by_union) {
+        mark(kAttentionProjections);
+        cuda::matmul(ctx, {.w = *w.o, .x = w_.heads, .y = out, .n_tokens = T});
+        return;
+    }
+    if (T > kWindow) {
+        // A prompt window: every query over its own cells in one launch, then the output product.
+        cuda::decode_attention(ctx, {.cache = l.kv->view(),
+                                     .table = table,
+                                     .n_cells = w_.lengths,
+                                     .cells = w.sparse() ? w_.cells : nullptr,
+                                     .n_selected = w.sparse() ? w_.n_selected : nullptr,
+                                     .max_cells = max_cells,
+                                     .q = w_.qg,
+                                     .n_head = nh,
+                                     .q_head_stride = 2 * hd,
+                                     .gate = w_.qg + hd,
+                                     .gate_head_stride = 2 * hd,
+                                     .scale = 1.0f / std::sqrt(static_cast<float>(hd)),
+                                     .out = w_.heads,
+                                     .n_splits = 1,
+                                     .n_queries = T,
+                                     .q_token_stride = 2 * hd * nh,
+                                     .gate_token_stride = 2 * hd * nh,
+                                     .out_token_stride = nh * hd,
+                                     .cells_stride = w.sparse() ? w_.max_cells : 0});
         mark(kAttentionProjections);
         cuda::matmul(ctx, {.w = *w.o, .x = w_.heads, .y = out, .n_tokens = T});
         return;

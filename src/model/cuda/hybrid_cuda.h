@@ -2,13 +2,15 @@
 // device state of a sequence, the window buffers, the GDN and attention blocks over the backend's ops, and the
 // Model interface around them. Tokens go through in windows: decode windows of up to kWindow tokens, each window size
 // captured once per sequence as a CUDA graph and replayed (the window's tokens and positions written to device memory
-// before each replay), and prompt windows of up to kPromptWindow tokens launched one by one.
+// before each replay), and prompt windows of up to LoadOptions::prompt_chunk tokens launched one by one.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -28,13 +30,19 @@
 namespace strata::cuda_model {
 
 constexpr int64_t kWindow = cuda::kMaxMatvecTokens;
-// Prompts longer than a decode window go through in windows of up to kPromptWindow tokens; a window longer than
-// kWindow is launched one by one (no graph), every dense product through the matmul's GEMM path, and the MoE through
-// the grouped expert GEMM where its experts average kGroupedMinPairs pairs or more (else in slices of kWindow on the
-// decode path's gathered kernels).
-// 512: the grouped GEMM reads an expert's blocks once per window, and at Flash-Next's 512 experts top-10 a window of
-// 64 gives an expert 1.25 pairs, too few to pay for decoding its weights into fp16 tiles (bench/notes/prompts.md).
-constexpr int64_t kPromptWindow = 512;
+// Prompts longer than a decode window go through in prompt windows (LoadOptions::prompt_chunk tokens, 512 by
+// default); a window longer than kWindow is launched one by one (no graph), every dense product through the matmul's
+// GEMM path (cuBLAS from kBlasMinTokens), attention for all its queries in one launch, and the MoE through the grouped
+// expert GEMM where its experts average kGroupedMinPairs pairs or more (else in slices of kWindow on the decode path's
+// gathered kernels). The grouped GEMM reads an expert's blocks once per window: at Flash-Next's 512 experts top-10 a
+// window of 64 gives an expert 1.25 pairs, too few to pay for decoding its weights into fp16 tiles
+// (bench/notes/prompts.md); longer windows read each weight, and each expert missed in VRAM, for more tokens.
+// The head writes the logits of at most kHeadRows tokens at a time (a prompt window's head runs only for the rows
+// the caller wants).
+constexpr int64_t kHeadRows = 64;
+// The QSA selections of a prompt window go kQsaSelectGroup queries a launch, each with its own workspace (scores and
+// keys: 12 bytes a block, so 768 bytes a block of context in all).
+constexpr int64_t kQsaSelectGroup = 64;
 // The grouped GEMM decodes each weight once per 64 pairs at ~0.55 T weights/s on the H200, the gathered products read
 // each once per pair at ~1.9 T/s: below ~3.5 pairs an expert the slices win.
 constexpr int64_t kGroupedMinPairs = 4;
@@ -103,7 +111,8 @@ class CudaSequence final : public SequenceState {
     int64_t n_past_ = 0;
     size_t bytes_ = 0;
     std::vector<LayerDeviceState> layers;
-    cuda::DeviceBuffer qsa_scores, qsa_keys, attention_workspace;
+    cuda::DeviceBuffer qsa_scores, qsa_keys, attention_workspace;  // qsa_*: the workspace of qsa_group queries
+    int64_t qsa_group = 1;                                         // queries a qsa_select launch takes
     int64_t dense_splits = 1, sparse_splits = 1;
     cuda::DeviceBuffer union_workspace;  // --qsa-union: empty when the union path does not apply
     int64_t union_splits = 1;
@@ -116,7 +125,7 @@ class CudaSequence final : public SequenceState {
 // single-stream model has one residual stream and leaves the hyper-connection and PLE parts empty.
 struct WindowBuffers {
     cuda::DeviceBuffer buffer;
-    int32_t *tokens, *positions, *lengths;  // kPromptWindow each, consecutive: the host writes them per window
+    int32_t *tokens, *positions, *lengths;  // a prompt window each, consecutive: the host writes them per window
     float *residual, *mixed, *out, *inject, *hc_work;
     void* mixed_q8_0;  // one token of mixed as Q8_0 activations, when the hyper-connection read writes them
     float *qkv, *z, *beta, *alpha, *ba, *conv, *core;          // GDN
@@ -126,7 +135,7 @@ struct WindowBuffers {
     int64_t* ple_rows;  // PLE
     void* ple_staging;
     float *ple_emb, *ple_key, *ple_value, *ple_query, *ple_gated, *ple_normed, *ple_conv;
-    float *hidden, *logits;  // head
+    float *hidden, *logits;  // head: logits of kHeadRows tokens
     void* embed_staging;
 };
 
@@ -163,8 +172,10 @@ class CudaHybridModel : public Model {
     // With experts in host RAM, the routed experts go to the expert cache instead (block: the trunk block's index).
     MoeDevice upload_moe(const MoeWeights& w, const MoeShape& shape, int64_t block);
 
-    // The work of one window: embedding to logits (w_.logits), queued on the context's stream.
+    // The work of one window: embedding to the head's input (w_.hidden), queued on the context's stream.
     virtual void enqueue_window(CudaSequence& s, int64_t T) const = 0;
+    // The logits of the window's rows [row0, row0 + n) (n <= kHeadRows) into w_.logits.
+    void enqueue_head(int64_t row0, int64_t n) const;
 
     // Block pieces for enqueue_window: x is the block input [T x H], out its output [T x H]; x_q8_0, when not null,
     // holds x already quantized for the input products (one token; matmul_shared_input's x_q8_0).
@@ -185,19 +196,24 @@ class CudaHybridModel : public Model {
     std::unique_ptr<cuda::Context> ctx_;
     std::unique_ptr<DeviceWeights> weights_;
     std::unique_ptr<ExpertCache> experts_;  // experts in host RAM (LoadOptions::experts.in_host), else null
-    // The grouped MoE of prompt windows (issue 26), for the shape of the first MoE layer; null: no MoE layer.
+    // The grouped MoE of prompt windows (issue 26), for the shape of the first MoE layer whose weights it takes, in
+    // the window buffers; null: no such layer.
     std::unique_ptr<cuda::MoePromptWorkspace> moe_prompt_;
+    std::optional<cuda::MoeLayerShape> moe_prompt_shape_;
     std::vector<const int32_t*> routing_ids_;  // by block: its MoE workspace's expert ids (null: no MoE)
     const Tensor* token_embd_ = nullptr;
     const Tensor* output_ = nullptr;
+    int64_t prompt_window_ = kDefaultPromptChunk;  // LoadOptions::prompt_chunk
     WindowBuffers w_{};
 
   private:
     void check_weights_fit() const;
     void allocate_sequence(CudaSequence& s) const;
     void clear_sequence(CudaSequence& s) const;
-    void run_window(CudaSequence& s, std::span<const int32_t> tokens) const;
+    // head: queued after the window (inside a decode window's graph).
+    void run_window(CudaSequence& s, std::span<const int32_t> tokens, const std::function<void()>& head) const;
 
+    mutable std::vector<int32_t> window_host_;  // tokens, positions, lengths of the next window
     bool graphs_ = true;
     bool grouped_moe_ = true;  // LoadOptions::cuda_grouped_moe
     bool experts_in_host_ = false;

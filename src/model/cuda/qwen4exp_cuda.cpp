@@ -55,7 +55,7 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
         output_hc_ = hc_device(output_hc);
         for (const Qwen4ExpBlock& b : blocks) blocks_.push_back(block_device(b));
         finish_loading({.n_streams = h_.hc.n_streams,
-                        .hc_work_floats = cuda::hyper_connection_workspace_floats(hc_dims(), kPromptWindow),
+                        .hc_work_floats = cuda::hyper_connection_workspace_floats(hc_dims(), prompt_window_),
                         .ple = !h_.ple_blocks.empty() ? &h_.ple : nullptr,
                         .ple_row_bytes = ple_row_bytes_},
                        weights_->tensor(embeddings.token_embd), weights_->tensor(embeddings.output));
@@ -176,8 +176,6 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
         mark(kResidual);
         apply_pending();
         read(output_hc_, w_.hidden, nullptr);
-        mark(kHead);
-        cuda::matmul(ctx, {.w = *output_, .x = w_.hidden, .y = w_.logits, .n_tokens = T});
     }
 
     void ple_window(const PleDevice& w, LayerDeviceState& l, int64_t T) const {

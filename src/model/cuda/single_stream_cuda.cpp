@@ -59,7 +59,7 @@ class SingleStreamCudaModel final : public CudaHybridModel {
         // The dense MLP's gate and up rows of one window (its own buffer: the shared window buffers are cut for
         // the MoE).
         if (h_.n_ff_dense > 0) {
-            const size_t floats = static_cast<size_t>(kPromptWindow * ((h_.n_ff_dense + 3) / 4 * 4));
+            const size_t floats = static_cast<size_t>(prompt_window_ * ((h_.n_ff_dense + 3) / 4 * 4));
             ffn_buffer_ = ctx_->allocate(2 * floats * sizeof(float), "window");
             ffn_gate_ = static_cast<float*>(ffn_buffer_.data());
             ffn_up_ = ffn_gate_ + floats;
@@ -108,8 +108,6 @@ class SingleStreamCudaModel final : public CudaHybridModel {
             cuda::add_inplace(ctx, w_.residual, w_.out, T * H);
         }
         norm(w_.residual, w_.hidden, output_norm_, T);
-        mark(kHead);
-        cuda::matmul(ctx, {.w = *output_, .x = w_.hidden, .y = w_.logits, .n_tokens = T});
     }
 
     // out = down . (silu(gate . x) * up . x), as dense_ffn_forward (the CPU's) computes it.

@@ -289,7 +289,8 @@ TEST_P(CudaMoe, MatchesMoeForward) {
 // cases, where the CPU's own Q8 rounding of the hidden values is ~5e-5 from exact f32 arithmetic. Bound 1e-4; a
 // wrong expert or a misread block costs ~1e-1. The windows reach the hard cases: 9 tokens (one past decode), 64 and
 // 100, experts with no pairs, and a window of one token repeated, whose K experts take every token (100 pairs each:
-// a tile of 64 and a ragged one).
+// a tile of 64 and a ragged one); and where the window gives its experts 64 pairs or more on average (the cases of
+// few experts at 480 tokens), tiles of 128 pairs (a full one and ragged ones when one token is repeated).
 constexpr double kGroupedMoeNmse = 1e-4;
 TEST_P(CudaMoe, PromptWindowMatchesMoeForward) {
     SKIP_WITHOUT_DEVICE();
@@ -302,11 +303,13 @@ TEST_P(CudaMoe, PromptWindowMatchesMoeForward) {
         return;
     }
     cuda::Context& ctx = context();
-    constexpr int64_t kMaxTokens = 100;
+    constexpr int64_t kMaxTokens = 480;
     cuda::MoePromptWorkspace ws(ctx, fx.dev_shape, kMaxTokens);
+    const bool wide_tiles = kMaxTokens * c.K >= 64 * c.E;
     double worst = 0;
     for (const bool repeated : {false, true})
-        for (const int64_t T : {int64_t{9}, int64_t{40}, int64_t{64}, kMaxTokens}) {
+        for (const int64_t T : {int64_t{9}, int64_t{40}, int64_t{64}, int64_t{100}, kMaxTokens}) {
+            if (T == kMaxTokens && !wide_tiles) continue;  // 64-pair tiles only: the windows above cover them
             SCOPED_TRACE("T " + std::to_string(T) + (repeated ? ", one token repeated" : ""));
             std::vector<float> x = gaussian(static_cast<size_t>(T * c.H), rng);
             if (repeated)
@@ -334,10 +337,10 @@ TEST_P(CudaMoe, PromptWindowMatchesMoeForward) {
             const std::vector<float> again = download<float>(dout2.data(), x.size());
             EXPECT_EQ(std::memcmp(again.data(), got.data(), got.size() * 4), 0) << "a second run differs";
         }
-    std::printf("[ cuda     ] MoE prompt %s/%s E %lld K %lld F %lld%s: worst NMSE %.3g (limit %.0g)\n",
+    std::printf("[ cuda     ] MoE prompt %s/%s E %lld K %lld F %lld%s%s: worst NMSE %.3g (limit %.0g)\n",
                 strata::dtype_name(c.expert_type), strata::dtype_name(c.down_type), static_cast<long long>(c.E),
-                static_cast<long long>(c.K), static_cast<long long>(c.F), c.fused ? " fused" : "", worst,
-                kGroupedMoeNmse);
+                static_cast<long long>(c.K), static_cast<long long>(c.F), c.fused ? " fused" : "",
+                wide_tiles ? " (128-pair tiles at 480 tokens)" : "", worst, kGroupedMoeNmse);
 }
 
 INSTANTIATE_TEST_SUITE_P(

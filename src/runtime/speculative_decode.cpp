@@ -163,6 +163,8 @@ SpeculativeStats speculative_decode(const Model& model, SequenceState& seq, std:
         if (stop) break;
         next = pick(row(after), base + 1 + accepted);
     }
+    for (int w = 1; w <= max_draft + 1; ++w) stats.window_cost[static_cast<size_t>(w)] = policy.cost(w);
+    stats.draft_pass_cost = policy.draft_pass_cost();
     return stats;
 }
 

@@ -40,6 +40,9 @@ struct SpeculativeStats {
     int64_t emitted = 0;   // tokens emitted
     std::array<int64_t, kDrafters> drafted_by{}, accepted_by{}, rounds_by{};  // per drafter
     int64_t mtp_passes = 0;  // passes of the MTP layer (catch-up included)
+    // The policy's view at the end: seconds of a forward pass of w tokens (index w; 0 unused) and of an MTP pass.
+    std::array<double, SpeculationPolicy::kMaxDraft + 2> window_cost{};
+    double draft_pass_cost = 0;
     double acceptance() const { return drafted > 0 ? static_cast<double>(accepted) / static_cast<double>(drafted) : 0; }
     // Tokens per verification round (re-feeds not counted as rounds).
     double tokens_per_round() const {

@@ -69,6 +69,34 @@ TEST(SpeculationPolicy, DraftsOnlyWhenTheMeasurementsSayItPays) {
     EXPECT_NEAR(h.acceptance(0), 0.5, 0.1);
 }
 
+TEST(SpeculationPolicy, PicksTheDrafterThatPaysAndNeitherWhenNoneDoes) {
+    // Memory-bound windows (5 tokens cost 1.2 single tokens) and a cheap MTP pass (a tenth of a token): MTP drafts at
+    // 0.8 acceptance beat plain decoding; prompt lookup, always accepted here, beats MTP where it has a match.
+    SpeculationPolicy p(4, /*has_mtp=*/true);
+    p.record_cost(1, 0.010);
+    for (int w = 2; w <= 5; ++w) p.record_cost(w, 0.010 + 0.0005 * w);
+    p.record_draft_cost(1, 0.001);
+    for (int i = 0; i < 300; ++i) p.record_round(Drafter::Mtp, 1, i % 5 != 0 ? 1 : 0);
+    for (int i = 0; i < 300; ++i) p.record_round(Drafter::PromptLookup, 4, 4);
+    EXPECT_EQ(p.plan(0).drafter, Drafter::Mtp);
+    EXPECT_GE(p.plan(0).k, 1);
+    EXPECT_EQ(p.plan(4).drafter, Drafter::PromptLookup);
+    EXPECT_EQ(p.plan(4).k, 4);
+    EXPECT_EQ(p.plan(2).k, 2) << "prompt lookup drafts no more than it proposes";
+    // The bundled model on this CPU: each window token costs about half a token more, an MTP pass a third of a
+    // token, MTP accepted at 0.65: no MTP round pays, and without a lookup match the plan is plain decoding (bar the
+    // exploring draft every kExplore-th call).
+    SpeculationPolicy c(4, true);
+    for (int w = 1; w <= 5; ++w) c.record_cost(w, 0.0008 + 0.0005 * (w - 1));
+    c.record_draft_cost(1, 0.00027);
+    for (int i = 0; i < 300; ++i) c.record_round(Drafter::Mtp, 2, i % 20 < 13 ? (i % 2 ? 2 : 1) : 0);
+    int drafted = 0;
+    for (int i = 0; i < 2 * SpeculationPolicy::kExplore; ++i) drafted += c.plan(0).k > 0;
+    EXPECT_EQ(drafted, 2);
+    EXPECT_NEAR(c.rate(Drafter::Mtp, 0) * 0.0008, 1.0, 1e-9);
+    EXPECT_LT(c.rate(Drafter::Mtp, 1), c.rate(Drafter::Mtp, 0));
+}
+
 std::string bundled() {
     return std::string(STRATA_SOURCE_DIR) + "/assets/strata-code-19m.gguf";
 }

@@ -133,7 +133,8 @@ TEST(SpeculativeDecode, GreedyTokensEqualPlainGreedyDecoding) {
             m->forward(*seq, prompt, logits, true);
             V got;
             const SpeculativeStats st =
-                greedy_speculative_decode(*m, *seq, logits, prompt, 80, {.max_draft = k}, [&](int32_t t) {
+                greedy_speculative_decode(*m, *seq, logits, prompt, 80, {.max_draft = k, .lookup = {.min_ngram = 1}},
+                                          [&](int32_t t) {
                     got.push_back(t);
                     return true;
                 });
@@ -199,7 +200,7 @@ TEST(SpeculativeDecode, SampledTokensEqualSamplingWithoutSpeculation) {
             m->forward(*seq, prompt, logits, true);
             V got;
             const SpeculativeStats st = speculative_decode(
-                *m, *seq, logits, prompt, 48, {.max_draft = k},
+                *m, *seq, logits, prompt, 48, {.max_draft = k, .lookup = {.min_ngram = 1}},
                 [&](std::span<const float> row, int64_t pos) {
                     return sampler.sample_at(row, static_cast<uint64_t>(pos));
                 },
@@ -231,7 +232,8 @@ TEST(SpeculativeDecode, RejectedDraftsLeaveNoTrace) {
     m->forward(*seq, prompt, logits, true);
     V got;
     const SpeculativeStats st =
-        greedy_speculative_decode(*m, *seq, logits, prompt, n, {.max_draft = 3}, [&](int32_t t) {
+        greedy_speculative_decode(*m, *seq, logits, prompt, n, {.max_draft = 3, .lookup = {.min_ngram = 1}},
+                                  [&](int32_t t) {
             got.push_back(t);
             return true;
         });

@@ -382,8 +382,10 @@ GenerationResult generate(const Engine& e, Conversation& conv, std::span<const i
             r.speculation = speculative_decode(
                 model, *conv.seq, logits, conv.fed, n,
                 {.max_draft = e.spec.max_draft,
+                 .prompt_lookup = e.spec.lookup,
                  .mtp = conv.mtp.get(),
                  .mtp_min_p = e.spec.min_p,
+                 .adaptive = e.spec.adaptive,
                  .policy = conv.policy ? &*conv.policy : nullptr},
                 [&](std::span<const float> row, int64_t position) {
                     return sampler.sample_at(row, static_cast<uint64_t>(position));

@@ -125,7 +125,11 @@ int run_generate(const Args& args) {
         int64_t i = 0;
         const SpeculativeStats st = speculative_decode(
             *model, *seq, logits, prompt, *n_generate,
-            {.max_draft = spec.max_draft, .mtp = mtp ? &*mtp : nullptr, .mtp_min_p = spec.min_p},
+            {.max_draft = spec.max_draft,
+             .prompt_lookup = spec.lookup,
+             .mtp = mtp ? &*mtp : nullptr,
+             .mtp_min_p = spec.min_p,
+             .adaptive = spec.adaptive},
             [&](std::span<const float> row, int64_t position) {
                 return sampler.sample_at(row, static_cast<uint64_t>(position));
             },

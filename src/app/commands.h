@@ -95,6 +95,8 @@ struct SpecSettings {
     int max_draft = 0;  // 0: off
     float min_p = 0.3f;
     bool mtp = false;  // the model's MTP layer drafts (besides prompt lookup)
+    bool lookup = true;     // prompt lookup drafts
+    bool adaptive = true;   // false (--spec-fixed): every round drafts N tokens, no policy (A/B runs)
 };
 // --no-spec: off; --spec N: N; neither: kDefaultSpec when the model has an MTP layer this backend runs, else off.
 // Error on a malformed value, or --spec with --no-spec.

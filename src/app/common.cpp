@@ -132,6 +132,8 @@ const std::vector<FlagSpec> kSpecFlags = {
      "has an MTP layer, else off)"},
     {"--no-spec", "", "no speculative decoding"},
     {"--spec-min-p", "P", "an MTP draft stops at a token the draft layer gives less than P (0..1, default 0.3)"},
+    {"--spec-drafter", "D", "auto (default: the policy picks per round), mtp or lookup (that drafter only)"},
+    {"--spec-fixed", "", "no policy: every round drafts N tokens (for A/B runs; may be slower than plain)"},
 };
 
 SpecSettings spec_settings(const Args& args, const Model& model) {
@@ -147,6 +149,11 @@ SpecSettings spec_settings(const Args& args, const Model& model) {
             throw Error("--spec-min-p expects a probability from 0 to 1, got '" + *p + "'");
         s.min_p = v;
     }
+    const std::string drafter = args.get_choice("--spec-drafter", {"auto", "mtp", "lookup"}).value_or("auto");
+    if (drafter == "mtp" && !s.mtp) throw Error("--spec-drafter mtp: this model has no MTP layer this backend runs");
+    s.mtp = s.mtp && drafter != "lookup";
+    s.lookup = drafter != "mtp";
+    s.adaptive = !args.has("--spec-fixed");
     return s;
 }
 

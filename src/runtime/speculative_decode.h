@@ -20,7 +20,9 @@ namespace strata {
 
 struct SpeculativeOptions {
     int max_draft = 4;  // --spec K: the longest draft (0: plain decoding)
-    PromptLookupOptions lookup;
+    // A match of 3 tokens or more: shorter ones propose what the text happened to hold once (the code prompt of
+    // bench/NOTES.md 2026-12-07: 0.85 of drafts accepted from any match, 0.99 from 3-token ones).
+    PromptLookupOptions lookup{.min_ngram = 3};
     bool prompt_lookup = true;  // may draft by prompt lookup
     // The MTP drafter, in step with the sequence (speculative_prefill fed it the prompt), or null: no MTP drafts.
     MtpDrafter* mtp = nullptr;

@@ -23,19 +23,20 @@ SpeculationPolicy::SpeculationPolicy(int max_draft, bool has_mtp)
 
 double SpeculationPolicy::cost(int tokens) const {
     tokens = std::clamp(tokens, 1, kMaxDraft + 1);
-    if (cost_[static_cast<size_t>(tokens)] > 0) return cost_[static_cast<size_t>(tokens)];
-    // Not measured: from the nearest smaller measured size, each extra token at the slope between the two largest
-    // measured sizes below (a CPU window is compute-bound: each token adds about half a token's cost on the bundled
-    // model), or at 15% of a token while only one size is known (a batched forward reads the weights once: extra
-    // tokens cost little while decoding is bound by memory); 1 when nothing is known.
-    int w1 = 0, w0 = 0;
-    for (int w = tokens - 1; w >= 1 && w0 == 0; --w)
-        if (cost_[static_cast<size_t>(w)] > 0) (w1 == 0 ? w1 : w0) = w;
-    if (w1 == 0) return 1.0 + 0.15 * (tokens - 1);
-    const double c1 = cost_[static_cast<size_t>(w1)];
-    const double slope = w0 > 0 ? std::max(0.0, (c1 - cost_[static_cast<size_t>(w0)]) / (w1 - w0))
-                                : 0.15 * (cost_[1] > 0 ? cost_[1] : c1 / w1);
-    return c1 + slope * (tokens - w1);
+    const double x = tokens - 1;
+    if (fit_.n <= 0) return 1.0 + 0.15 * x;  // nothing measured: a guess in units of one token
+    // cost(w) = a + b (w - 1), least squares over the decayed measurements of every window size: one noisy pass
+    // fades instead of pricing its size for good, and sizes the policy no longer picks are priced from the others.
+    const double det = fit_.n * fit_.xx - fit_.x * fit_.x;
+    if (det <= 1e-6 * fit_.n * fit_.xx + 1e-12) {
+        // One size measured: each extra token at 15% of a token (a batched forward reads the weights once: extra
+        // tokens cost little while decoding is bound by memory) until a second size says otherwise.
+        const double x0 = fit_.x / fit_.n, unit = (fit_.y / fit_.n) / (1.0 + 0.15 * x0);
+        return unit * (1.0 + 0.15 * x);
+    }
+    const double b = std::max(0.0, (fit_.n * fit_.xy - fit_.x * fit_.y) / det);
+    const double a = std::max(1e-9, (fit_.y - b * fit_.x) / fit_.n);
+    return a + b * x;
 }
 
 double SpeculationPolicy::draft_pass_cost() const {
@@ -82,8 +83,16 @@ DraftPlan SpeculationPolicy::plan(int lookup_available) {
 
 void SpeculationPolicy::record_cost(int tokens, double seconds) {
     if (tokens < 1 || tokens > kMaxDraft + 1 || !(seconds > 0)) return;
-    double& c = cost_[static_cast<size_t>(tokens)];
-    c = c > 0 ? (1 - kEma) * c + kEma * seconds : seconds;
+    constexpr double kKeep = 0.98;  // a measurement's weight halves after ~35 more
+    const double x = tokens - 1;
+    // A pass slowed by something else on the machine (another process on a shared core) counts as at most 2.5x what
+    // the line says, once it has a few points: one stall must not price a window size out for dozens of rounds.
+    if (fit_.n >= 8) seconds = std::min(seconds, 2.5 * cost(tokens));
+    fit_ = {.n = kKeep * fit_.n + 1,
+            .x = kKeep * fit_.x + x,
+            .y = kKeep * fit_.y + seconds,
+            .xx = kKeep * fit_.xx + x * x,
+            .xy = kKeep * fit_.xy + x * seconds};
 }
 
 void SpeculationPolicy::record_draft_cost(int passes, double seconds) {

@@ -2,7 +2,8 @@
 // MTP layer) and the draft length k from what it measured: the cost of a forward pass of w tokens, the cost of an MTP
 // draft pass, and each drafter's acceptance at each draft position. It maximizes the expected tokens a round gives per
 // second: E(k) = 1 + a_1 + a_1 a_2 + ... (a_i: the rate at which the i-th draft token was accepted when every draft
-// before it was) over the round's cost: drafting (k MTP passes; prompt lookup is free), cost(k + 1), plus the second
+// before it was) over the round's cost: drafting (k MTP passes; prompt lookup is free), cost(k + 1) (a line fitted to
+// the measured passes of every window size), plus the second
 // pass a rejection costs (1 - a_1 ... a_k times the cost of re-feeding about E(k) tokens). k = 0 (plain decoding)
 // whenever nothing beats it, so speculation never makes decoding slower than the measurements say plain decoding is.
 #pragma once
@@ -54,7 +55,9 @@ class SpeculationPolicy {
   private:
     int max_draft_;
     bool has_mtp_;
-    std::array<double, kMaxDraft + 2> cost_{};  // by window size; 0: not measured
+    struct CostFit {  // decayed sums for the least-squares line cost = a + b (tokens - 1)
+        double n = 0, x = 0, y = 0, xx = 0, xy = 0;
+    } fit_;
     double draft_pass_ = 0;                     // 0: not measured
     std::array<std::array<double, kMaxDraft>, kDrafters> accept_{};  // EMA of acceptance at each draft position
     int since_draft_ = 0;                                             // calls since the last that drafted

@@ -131,16 +131,29 @@ SpeculativeStats speculative_decode(const Model& model, SequenceState& seq, std:
         while (accepted < k &&
                pick(row(rows.data() + accepted * V), base + 1 + accepted) == draft[static_cast<size_t>(accepted)])
             ++accepted;
+        const float* after = rows.data() + accepted * V;  // the logits after the accepted prefix
+        const int32_t following = pick(row(after), base + 1 + accepted);
         if (k > 0) {
             const auto d = static_cast<size_t>(plan.drafter);
-            policy.record_round(plan.drafter, k, accepted);
             ++stats.rounds_by[d];
             stats.drafted_by[d] += k;
             stats.accepted_by[d] += accepted;
         }
+        if (k > 0 && plan.drafter == Drafter::Mtp) policy.record_round(Drafter::Mtp, k, accepted);
+        // Prompt lookup's whole proposal is judged against what the round found out, whichever drafter ran: the
+        // accepted drafts and the target's next token. Free measurements of positions not drafted (also on plain
+        // rounds), so its acceptance at longer windows is known before the policy tries them.
+        if (!looked_up.empty()) {
+            const int judged = std::min<int>(static_cast<int>(looked_up.size()), accepted + 1);
+            int agree = 0;
+            while (agree < judged &&
+                   looked_up[static_cast<size_t>(agree)] ==
+                       (agree < accepted ? draft[static_cast<size_t>(agree)] : following))
+                ++agree;
+            policy.record_round(Drafter::PromptLookup, judged, agree);
+        }
         stats.drafted += k;
         stats.accepted += accepted;
-        const float* after = rows.data() + accepted * V;  // the logits after the accepted prefix
         if (accepted < k) {
             // The sequence holds rejected drafts: back to before the round, then the accepted prefix again (the same
             // logits: batching does not change them).
@@ -161,7 +174,7 @@ SpeculativeStats speculative_decode(const Model& model, SequenceState& seq, std:
             stop = !emit(draft[static_cast<size_t>(i)]) || produced == n;
         }
         if (stop) break;
-        next = pick(row(after), base + 1 + accepted);
+        next = following;
     }
     for (int w = 1; w <= max_draft + 1; ++w) stats.window_cost[static_cast<size_t>(w)] = policy.cost(w);
     stats.draft_pass_cost = policy.draft_pass_cost();

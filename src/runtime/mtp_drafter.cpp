@@ -8,9 +8,9 @@
 namespace strata {
 
 namespace {
-// Cells observed without a draft that runs them: a prompt chunk's worth is built right away, a window's waits for
-// the next draft's pass.
-constexpr size_t kRunAt = 16;
+// Cells waiting for a draft pass beyond this many are built anyway (a bound on the queue's memory: a row of the
+// residual each).
+constexpr size_t kMaxQueued = 1024;
 }  // namespace
 
 MtpDrafter::MtpDrafter(const Model& model, int64_t capacity) : model_(model), width_(model.draft_residual_width()) {
@@ -27,7 +27,7 @@ void MtpDrafter::run(std::span<const float> residual, std::span<const int32_t> t
     ++passes_;
 }
 
-void MtpDrafter::observe(std::span<const int32_t> tokens, std::span<const float> residual) {
+void MtpDrafter::observe(std::span<const int32_t> tokens, std::span<const float> residual, bool build_now) {
     const size_t W = static_cast<size_t>(width_);
     if (residual.size() < tokens.size() * W) throw Error("MtpDrafter::observe: fewer residual rows than tokens");
     for (size_t i = 0; i < tokens.size(); ++i) {
@@ -40,12 +40,15 @@ void MtpDrafter::observe(std::span<const int32_t> tokens, std::span<const float>
         has_last_ = true;
     }
     observed_ += std::ssize(tokens);
-    if (queued_tokens_.size() >= kRunAt) {
-        run(queued_residual_, queued_tokens_, false);
-        cells_ += std::ssize(queued_tokens_);
-        queued_residual_.clear();
-        queued_tokens_.clear();
-    }
+    if (build_now || queued_tokens_.size() >= kMaxQueued) build();
+}
+
+void MtpDrafter::build() {
+    if (queued_tokens_.empty()) return;
+    run(queued_residual_, queued_tokens_, false);
+    cells_ += std::ssize(queued_tokens_);
+    queued_residual_.clear();
+    queued_tokens_.clear();
 }
 
 MtpDraft MtpDrafter::draft(int32_t next, int max_draft, float min_p) {

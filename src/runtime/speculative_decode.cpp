@@ -50,7 +50,7 @@ void speculative_prefill(const Model& model, SequenceState& seq, MtpDrafter* mtp
         if (mtp) {
             residual.resize(part.size() * static_cast<size_t>(mtp->width()));
             model.forward_with_residual(seq, part, out, residual, /*last_only=*/true);
-            mtp->observe(part, residual);
+            mtp->observe(part, residual, /*build_now=*/true);
         } else {
             model.forward(seq, part, out, /*last_only=*/true);
         }
@@ -105,6 +105,9 @@ SpeculativeStats speculative_decode(const Model& model, SequenceState& seq, std:
         if (plan.k > 0 && plan.drafter == Drafter::PromptLookup) {
             draft.assign(looked_up.begin(), looked_up.begin() + std::min<size_t>(looked_up.size(), size_t(plan.k)));
         } else if (plan.k > 0 && plan.drafter == Drafter::Mtp && mtp) {
+            // A long backlog of cells (rounds that drafted by lookup) is built first, untimed: the policy prices a
+            // draft pass, and the backlog is work owed whether or not this round drafts.
+            if (mtp->queued() > 8) mtp->build();
             const int64_t passes = mtp->passes();
             const auto start = std::chrono::steady_clock::now();
             draft = mtp->draft(next, std::min(plan.k, room), o.mtp_min_p).tokens;

@@ -175,8 +175,9 @@ void print_speculation_stats(const SpeculativeStats& st) {
         std::snprintf(buf, sizeof(buf), "%s%zu: %.3f", w > 1 ? ", " : "", w, st.window_cost[w] * 1e3);
         costs += buf;
     }
-    std::fprintf(stderr, "strata: speculation: window cost in ms by tokens {%s}; MTP pass %.3f ms\n", costs.c_str(),
-                 st.draft_pass_cost * 1e3);
+    std::fprintf(stderr, "strata: speculation: window cost in ms by tokens {%s}; MTP pass %.3f ms%s\n",
+                 costs.c_str(), st.draft_pass_cost * 1e3,
+                 st.mtp_retired ? "; MTP stopped (it cannot pay here)" : "");
 }
 
 const std::vector<FlagSpec> kLoadFlags = {

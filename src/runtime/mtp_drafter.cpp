@@ -27,7 +27,14 @@ void MtpDrafter::run(std::span<const float> residual, std::span<const int32_t> t
     ++passes_;
 }
 
+void MtpDrafter::retire() {
+    retired_ = true;
+    queued_residual_ = {};
+    queued_tokens_ = {};
+}
+
 void MtpDrafter::observe(std::span<const int32_t> tokens, std::span<const float> residual, bool build_now) {
+    if (retired_) return;
     const size_t W = static_cast<size_t>(width_);
     if (residual.size() < tokens.size() * W) throw Error("MtpDrafter::observe: fewer residual rows than tokens");
     for (size_t i = 0; i < tokens.size(); ++i) {
@@ -53,7 +60,7 @@ void MtpDrafter::build() {
 
 MtpDraft MtpDrafter::draft(int32_t next, int max_draft, float min_p) {
     MtpDraft d;
-    if (max_draft <= 0 || !has_last_) return d;
+    if (retired_ || max_draft <= 0 || !has_last_) return d;
     // The cells the trunk confirmed end at n_true; the first draft cell (the last residual with `next`) sits there,
     // chained ones after it.
     const int64_t n_true = cells_ + std::ssize(queued_tokens_);

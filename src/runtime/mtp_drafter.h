@@ -37,6 +37,9 @@ class MtpDrafter {
     // observed token.
     MtpDraft draft(int32_t next, int max_draft, float min_p);
 
+    // Stops for good: observe() and draft() do nothing from now on (the policy found the layer cannot pay here).
+    void retire();
+    bool retired() const { return retired_; }
     // Builds the cells waiting for a draft now (a long backlog, so that the draft's own pass is timed alone).
     void build();
     int64_t queued() const { return std::ssize(queued_tokens_); }
@@ -58,6 +61,7 @@ class MtpDrafter {
     std::vector<int32_t> queued_tokens_;
     std::vector<float> logits_, out_residual_, rows_;
     int64_t passes_ = 0;
+    bool retired_ = false;
 };
 
 }  // namespace strata

@@ -101,6 +101,26 @@ void SpeculationPolicy::record_draft_cost(int passes, double seconds) {
     draft_pass_ = draft_pass_ > 0 ? (1 - kEma) * draft_pass_ + kEma * per : per;
 }
 
+void SpeculationPolicy::record_cell_cost(int64_t cells, double seconds) {
+    if (cells < 1 || !(seconds > 0)) return;
+    const double per = seconds / static_cast<double>(cells);
+    cell_cost_ = cell_cost_ > 0 ? (1 - kEma) * cell_cost_ + kEma * per : per;
+}
+
+bool SpeculationPolicy::mtp_may_pay() const {
+    // Judged only on measured costs: a draft pass and at least two window sizes.
+    if (!has_mtp_ || draft_pass_ <= 0 || fit_.n < 4) return has_mtp_;
+    const double det = fit_.n * fit_.xx - fit_.x * fit_.x;
+    if (det <= 1e-6 * fit_.n * fit_.xx + 1e-12) return true;
+    const double plain = 1.0 / cost(1);
+    for (int k = 1; k <= max_draft_; ++k) {
+        // Every draft accepted: k + 1 tokens for k passes, a window of k + 1 and k + 1 cells.
+        const double best_case = (k + 1) / (k * draft_pass_ + cost(k + 1) + (k + 1) * cell_cost_);
+        if (best_case > plain) return true;
+    }
+    return false;
+}
+
 void SpeculationPolicy::record_round(Drafter drafter, int offered, int accepted) {
     offered = std::clamp(offered, 0, max_draft_);
     accepted = std::clamp(accepted, 0, offered);

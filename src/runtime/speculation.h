@@ -40,6 +40,15 @@ class SpeculationPolicy {
     void record_cost(int tokens, double seconds);
     // Drafting with the MTP layer took `seconds` for `passes` passes of the layer.
     void record_draft_cost(int passes, double seconds);
+    // Building `cells` MTP cells (keeping the layer in step with the trunk) took `seconds`.
+    void record_cell_cost(int64_t cells, double seconds);
+    // Whether the MTP layer could pay at all: false once its measured costs (a draft pass, a window, the cells kept in
+    // step for every token) leave every MTP round slower than plain decoding even if every draft were accepted. The
+    // caller then stops drafting with it and stops building its cells (which cost every token something).
+    bool mtp_may_pay() const;
+    void retire_mtp() { has_mtp_ = false; }
+    bool has_mtp() const { return has_mtp_; }
+
     // A round offered `offered` draft tokens of `drafter` and the target accepted the first `accepted` of them.
     void record_round(Drafter drafter, int offered, int accepted);
     void record_round(int offered, int accepted) { record_round(Drafter::PromptLookup, offered, accepted); }
@@ -59,6 +68,7 @@ class SpeculationPolicy {
         double n = 0, x = 0, y = 0, xx = 0, xy = 0;
     } fit_;
     double draft_pass_ = 0;                     // 0: not measured
+    double cell_cost_ = 0;                      // seconds per MTP cell kept in step; 0: not measured
     std::array<std::array<double, kMaxDraft>, kDrafters> accept_{};  // EMA of acceptance at each draft position
     int since_draft_ = 0;                                             // calls since the last that drafted
     int explored_ = 0;

@@ -27,6 +27,7 @@ SpeculativeStats& SpeculativeStats::operator+=(const SpeculativeStats& o) {
     refeeds += o.refeeds;
     emitted += o.emitted;
     mtp_passes += o.mtp_passes;
+    mtp_retired = mtp_retired || o.mtp_retired;
     for (size_t d = 0; d < drafted_by.size(); ++d) {
         drafted_by[d] += o.drafted_by[d];
         accepted_by[d] += o.accepted_by[d];
@@ -39,6 +40,7 @@ void speculative_prefill(const Model& model, SequenceState& seq, MtpDrafter* mtp
                          std::span<float> logits, int64_t chunk) {
     if (prompt.empty()) return;
     if (chunk <= 0) throw Error("speculative_prefill: the chunk size must be positive");
+    if (mtp && mtp->retired()) mtp = nullptr;
     if (mtp && mtp->observed() != seq.n_past())
         throw Error("speculative_prefill: the MTP drafter has seen " + std::to_string(mtp->observed()) +
                     " tokens, the sequence holds " + std::to_string(seq.n_past()));
@@ -71,7 +73,7 @@ SpeculativeStats speculative_decode(const Model& model, SequenceState& seq, std:
     const int64_t V = model.info().n_vocab;
     const auto row = [&](const float* r) { return std::span<const float>(r, static_cast<size_t>(V)); };
     if (static_cast<int64_t>(logits.size()) < V) throw Error("speculative decoding: the logits need n_vocab floats");
-    MtpDrafter* mtp = o.mtp;
+    MtpDrafter* mtp = o.mtp && !o.mtp->retired() ? o.mtp : nullptr;
     if (mtp && mtp->observed() != seq.n_past())
         throw Error("speculative decoding: the MTP drafter has seen " + std::to_string(mtp->observed()) +
                     " tokens, the sequence holds " + std::to_string(seq.n_past()) + " (feed the prompt with "
@@ -79,6 +81,7 @@ SpeculativeStats speculative_decode(const Model& model, SequenceState& seq, std:
     const int max_draft = std::clamp(o.max_draft, 0, SpeculationPolicy::kMaxDraft);
     std::optional<SpeculationPolicy> own;
     SpeculationPolicy& policy = o.policy ? *o.policy : own.emplace(max_draft, mtp != nullptr);
+    if (!mtp) policy.retire_mtp();
     SpeculativeStats stats;
     std::vector<float> rows(static_cast<size_t>((max_draft + 1) * V));
     const size_t W = mtp ? static_cast<size_t>(mtp->width()) : 0;
@@ -107,7 +110,11 @@ SpeculativeStats speculative_decode(const Model& model, SequenceState& seq, std:
         } else if (plan.k > 0 && plan.drafter == Drafter::Mtp && mtp) {
             // A long backlog of cells (rounds that drafted by lookup) is built first, untimed: the policy prices a
             // draft pass, and the backlog is work owed whether or not this round drafts.
-            if (mtp->queued() > 8) mtp->build();
+            if (const int64_t backlog = mtp->queued(); backlog > 8) {
+                const auto build_start = std::chrono::steady_clock::now();
+                mtp->build();
+                policy.record_cell_cost(backlog, seconds_since(build_start));
+            }
             const int64_t passes = mtp->passes();
             const auto start = std::chrono::steady_clock::now();
             draft = mtp->draft(next, std::min(plan.k, room), o.mtp_min_p).tokens;
@@ -169,6 +176,13 @@ SpeculativeStats speculative_decode(const Model& model, SequenceState& seq, std:
         // The trunk keeps `next` and the accepted drafts: the MTP layer's cells follow (their residual rows are the
         // window pass's, which the rejected rows after them did not touch).
         if (mtp) mtp->observe(std::span<const int32_t>(window.data(), static_cast<size_t>(accepted + 1)), residual);
+        if (mtp && o.adaptive && !policy.mtp_may_pay()) {
+            // Even drafts always accepted would not pay for the MTP passes and cells here: stop keeping it.
+            mtp->retire();
+            mtp = nullptr;
+            policy.retire_mtp();
+            stats.mtp_retired = true;
+        }
         bool stop = false;
         for (int i = 0; i < accepted && !stop; ++i) {
             ++produced;

@@ -3,6 +3,7 @@
 // add per-layer n-gram embeddings (PLE), each with its own table and hashes. A final mixer (no norm) feeds the head.
 // Math: transformers Qwen4ExpTextModel; GGUF names, keys and conventions: gguf-qwen4exp.md sections 1.4, 2.1-2.2, 7.
 #include <algorithm>
+#include <cstdio>
 #include <string>
 
 #include "backend/cpu/ops.h"
@@ -42,7 +43,12 @@ class Qwen4ExpModel final : public HybridModel {
         bind_embeddings(binder);
         output_hc_ = bind_hyper_connection(binder, "output_hc", h_.hc, false);
         blocks_ = bind_qwen4exp_blocks(binder, h_, info_.n_layer);
-        mtp_ = bind_qwen4exp_mtp(binder, h_, info_.n_layer, n_block_all_);
+        // The trunk never reads the MTP block: a file whose block is incomplete still runs, without MTP drafts.
+        try {
+            mtp_ = bind_qwen4exp_mtp(binder, h_, info_.n_layer, n_block_all_);
+        } catch (const Error& e) {
+            std::fprintf(stderr, "strata: no MTP drafts: %s\n", e.what());
+        }
     }
 
     int64_t draft_residual_width() const override { return mtp_ ? h_.hc.n_streams * info_.n_embd : 0; }

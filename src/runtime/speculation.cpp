@@ -54,7 +54,8 @@ double SpeculationPolicy::rate(Drafter d, int k) const {
     }
     // A round that rejects a draft (probability 1 - chain) pays a second pass for the accepted prefix.
     const int refeed = std::clamp(static_cast<int>(expected + 0.5), 1, kMaxDraft + 1);
-    const double drafting = d == Drafter::Mtp ? k * draft_pass_cost() : 0.0;
+    // MTP: k passes, and the cells kept in step for every token the round gives.
+    const double drafting = d == Drafter::Mtp ? k * draft_pass_cost() + expected * cell_cost_ : 0.0;
     return expected / (drafting + cost(k + 1) + (1.0 - chain) * cost(refeed));
 }
 
@@ -113,6 +114,12 @@ bool SpeculationPolicy::mtp_may_pay() const {
     const double det = fit_.n * fit_.xx - fit_.x * fit_.x;
     if (det <= 1e-6 * fit_.n * fit_.xx + 1e-12) return true;
     const double plain = 1.0 / cost(1);
+    // After a few MTP rounds their measured acceptance decides; before, only drafts always accepted would.
+    if (mtp_rounds_ >= kMtpRoundsToJudge) {
+        for (int k = 1; k <= max_draft_; ++k)
+            if (rate(Drafter::Mtp, k) > plain) return true;
+        return false;
+    }
     for (int k = 1; k <= max_draft_; ++k) {
         // Every draft accepted: k + 1 tokens for k passes, a window of k + 1 and k + 1 cells.
         const double best_case = (k + 1) / (k * draft_pass_ + cost(k + 1) + (k + 1) * cell_cost_);
@@ -124,6 +131,7 @@ bool SpeculationPolicy::mtp_may_pay() const {
 void SpeculationPolicy::record_round(Drafter drafter, int offered, int accepted) {
     offered = std::clamp(offered, 0, max_draft_);
     accepted = std::clamp(accepted, 0, offered);
+    if (drafter == Drafter::Mtp && offered > 0) ++mtp_rounds_;
     auto& acc = accept_[static_cast<size_t>(drafter)];
     // Position i is judged only when every draft before it was accepted (the verification stops at the first
     // rejection), so a_i estimates P(accept i | accepted 1..i-1), the factor E(k) multiplies.

@@ -43,8 +43,9 @@ class SpeculationPolicy {
     // Building `cells` MTP cells (keeping the layer in step with the trunk) took `seconds`.
     void record_cell_cost(int64_t cells, double seconds);
     // Whether the MTP layer could pay at all: false once its measured costs (a draft pass, a window, the cells kept in
-    // step for every token) leave every MTP round slower than plain decoding even if every draft were accepted. The
-    // caller then stops drafting with it and stops building its cells (which cost every token something).
+    // step for every token) leave every MTP round slower than plain decoding even if every draft were accepted, or,
+    // after kMtpRoundsToJudge MTP rounds, at the acceptance measured. The caller then stops drafting with it and
+    // stops building its cells (which cost every token something).
     bool mtp_may_pay() const;
     void retire_mtp() { has_mtp_ = false; }
     bool has_mtp() const { return has_mtp_; }
@@ -69,6 +70,8 @@ class SpeculationPolicy {
     } fit_;
     double draft_pass_ = 0;                     // 0: not measured
     double cell_cost_ = 0;                      // seconds per MTP cell kept in step; 0: not measured
+    static constexpr int kMtpRoundsToJudge = 4;  // MTP rounds before their acceptance may retire the layer
+    int mtp_rounds_ = 0;
     std::array<std::array<double, kMaxDraft>, kDrafters> accept_{};  // EMA of acceptance at each draft position
     int since_draft_ = 0;                                             // calls since the last that drafted
     int explored_ = 0;

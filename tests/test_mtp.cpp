@@ -1,8 +1,9 @@
-// The MTP draft layer (issue 28) on the bundled model. Oracle: the training run's own measurement (docs/bundled-model.md,
-// tools/train/train.py): on held-out 512-token windows, the layer's greedy draft for token i + 2 equals the trunk's
-// greedy token there at 0.698 of 65,408 positions. Held-out files of that run (tools/train/results/heldout_files.txt)
-// as Debian's Python 3.11 ships them are in tests/data/bundled. Also: cells built in one pass equal cells built one at
-// a time, and decoding with MTP drafts gives plain greedy decoding's tokens, whatever the window.
+// The MTP draft layer (issue 28) on the bundled model. Oracle: the training run's own measurement
+// (docs/bundled-model.md, tools/train/train.py): on held-out 512-token windows, the layer's greedy draft for token i +
+// 2 equals the trunk's greedy token there at 0.698 of 65,408 positions. Held-out files of that run
+// (tools/train/results/heldout_files.txt) as Debian's Python 3.11 ships them are in tests/data/bundled. Also: cells
+// built in one pass equal cells built one at a time, and decoding with MTP drafts gives plain greedy decoding's tokens,
+// whatever the window.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,8 +17,8 @@
 #include "model/model.h"
 #include "runtime/mtp_drafter.h"
 #include "runtime/speculative_decode.h"
-#include "tokenizer/tokenizer.h"
 #include "test_util.h"
+#include "tokenizer/tokenizer.h"
 
 namespace strata {
 namespace {
@@ -130,7 +131,8 @@ TEST(MtpSpeculation, GreedyTokensEqualPlainGreedyDecoding) {
             V got;
             // No policy and a floor of 0: every round drafts k tokens, rejections included.
             const SpeculativeStats st = greedy_speculative_decode(
-                *m, *seq, logits, prompt, n, {.max_draft = k, .prompt_lookup = lookup, .mtp = &mtp, .mtp_min_p = 0, .adaptive = false},
+                *m, *seq, logits, prompt, n,
+                {.max_draft = k, .prompt_lookup = lookup, .mtp = &mtp, .mtp_min_p = 0, .adaptive = false},
                 [&](int32_t t) {
                     got.push_back(t);
                     return true;
@@ -138,12 +140,13 @@ TEST(MtpSpeculation, GreedyTokensEqualPlainGreedyDecoding) {
             EXPECT_EQ(got, want) << "spec " << k << (lookup ? " with prompt lookup" : " mtp only");
             EXPECT_EQ(mtp.observed(), seq->n_past());
             const auto mi = static_cast<size_t>(Drafter::Mtp);
-            std::printf("[ spec %d%s ] %lld passes for %lld tokens; mtp %lld of %lld accepted, lookup %lld of %lld; "
-                        "%.2f tokens a round\n",
-                        k, lookup ? " +lookup" : "", static_cast<long long>(st.rounds), static_cast<long long>(n),
-                        static_cast<long long>(st.accepted_by[mi]), static_cast<long long>(st.drafted_by[mi]),
-                        static_cast<long long>(st.accepted_by[0]), static_cast<long long>(st.drafted_by[0]),
-                        st.tokens_per_round());
+            std::printf(
+                "[ spec %d%s ] %lld passes for %lld tokens; mtp %lld of %lld accepted, lookup %lld of %lld; "
+                "%.2f tokens a round\n",
+                k, lookup ? " +lookup" : "", static_cast<long long>(st.rounds), static_cast<long long>(n),
+                static_cast<long long>(st.accepted_by[mi]), static_cast<long long>(st.drafted_by[mi]),
+                static_cast<long long>(st.accepted_by[0]), static_cast<long long>(st.drafted_by[0]),
+                st.tokens_per_round());
             if (!lookup) {
                 EXPECT_GT(st.drafted_by[mi], 0) << "spec " << k;
             }
@@ -165,8 +168,8 @@ TEST(MtpSpeculation, RejectedDraftsLeaveNoTrace) {
     speculative_prefill(*m, *seq, &mtp, prompt, logits, 32);
     V got;
     const SpeculativeStats st = greedy_speculative_decode(
-        *m, *seq, logits, prompt, n, {.max_draft = 3, .prompt_lookup = false, .mtp = &mtp, .mtp_min_p = 0, .adaptive = false},
-        [&](int32_t t) {
+        *m, *seq, logits, prompt, n,
+        {.max_draft = 3, .prompt_lookup = false, .mtp = &mtp, .mtp_min_p = 0, .adaptive = false}, [&](int32_t t) {
             got.push_back(t);
             return true;
         });

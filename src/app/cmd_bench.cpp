@@ -270,9 +270,11 @@ std::string spec_cell(const TestResult& r) {
 }
 
 void print_table_row(const BenchPlan& plan, const ModelSummary& model, const TestResult& r) {
+    std::string cell;
+    if (plan.spec > 0) cell.append(" ").append(spec_cell(r)).append(" |");
     std::printf("| %s | %s | %s | %s | %d | %s | %.2f ± %.2f |%s\n", model.file_name.c_str(),
                 format_bytes(model.size_bytes).c_str(), format_params(model.n_params).c_str(), plan.backend_name(),
-                r.threads, r.name.c_str(), r.mean, r.sd, plan.spec > 0 ? (" " + spec_cell(r) + " |").c_str() : "");
+                r.threads, r.name.c_str(), r.mean, r.sd, cell.c_str());
     std::fflush(stdout);
 }
 

@@ -44,8 +44,8 @@ class MtpDrafter {
     void build();
     int64_t queued() const { return std::ssize(queued_tokens_); }
     int64_t observed() const { return observed_; }  // tokens observed: the sequence's length when in step
-    int64_t cells() const { return cells_; }      // cells built with the trunk's residuals
-    int64_t passes() const { return passes_; }    // draft layer passes so far
+    int64_t cells() const { return cells_; }        // cells built with the trunk's residuals
+    int64_t passes() const { return passes_; }      // draft layer passes so far
     int64_t width() const { return width_; }
 
   private:
@@ -56,7 +56,7 @@ class MtpDrafter {
     int64_t cells_ = 0;
     int64_t observed_ = 0;
     bool has_last_ = false;
-    std::vector<float> last_residual_;  // the trunk's residual after the last observed token
+    std::vector<float> last_residual_;    // the trunk's residual after the last observed token
     std::vector<float> queued_residual_;  // cells observed but not yet run: their residual rows and tokens
     std::vector<int32_t> queued_tokens_;
     std::vector<float> logits_, out_residual_, rows_;

@@ -64,7 +64,8 @@ DraftPlan SpeculationPolicy::plan(int lookup_available) {
     double best_rate = rate(Drafter::PromptLookup, 0);
     const int lookup_max = std::min(lookup_available, max_draft_);
     for (int k = 1; k <= lookup_max; ++k)
-        if (const double r = rate(Drafter::PromptLookup, k); r > best_rate) best = {Drafter::PromptLookup, k}, best_rate = r;
+        if (const double r = rate(Drafter::PromptLookup, k); r > best_rate)
+            best = {Drafter::PromptLookup, k}, best_rate = r;
     if (has_mtp_)
         for (int k = 1; k <= max_draft_; ++k)
             if (const double r = rate(Drafter::Mtp, k); r > best_rate) best = {Drafter::Mtp, k}, best_rate = r;

@@ -57,7 +57,7 @@ class SpeculationPolicy {
     double acceptance(int position, Drafter d = Drafter::PromptLookup) const {
         return accept_[static_cast<size_t>(d)][static_cast<size_t>(position)];
     }
-    double cost(int tokens) const;  // seconds, measured or extrapolated
+    double cost(int tokens) const;   // seconds, measured or extrapolated
     double draft_pass_cost() const;  // seconds per MTP pass, measured or a guess from cost(1)
     // Expected tokens per second of a round with drafter d and k drafts (k = 0: plain decoding).
     double rate(Drafter d, int k) const;
@@ -68,12 +68,12 @@ class SpeculationPolicy {
     struct CostFit {  // decayed sums for the least-squares line cost = a + b (tokens - 1)
         double n = 0, x = 0, y = 0, xx = 0, xy = 0;
     } fit_;
-    double draft_pass_ = 0;                     // 0: not measured
-    double cell_cost_ = 0;                      // seconds per MTP cell kept in step; 0: not measured
+    double draft_pass_ = 0;                      // 0: not measured
+    double cell_cost_ = 0;                       // seconds per MTP cell kept in step; 0: not measured
     static constexpr int kMtpRoundsToJudge = 4;  // MTP rounds before their acceptance may retire the layer
     int mtp_rounds_ = 0;
     std::array<std::array<double, kMaxDraft>, kDrafters> accept_{};  // EMA of acceptance at each draft position
-    int since_draft_ = 0;                                             // calls since the last that drafted
+    int since_draft_ = 0;                                            // calls since the last that drafted
     int explored_ = 0;
 };
 

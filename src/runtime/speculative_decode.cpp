@@ -76,7 +76,8 @@ SpeculativeStats speculative_decode(const Model& model, SequenceState& seq, std:
     MtpDrafter* mtp = o.mtp && !o.mtp->retired() ? o.mtp : nullptr;
     if (mtp && mtp->observed() != seq.n_past())
         throw Error("speculative decoding: the MTP drafter has seen " + std::to_string(mtp->observed()) +
-                    " tokens, the sequence holds " + std::to_string(seq.n_past()) + " (feed the prompt with "
+                    " tokens, the sequence holds " + std::to_string(seq.n_past()) +
+                    " (feed the prompt with "
                     "speculative_prefill)");
     const int max_draft = std::clamp(o.max_draft, 0, SpeculationPolicy::kMaxDraft);
     std::optional<SpeculationPolicy> own;
@@ -156,9 +157,8 @@ SpeculativeStats speculative_decode(const Model& model, SequenceState& seq, std:
         if (!looked_up.empty()) {
             const int judged = std::min<int>(static_cast<int>(looked_up.size()), accepted + 1);
             int agree = 0;
-            while (agree < judged &&
-                   looked_up[static_cast<size_t>(agree)] ==
-                       (agree < accepted ? draft[static_cast<size_t>(agree)] : following))
+            while (agree < judged && looked_up[static_cast<size_t>(agree)] ==
+                                         (agree < accepted ? draft[static_cast<size_t>(agree)] : following))
                 ++agree;
             policy.record_round(Drafter::PromptLookup, judged, agree);
         }

@@ -41,7 +41,7 @@ struct SpeculativeStats {
     int64_t refeeds = 0;   // rounds that had to restore and re-feed the accepted prefix
     int64_t emitted = 0;   // tokens emitted
     std::array<int64_t, kDrafters> drafted_by{}, accepted_by{}, rounds_by{};  // per drafter
-    int64_t mtp_passes = 0;  // passes of the MTP layer (catch-up included)
+    int64_t mtp_passes = 0;    // passes of the MTP layer (catch-up included)
     bool mtp_retired = false;  // the policy found the MTP layer cannot pay here and stopped it
     // The policy's view at the end: seconds of a forward pass of w tokens (index w; 0 unused) and of an MTP pass.
     std::array<double, SpeculationPolicy::kMaxDraft + 2> window_cost{};

@@ -109,6 +109,7 @@ struct Engine::Slot {
     uint64_t last_used = 0;               // for choosing among equally good idle slots
     // Speculation: the window in flight (pending token + drafts), the state before it, and the slot's policy.
     std::vector<int32_t> window;
+    std::vector<int32_t> proposal;  // prompt lookup's whole proposal this step (judged on what follows)
     std::unique_ptr<SequenceCheckpoint> before_window;
     std::optional<SpeculationPolicy> policy;
     bool checkpoint_after_window = false;  // finish() came inside a window: checkpoint once the sequence is back
@@ -450,14 +451,31 @@ void Engine::step() {
         } else {
             slot.pending.reset();
         }
+        if (work[i].n_prompt == 0 && slot.policy && batch.size() == 1) slot.policy->record_cost(1, pass_seconds);
         if (work[i].wants_logits) sample(slot, std::span<float>(slot.logits.data(), static_cast<size_t>(n_vocab_)));
+        if (work[i].n_prompt == 0 && slot.active && slot.pending) judge_lookup(slot, {}, *slot.pending);
     }
+}
+
+// Prompt lookup's whole proposal against what the step found out (the drafts accepted, then the token sampled after
+// them), drafted or not: its acceptance at every position stays measured, so the policy knows when longer windows pay.
+void Engine::judge_lookup(Slot& slot, std::span<const int32_t> accepted, int32_t next) {
+    if (slot.proposal.empty() || !slot.policy) return;
+    const size_t judged = std::min(slot.proposal.size(), accepted.size() + 1);
+    int agree = 0;
+    while (static_cast<size_t>(agree) < judged &&
+           slot.proposal[static_cast<size_t>(agree)] ==
+               (static_cast<size_t>(agree) < accepted.size() ? accepted[static_cast<size_t>(agree)] : next))
+        ++agree;
+    slot.policy->record_round(Drafter::PromptLookup, static_cast<int>(judged), agree);
+    slot.proposal.clear();
 }
 
 // Drafts for a decoding slot (prompt lookup over what it holds and its pending token), as many as its policy says
 // pay; the entry then feeds the window and wants every row's logits.
 void Engine::speculate(Slot& slot, BatchEntry& entry) {
     slot.window.clear();
+    slot.proposal.clear();
     if (options_.spec <= 0 || !checkpoints_supported_) return;
     const Active& a = *slot.active;
     int64_t room = std::min<int64_t>(options_.spec, slot.seq->capacity() - slot.seq->n_past() - 1);
@@ -466,8 +484,8 @@ void Engine::speculate(Slot& slot, BatchEntry& entry) {
     if (!slot.policy) slot.policy.emplace(options_.spec);
     std::vector<int32_t> history = slot.history;
     history.push_back(*slot.pending);
-    const std::vector<int32_t> proposal = prompt_lookup_draft(
-        history, {.max_draft = static_cast<int>(room), .max_ngram = 4, .min_ngram = 3});
+    slot.proposal = prompt_lookup_draft(history, {.max_draft = static_cast<int>(room), .max_ngram = 4, .min_ngram = 3});
+    const std::vector<int32_t>& proposal = slot.proposal;
     const int k = slot.policy->plan(static_cast<int>(proposal.size())).k;
     if (k <= 0) return;
     try {
@@ -515,10 +533,11 @@ void Engine::verify(Slot& slot, int drafted, bool alone, double seconds) {
     slot.before_window.reset();
     slot.history.insert(slot.history.end(), kept.begin(), kept.end());
     metrics_.add_speculation(drafted, accepted);
-    if (slot.policy) {
+    if (slot.policy && alone) slot.policy->record_cost(drafted + 1, seconds);  // a pass of this slot's window alone
+    if (slot.active && slot.pending)
+        judge_lookup(slot, std::span<const int32_t>(window).subspan(1, static_cast<size_t>(accepted)), *slot.pending);
+    else if (slot.policy)
         slot.policy->record_round(Drafter::PromptLookup, drafted, accepted);
-        if (alone) slot.policy->record_cost(drafted + 1, seconds);  // a pass of this slot's window alone
-    }
     if (slot.checkpoint_after_window) {
         slot.checkpoint_after_window = false;
         take_checkpoint(slot);

@@ -189,6 +189,7 @@ class Engine {
     void sample(Slot& slot, std::span<float> row);
     void speculate(Slot& slot, BatchEntry& entry);
     void verify(Slot& slot, int drafted, bool alone, double seconds);
+    void judge_lookup(Slot& slot, std::span<const int32_t> accepted, int32_t next);
     void finish(Slot& slot, FinishReason reason, const std::string& error = {});
     void take_checkpoint(Slot& slot);
     std::vector<size_t> checkpoint_positions(const Active& a) const;

@@ -617,6 +617,36 @@ TEST(Server, BatchedEqualsSingle) {
     }
 }
 
+// Speculation (on by default with the bundled model's MTP layer) samples a window's rows in order as one-token steps
+// would: the same text and log-probabilities as a server without it, greedy and sampled (the request's own random
+// stream, penalties), and /metrics counts its rounds.
+TEST(Server, SpeculationGivesTheSameOutput) {
+    const std::string bundled = std::string(STRATA_SOURCE_DIR) + "/assets/strata-code-19m.gguf";
+    Server with({"--parallel", "2"}, {}, bundled);  // the default: on, the model has an MTP layer
+    Server without({"--parallel", "2", "--no-spec"}, {}, bundled);
+    // Code that repeats itself, so that prompt lookup finds drafts.
+    std::string code = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n";
+    const Json requests[] = {
+        {{"prompt", code}, {"max_tokens", 64}, {"temperature", 0}, {"logprobs", 2}},
+        {{"prompt", code}, {"max_tokens", 64}, {"temperature", 0.8}, {"seed", 11}, {"repetition_penalty", 1.1}},
+        {{"prompt", code + "    return a * b\n\n\ndef div(a, b):\n"}, {"max_tokens", 48}, {"temperature", 0.7},
+         {"seed", 3}, {"stop", Json::array({"\n\n\n"})}},
+    };
+    for (const Json& request : requests) {
+        const Json a = with.post_json("/v1/completions", request)["choices"][0];
+        const Json b = without.post_json("/v1/completions", request)["choices"][0];
+        EXPECT_EQ(a["text"], b["text"]) << request.dump();
+        EXPECT_EQ(a["logprobs"], b["logprobs"]) << request.dump();
+        EXPECT_EQ(a["finish_reason"], b["finish_reason"]) << request.dump();
+    }
+    EXPECT_GT(with.metric("strata:spec_rounds_total"), 0);
+    EXPECT_GT(with.metric("strata:spec_accepted_tokens_total"), 0);
+    EXPECT_EQ(without.metric("strata:spec_rounds_total"), 0);
+    // A second turn reuses the slot's checkpoint taken after a window: the same output as computed afresh.
+    const Json again = with.post_json("/v1/completions", requests[0])["choices"][0];
+    EXPECT_EQ(again["text"], without.post_json("/v1/completions", requests[0])["choices"][0]["text"]);
+}
+
 // Opens a stream with a raw socket, reads until `min_bytes` arrived, and closes the connection.
 void open_and_abandon_stream(int port, const Json& body, size_t min_bytes) {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);

@@ -69,6 +69,34 @@ TEST(SpeculationPolicy, DraftsOnlyWhenTheMeasurementsSayItPays) {
     EXPECT_NEAR(h.acceptance(0), 0.5, 0.1);
 }
 
+TEST(SpeculationPolicy, PicksTheDrafterThatPaysAndNeitherWhenNoneDoes) {
+    // Memory-bound windows (5 tokens cost 1.2 single tokens) and a cheap MTP pass (a tenth of a token): MTP drafts at
+    // 0.8 acceptance beat plain decoding; prompt lookup, always accepted here, beats MTP where it has a match.
+    SpeculationPolicy p(4, /*has_mtp=*/true);
+    p.record_cost(1, 0.010);
+    for (int w = 2; w <= 5; ++w) p.record_cost(w, 0.010 + 0.0005 * w);
+    p.record_draft_cost(1, 0.001);
+    for (int i = 0; i < 300; ++i) p.record_round(Drafter::Mtp, 1, i % 5 != 0 ? 1 : 0);
+    for (int i = 0; i < 300; ++i) p.record_round(Drafter::PromptLookup, 4, 4);
+    EXPECT_EQ(p.plan(0).drafter, Drafter::Mtp);
+    EXPECT_GE(p.plan(0).k, 1);
+    EXPECT_EQ(p.plan(4).drafter, Drafter::PromptLookup);
+    EXPECT_EQ(p.plan(4).k, 4);
+    EXPECT_EQ(p.plan(2).k, 2) << "prompt lookup drafts no more than it proposes";
+    // The bundled model on this CPU: each window token costs about half a token more, an MTP pass a third of a
+    // token, MTP accepted at 0.65: no MTP round pays, and without a lookup match the plan is plain decoding (bar the
+    // exploring draft every kExplore-th call).
+    SpeculationPolicy c(4, true);
+    for (int w = 1; w <= 5; ++w) c.record_cost(w, 0.0008 + 0.0005 * (w - 1));
+    c.record_draft_cost(1, 0.00027);
+    for (int i = 0; i < 300; ++i) c.record_round(Drafter::Mtp, 2, i % 20 < 13 ? (i % 2 ? 2 : 1) : 0);
+    int drafted = 0;
+    for (int i = 0; i < 2 * SpeculationPolicy::kExplore; ++i) drafted += c.plan(0).k > 0;
+    EXPECT_EQ(drafted, 2);
+    EXPECT_NEAR(c.rate(Drafter::Mtp, 0) * 0.0008, 1.0, 1e-9);
+    EXPECT_LT(c.rate(Drafter::Mtp, 1), c.rate(Drafter::Mtp, 0));
+}
+
 std::string bundled() {
     return std::string(STRATA_SOURCE_DIR) + "/assets/strata-code-19m.gguf";
 }
@@ -105,7 +133,8 @@ TEST(SpeculativeDecode, GreedyTokensEqualPlainGreedyDecoding) {
             m->forward(*seq, prompt, logits, true);
             V got;
             const SpeculativeStats st =
-                greedy_speculative_decode(*m, *seq, logits, prompt, 80, {.max_draft = k}, [&](int32_t t) {
+                greedy_speculative_decode(*m, *seq, logits, prompt, 80, {.max_draft = k, .lookup = {.min_ngram = 1}},
+                                          [&](int32_t t) {
                     got.push_back(t);
                     return true;
                 });
@@ -171,7 +200,7 @@ TEST(SpeculativeDecode, SampledTokensEqualSamplingWithoutSpeculation) {
             m->forward(*seq, prompt, logits, true);
             V got;
             const SpeculativeStats st = speculative_decode(
-                *m, *seq, logits, prompt, 48, {.max_draft = k},
+                *m, *seq, logits, prompt, 48, {.max_draft = k, .lookup = {.min_ngram = 1}},
                 [&](std::span<const float> row, int64_t pos) {
                     return sampler.sample_at(row, static_cast<uint64_t>(pos));
                 },
@@ -192,7 +221,8 @@ TEST(SpeculativeDecode, SampledTokensEqualSamplingWithoutSpeculation) {
 TEST(SpeculativeDecode, RejectedDraftsLeaveNoTrace) {
     auto m = load_model(bundled(), {.n_threads = 2});
     const int64_t vocab = m->info().n_vocab;
-    // Random ids: the drafts that prompt lookup finds are often wrong (seed 3: 2 of 7 rejected at --spec 3).
+    // Random ids: the drafts that prompt lookup finds are often wrong (seed 3: 2 of 7 rejected at --spec 3). No
+    // policy (it decides from timings, which a busy machine moves): every match is drafted.
     std::mt19937 rng(3);
     std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(vocab - 1));
     V prompt;
@@ -203,7 +233,8 @@ TEST(SpeculativeDecode, RejectedDraftsLeaveNoTrace) {
     m->forward(*seq, prompt, logits, true);
     V got;
     const SpeculativeStats st =
-        greedy_speculative_decode(*m, *seq, logits, prompt, n, {.max_draft = 3}, [&](int32_t t) {
+        greedy_speculative_decode(*m, *seq, logits, prompt, n, {.max_draft = 3, .lookup = {.min_ngram = 1}, .adaptive = false},
+                                  [&](int32_t t) {
             got.push_back(t);
             return true;
         });

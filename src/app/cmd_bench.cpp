@@ -15,6 +15,10 @@
 #include "core/thread_pool.h"
 #include "format/gguf.h"
 #include "model/model.h"
+#include "runtime/mtp_drafter.h"
+#include "runtime/sampler.h"
+#include "runtime/speculative_decode.h"
+#include "tokenizer/tokenizer.h"
 
 #if STRATA_HAS_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -40,6 +44,8 @@ struct BenchPlan {
     int repetitions = 5;
     std::vector<int> thread_counts;  // 0: all cores (resolved before running)
     bool json = false;
+    int spec = 0;                    // --spec N: also greedy decoding with and without speculation after spec_prompt
+    std::vector<int32_t> spec_prompt;  // --spec-prompt FILE's tokens (default: the pseudo-random prompt ids)
     LoadOptions load;  // backend, VRAM budget, graphs (threads per run)
     const char* backend_name() const { return load.backend == Backend::Cuda ? "cuda" : "cpu"; }
 };
@@ -58,6 +64,7 @@ struct TestResult {
     std::vector<double> samples;  // tokens/s of each timed run
     double mean = 0;
     double sd = 0;
+    SpeculativeStats spec;  // speculation tests: summed over the timed runs
 };
 
 // "1,2,4" -> {1, 2, 4}, each in [1, max_value]; Error naming the flag on anything else.
@@ -104,6 +111,9 @@ BenchPlan read_plan(const Args& args) {
     if (plan.load.cuda_ncu_replay > 0 && plan.load.backend != Backend::Cuda)
         throw Error("bench: --ncu-replay applies to --backend cuda only");
     plan.json = args.has("--json");
+    plan.spec = static_cast<int>(args.get_int("--spec", 1, SpeculationPolicy::kMaxDraft).value_or(0));
+    if (args.has("--spec-prompt") && plan.spec == 0) throw Error("bench: --spec-prompt needs --spec N");
+    if (plan.spec > 0 && plan.n_gen == 0) throw Error("bench: --spec N times decoding: give -n N > 0");
     return plan;
 }
 
@@ -156,6 +166,29 @@ class TestRunner {
         return seconds_since(t0);
     }
 
+    // Seconds for n greedy tokens after the context and `prompt` (untimed, fed in chunks), with speculation (windows
+    // of up to `spec` drafts by the MTP layer where the model has one, and prompt lookup) or without (spec 0).
+    double time_greedy(std::span<const int32_t> prompt, int64_t n, int spec, SpeculativeStats* stats) {
+        seq_.reset();
+        std::optional<MtpDrafter> mtp;
+        if (spec > 0 && model_.draft_residual_width() > 0) mtp.emplace(model_, seq_.capacity());
+        std::vector<int32_t> history = context_;
+        history.insert(history.end(), prompt.begin(), prompt.end());
+        speculative_prefill(model_, seq_, mtp ? &*mtp : nullptr, history, logits_, kDepthChunk);
+        const auto t0 = Clock::now();
+        if (spec > 0) {
+            *stats += greedy_speculative_decode(model_, seq_, logits_, std::move(history), n,
+                                                {.max_draft = spec, .mtp = mtp ? &*mtp : nullptr},
+                                                [](int32_t) { return true; });
+        } else {
+            for (int64_t i = 0; i < n; ++i) {
+                const int32_t t = argmax_lowest(std::span<const float>(logits_.data(), logits_.size()));
+                if (i + 1 < n) model_.forward(seq_, std::span<const int32_t>(&t, 1), logits_, true);
+            }
+        }
+        return seconds_since(t0);
+    }
+
   private:
     using Clock = std::chrono::steady_clock;
     static double seconds_since(Clock::time_point t0) {
@@ -198,6 +231,13 @@ std::string format_params(uint64_t n) {
 }
 
 void print_json(const BenchPlan& plan, const ModelSummary& model, const TestResult& r) {
+    std::string spec_json;
+    if (r.spec.rounds > 0) {
+        char buf[160];
+        std::snprintf(buf, sizeof buf, ",\"spec_acceptance\":%.6g,\"spec_tokens_per_round\":%.6g,\"spec_drafted\":%lld",
+                      r.spec.acceptance(), r.spec.tokens_per_round(), static_cast<long long>(r.spec.drafted));
+        spec_json = buf;
+    }
     std::string samples;
     for (size_t i = 0; i < r.samples.size(); ++i) {
         char buf[32];
@@ -207,25 +247,34 @@ void print_json(const BenchPlan& plan, const ModelSummary& model, const TestResu
     std::printf(
         "{\"test\":\"%s\",\"tokens_per_s\":%.6g,\"sd\":%.6g,\"threads\":%d,\"model\":\"%s\",\"model_size\":%llu,"
         "\"model_params\":%llu,\"n_prompt\":%lld,\"n_gen\":%lld,\"depth\":%lld,\"backend\":\"%s\","
-        "\"repetitions\":%d,\"samples\":[%s]}\n",
+        "\"repetitions\":%d,\"samples\":[%s]%s}\n",
         r.name.c_str(), r.mean, r.sd, r.threads, json_escape(plan.model_path).c_str(),
         static_cast<unsigned long long>(model.size_bytes), static_cast<unsigned long long>(model.n_params),
         static_cast<long long>(r.n_prompt), static_cast<long long>(r.n_gen), static_cast<long long>(plan.depth),
-        plan.backend_name(), plan.repetitions, samples.c_str());
+        plan.backend_name(), plan.repetitions, samples.c_str(), spec_json.c_str());
     std::fflush(stdout);
 }
 
-void print_table_header() {
-    std::printf("| model | size | params | backend | threads | test | t/s |\n");
-    std::printf("| --- | ---: | ---: | --- | ---: | ---: | ---: |\n");
+// With --spec, a last column: drafts accepted and tokens per verification round of the speculation tests.
+void print_table_header(bool spec) {
+    std::printf("| model | size | params | backend | threads | test | t/s |%s\n", spec ? " spec |" : "");
+    std::printf("| --- | ---: | ---: | --- | ---: | ---: | ---: |%s\n", spec ? " ---: |" : "");
     std::fflush(stdout);
+}
+
+std::string spec_cell(const TestResult& r) {
+    if (r.spec.rounds == 0) return "-";
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "acc %.3f, %.2f t/round", r.spec.acceptance(), r.spec.tokens_per_round());
+    return buf;
 }
 
 void print_table_row(const BenchPlan& plan, const ModelSummary& model, const TestResult& r) {
-    std::printf("| %s | %s | %s | %s | %d | %s | %.2f ± %.2f |\n", model.file_name.c_str(),
+    std::string cell;
+    if (plan.spec > 0) cell.append(" ").append(spec_cell(r)).append(" |");
+    std::printf("| %s | %s | %s | %s | %d | %s | %.2f ± %.2f |%s\n", model.file_name.c_str(),
                 format_bytes(model.size_bytes).c_str(), format_params(model.n_params).c_str(), plan.backend_name(),
-                r.threads,
-                r.name.c_str(), r.mean, r.sd);
+                r.threads, r.name.c_str(), r.mean, r.sd, cell.c_str());
     std::fflush(stdout);
 }
 
@@ -357,29 +406,51 @@ int run_bench(const Args& args) {
     std::string device;
     const double bandwidth = plan.load.backend == Backend::Cuda ? device_copy_bandwidth(plan, &device) : 0.0;
     const std::string depth_suffix = plan.depth > 0 ? "@d" + std::to_string(plan.depth) : "";
-    if (!plan.json) print_table_header();
+    if (!plan.json) print_table_header(plan.spec > 0);
+    if (plan.spec > 0 && args.has("--spec-prompt")) {
+        const std::string path = *args.get("--spec-prompt");
+        plan.spec_prompt = Tokenizer::from_gguf(*file)->encode(read_text_file(path, "--spec-prompt"));
+        if (plan.spec_prompt.empty()) throw Error("bench: --spec-prompt " + path + " is empty");
+    }
 
     for (const int threads : plan.thread_counts) {
         LoadOptions options = plan.load;
         options.n_threads = threads;
         auto model = load_model(plan.model_path, options);
         // Planned up front, so a context that does not fit fails before anything runs. +1: the decode test's prompt.
-        auto seq = model->new_sequence(plan.depth + plan.n_prompt + plan.n_gen + 1);
+        const int64_t spec_prompt = plan.spec > 0 ? std::max<int64_t>(std::ssize(plan.spec_prompt), plan.n_prompt) : 0;
+        auto seq = model->new_sequence(plan.depth + std::max(plan.n_prompt, spec_prompt) + plan.n_gen + plan.spec + 1);
         TestRunner runner(*model, *seq, plan);
 
         struct Test {
             std::string name;
             int64_t n_prompt, n_gen;
+            int greedy_spec = -1;  // >= 0: greedy decoding after the spec prompt, with windows of this many drafts
         };
         std::vector<Test> tests;
         if (plan.n_prompt > 0) tests.push_back({"pp" + std::to_string(plan.n_prompt) + depth_suffix, plan.n_prompt, 0});
         if (plan.n_gen > 0) tests.push_back({"tg" + std::to_string(plan.n_gen) + depth_suffix, 0, plan.n_gen});
+        // Speculation needs the model's own picks fed back: greedy decoding of real text, without and with it.
+        std::vector<int32_t> prompt = plan.spec_prompt;
+        if (prompt.empty() && plan.spec > 0) prompt = pseudo_random_tokens(std::max<int64_t>(plan.n_prompt, 1),
+                                                                            model->info().n_vocab, kTokenSeed + 1);
+        if (plan.spec > 0) {
+            const std::string tg = "tg" + std::to_string(plan.n_gen) + depth_suffix;
+            tests.push_back({tg + " greedy", 0, plan.n_gen, 0});
+            tests.push_back({tg + " spec" + std::to_string(plan.spec), 0, plan.n_gen, plan.spec});
+        }
 
         for (const Test& test : tests) {
             TestResult r{.name = test.name, .n_prompt = test.n_prompt, .n_gen = test.n_gen, .threads = threads};
             const int64_t n_tokens = test.n_prompt > 0 ? test.n_prompt : test.n_gen;
-            auto once = [&] { return test.n_prompt > 0 ? runner.time_prompt(n_tokens) : runner.time_decode(n_tokens); };
+            SpeculativeStats warmup;
+            SpeculativeStats* spec_sink = &warmup;  // the timed runs' counts go in r.spec
+            auto once = [&] {
+                if (test.greedy_spec >= 0) return runner.time_greedy(prompt, n_tokens, test.greedy_spec, spec_sink);
+                return test.n_prompt > 0 ? runner.time_prompt(n_tokens) : runner.time_decode(n_tokens);
+            };
             once();  // warm-up: page faults, caches, first-call allocations
+            spec_sink = &r.spec;
             for (int rep = 0; rep < plan.repetitions; ++rep) {
                 const double seconds = once();
                 r.samples.push_back(static_cast<double>(n_tokens) / std::max(seconds, 1e-9));
@@ -431,6 +502,11 @@ Command bench_command() {
          "bench expert-cache: also write the trace's routing counts as an expert profile (runtime/expert_profile.h: "
          "what --warm-profile reads)"},
         {"--json", "", "one JSON object per line per test instead of the table"},
+        {"--spec", "N",
+         "also greedy decoding of -n tokens after the spec prompt without and with speculation (windows of up to N "
+         "drafts, the drafter and length picked per round as on run), with a spec column: acceptance and tokens per "
+         "verification round"},
+        {"--spec-prompt", "FILE", "with --spec: the text the greedy tests continue (default: the -p pseudo-random ids)"},
     };
     // The model-loading flags but --threads, which bench takes as a list.
     for (const FlagSpec& f : kLoadFlags)
@@ -441,7 +517,8 @@ Command bench_command() {
                 .name = "bench",
                 .summary = "prompt and decode speed in tokens/s (llama-bench style)",
                 .usage = "strata bench --model FILE.gguf [-p 512] [-n 128] [-d DEPTH] [-r 5] [--threads N[,N...]] "
-                         "[--backend cpu|cuda] [--json]\n       strata bench doorbell [--rounds N]\n"
+                         "[--backend cpu|cuda] [--spec N [--spec-prompt FILE]] [--json]\n"
+                         "       strata bench doorbell [--rounds N]\n"
                          "       strata bench gdn-recurrence [--tokens N[,N...]] [--heads H] [-r R]\n"
                          "       strata bench qsa-union [--positions N] [--context N] [-r R] [--kv-cache f16|int8]\n"
                          "       strata bench expert-cache --trace FILE [--slots N,...] [--policy P,...] "

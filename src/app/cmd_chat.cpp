@@ -30,7 +30,9 @@
 #include "core/error.h"
 #include "format/gguf.h"
 #include "model/model.h"
+#include "runtime/mtp_drafter.h"
 #include "runtime/sampler.h"
+#include "runtime/speculative_decode.h"
 #include "runtime/stop_strings.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -173,6 +175,7 @@ struct Engine {
     std::optional<ChatTemplate> chat_template;
     std::vector<int32_t> eog;  // model metadata and tokenizer together
     int64_t context = kDefaultContext;
+    SpecSettings spec;  // --spec / --no-spec: speculative decoding (on by default with an MTP layer)
 };
 
 Engine load_engine(const Args& args) {
@@ -208,6 +211,7 @@ Engine load_engine(const Args& args) {
     const int64_t trained = e.model->info().n_ctx_train;
     e.context = trained > 0 ? std::min(trained, kDefaultContext) : kDefaultContext;
     if (auto c = args.get_int("--ctx", 1, kMaxContext)) e.context = *c;
+    e.spec = spec_settings(args, *e.model);
     return e;
 }
 
@@ -278,15 +282,36 @@ struct GenerationResult {
     int64_t prompt_tokens = 0;
     double prompt_seconds = 0.0;
     int64_t generated = 0;             // tokens sampled (an end-of-generation token included)
+    SpeculativeStats speculation;      // rounds == 0: decoded one token a pass
     double first_token_seconds = 0.0;  // from the start of the prompt to the first sampled token
     double decode_seconds = 0.0;       // after the first token
 };
 
-// One sequence and everything fed into it, so a later turn can feed only what is new.
+// One sequence and everything fed into it, so a later turn can feed only what is new; with speculation, the MTP
+// drafter in step with it and the policy's measurements, kept from turn to turn.
 struct Conversation {
+    Conversation(const Engine& e, int64_t capacity) : seq(e.model->new_sequence(capacity)) {
+        if (e.spec.max_draft > 0) policy.emplace(e.spec.max_draft, e.spec.mtp);
+        if (e.spec.max_draft > 0 && e.spec.mtp) mtp = std::make_unique<MtpDrafter>(*e.model, capacity);
+    }
+    void reset(const Engine& e) {
+        seq->reset();
+        fed.clear();
+        if (mtp) mtp = std::make_unique<MtpDrafter>(*e.model, seq->capacity());
+    }
     std::unique_ptr<SequenceState> seq;
     std::vector<int32_t> fed;  // the tokens the sequence holds, in order
+    std::unique_ptr<MtpDrafter> mtp;
+    std::optional<SpeculationPolicy> policy;
 };
+
+// Speculation needs each position's token to depend on the logits and the position alone: penalties look at the
+// tokens before, which a verification window has not accepted yet, so they turn it off.
+bool can_speculate(const Engine& e, const Sampler& sampler) {
+    const SamplingParams& p = sampler.params();
+    return e.spec.max_draft > 0 && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+           p.frequency_penalty == 0.0f;
+}
 
 GenerationResult generate(const Engine& e, Conversation& conv, std::span<const int32_t> prompt, Sampler& sampler,
                           const std::vector<std::string>& stops, int64_t max_tokens,
@@ -309,14 +334,69 @@ GenerationResult generate(const Engine& e, Conversation& conv, std::span<const i
                     " tokens) does not fit in the context of " + std::to_string(conv.seq->capacity()) +
                     " tokens; give a larger --ctx, or /reset the chat");
     if (prompt.empty()) throw Error("the prompt is empty after tokenization");
-    model.forward(*conv.seq, prompt, logits, /*last_only=*/true);
+    const bool speculate = can_speculate(e, sampler);
+    if (speculate)
+        speculative_prefill(model, *conv.seq, conv.mtp.get(), prompt, logits);
+    else
+        model.forward(*conv.seq, prompt, logits, /*last_only=*/true);
     conv.fed.insert(conv.fed.end(), prompt.begin(), prompt.end());
     sampler.accept(prompt);  // the penalties see the prompt too, as in llama.cpp
     r.prompt_tokens = static_cast<int64_t>(prompt.size());
     r.prompt_seconds = seconds_since(start);
 
     Clock::time_point first_token_at{};
-    bool finished = false;
+    // Every token is drawn keyed by its position (Sampler::sample_at), so speculation gives the same text.
+    if (speculate) {
+        // The sequence needs room for the drafts of the last round too.
+        const int64_t room = conv.seq->capacity() - conv.seq->n_past() - e.spec.max_draft;
+        int64_t n = max_tokens > 0 ? max_tokens : std::numeric_limits<int64_t>::max();
+        const bool context_bound = n > room;
+        n = std::min(n, room);
+        std::vector<int32_t> emitted;
+        bool ended = false;
+        auto on_token = [&](int32_t token) {
+            emitted.push_back(token);
+            if (r.generated++ == 0) {
+                first_token_at = Clock::now();
+                r.first_token_seconds = std::chrono::duration<double>(first_token_at - start).count();
+            }
+            ended = true;
+            if (g_interrupted.load()) {
+                r.reason = StopReason::kInterrupted;
+                return false;
+            }
+            if (std::find(e.eog.begin(), e.eog.end(), token) != e.eog.end()) {
+                r.reason = StopReason::kEndOfGeneration;
+                return false;
+            }
+            sampler.accept(token);
+            show(matcher.push(decoder.push(token)));
+            if (matcher.stopped()) {
+                r.reason = StopReason::kStopString;
+                return false;
+            }
+            ended = false;
+            return true;
+        };
+        if (n > 0)
+            r.speculation = speculative_decode(
+                model, *conv.seq, logits, conv.fed, n,
+                {.max_draft = e.spec.max_draft,
+                 .prompt_lookup = e.spec.lookup,
+                 .mtp = conv.mtp.get(),
+                 .mtp_min_p = e.spec.min_p,
+                 .adaptive = e.spec.adaptive,
+                 .policy = conv.policy ? &*conv.policy : nullptr},
+                [&](std::span<const float> row, int64_t position) {
+                    return sampler.sample_at(row, static_cast<uint64_t>(position));
+                },
+                on_token);
+        if (!ended) r.reason = context_bound ? StopReason::kContextFull : StopReason::kMaxTokens;
+        // The sequence holds the emitted tokens but (perhaps) the last.
+        const size_t held = static_cast<size_t>(conv.seq->n_past()) - conv.fed.size();
+        conv.fed.insert(conv.fed.end(), emitted.begin(), emitted.begin() + static_cast<std::ptrdiff_t>(held));
+    }
+    bool finished = speculate;
     while (!finished) {
         if (g_interrupted.load()) {
             r.reason = StopReason::kInterrupted;
@@ -326,7 +406,7 @@ GenerationResult generate(const Engine& e, Conversation& conv, std::span<const i
             r.reason = StopReason::kMaxTokens;
             break;
         }
-        const int32_t token = sampler.sample_in_place(logits);
+        const int32_t token = sampler.sample_at(logits, static_cast<uint64_t>(conv.seq->n_past()));
         if (r.generated++ == 0) {
             first_token_at = Clock::now();
             r.first_token_seconds = std::chrono::duration<double>(first_token_at - start).count();
@@ -374,6 +454,10 @@ void print_timings(const GenerationResult& r) {
                  "first | time to first token: %.3f s | stopped: %s\n",
                  static_cast<long long>(r.prompt_tokens), r.prompt_seconds, prompt_rate,
                  static_cast<long long>(r.generated), gen_rate.c_str(), r.first_token_seconds, describe(r.reason));
+    if (r.speculation.rounds > 0)
+        std::fprintf(stderr, "speculation: %.2f tokens a verification round, %lld of %lld drafted tokens accepted\n",
+                     r.speculation.tokens_per_round(), static_cast<long long>(r.speculation.accepted),
+                     static_cast<long long>(r.speculation.drafted));
 }
 
 bool g_out_ends_line = true;  // whether the text written so far ends with a newline
@@ -420,7 +504,7 @@ int run_run(const Args& args) {
     const int64_t capacity = args.has("--ctx") ? e.context
                              : n_predict       ? prompt_len + *n_predict
                                                : std::max(e.context, prompt_len + 1);
-    Conversation conv{.seq = e.model->new_sequence(capacity), .fed = {}};
+    Conversation conv(e, capacity + e.spec.max_draft);
 
     SigintGuard guard;
     const GenerationResult r = generate(e, conv, prompt, sampler, stops, n_predict.value_or(0), write_out);
@@ -494,7 +578,7 @@ int run_chat(const Args& args) {
     if (!e.chat_template)
         throw Error("this model has no chat template (tokenizer.chat_template); use 'strata run --raw' instead");
     Sampler sampler = make_sampler(e, params);
-    Conversation conv{.seq = e.model->new_sequence(e.context), .fed = {}};
+    Conversation conv(e, e.context);
 
     Json messages = Json::array();
     auto restart = [&] {
@@ -519,8 +603,7 @@ int run_chat(const Args& args) {
             if (message == "/exit" || message == "/quit") break;
             if (message == "/reset") {
                 restart();
-                conv.seq->reset();
-                conv.fed.clear();
+                conv.reset(e);
                 sampler.clear_history();
                 tell("(conversation cleared)");
             } else if (message == "/think on" || message == "/think off") {
@@ -539,8 +622,7 @@ int run_chat(const Args& args) {
         // Feed only what is new when the sequence holds a prefix of this rendering; otherwise start it over.
         const bool extends = all.size() > conv.fed.size() && std::equal(conv.fed.begin(), conv.fed.end(), all.begin());
         if (!extends) {
-            conv.seq->reset();
-            conv.fed.clear();
+            conv.reset(e);
         }
         const std::span<const int32_t> fresh = std::span<const int32_t>(all).subspan(conv.fed.size());
         if (static_cast<int64_t>(all.size()) >= conv.seq->capacity()) {
@@ -575,6 +657,7 @@ Command run_command() {
                                 "context)"},
                                {"--raw", "", "send the prompt as it is, without the chat template"}});
     flags.insert(flags.end(), kSamplingFlags.begin(), kSamplingFlags.end());
+    flags.insert(flags.end(), kSpecFlags.begin(), kSpecFlags.end());
     return {
         .spec =
             {
@@ -597,6 +680,7 @@ Command chat_command() {
     flags.insert(flags.end(), {{"-n", "N", "at most N tokens per reply (default: until end of generation)"},
                                {"--verbose", "", "after each reply, print timings and how much context was reused"}});
     flags.insert(flags.end(), kSamplingFlags.begin(), kSamplingFlags.end());
+    flags.insert(flags.end(), kSpecFlags.begin(), kSpecFlags.end());
     return {
         .spec =
             {

@@ -2,6 +2,7 @@
 // continuation; text comes with the tokenizer).
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -10,12 +11,12 @@
 #include <span>
 
 #include "app/commands.h"
-#include "runtime/speculation.h"
-#include "runtime/speculative_decode.h"
 #include "core/error.h"
 #include "format/gguf.h"
 #include "model/model.h"
+#include "runtime/mtp_drafter.h"
 #include "runtime/sampler.h"
+#include "runtime/speculative_decode.h"
 #include "tokenizer/tokenizer.h"
 
 namespace strata::app {
@@ -102,18 +103,33 @@ int run_generate(const Args& args) {
                      .min_p = 0.0f,
                      .seed = args.get_u64("--seed").value_or(std::random_device{}())},
                     info.n_vocab);
-    const int spec = static_cast<int>(args.get_int("--spec", 0, SpeculationPolicy::kMaxDraft).value_or(0));
-    auto seq = model->new_sequence(static_cast<int64_t>(prompt.size()) + *n_generate + spec);
+    const SpecSettings spec = spec_settings(args, *model);
+    const int64_t capacity = static_cast<int64_t>(prompt.size()) + *n_generate + spec.max_draft;
+    auto seq = model->new_sequence(capacity);
     HostFloats logits = model->host_floats(static_cast<size_t>(info.n_vocab));
-    model->forward(*seq, prompt, logits, /*last_only=*/true);
+    std::optional<MtpDrafter> mtp;
+    if (spec.max_draft > 0 && spec.mtp) mtp.emplace(*model, capacity);
+    speculative_prefill(*model, *seq, mtp ? &*mtp : nullptr, prompt, logits);
 
     std::optional<StreamDecoder> decoder;
     if (tokenizer && !args.has("--ids")) decoder.emplace(*tokenizer);
-    if (spec > 0) {
-        // Greedy with prompt-lookup drafts, verified in one batched pass a round (runtime/speculative_decode.h).
+    // Decode speed (after the prompt) on stderr, so that --spec and --no-spec compare in one run of each.
+    const auto decode_start = std::chrono::steady_clock::now();
+    const auto report_decode = [&](int64_t tokens) {
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - decode_start).count();
+        std::fprintf(stderr, "strata: decode: %lld tokens in %.3f s (%.1f tokens/s)\n", static_cast<long long>(tokens),
+                     s, s > 0 ? static_cast<double>(tokens) / s : 0.0);
+    };
+    if (spec.max_draft > 0) {
+        // Drafts by the MTP layer or prompt lookup, verified in one batched pass a round (runtime/speculative_decode.h).
         int64_t i = 0;
         const SpeculativeStats st = speculative_decode(
-            *model, *seq, logits, prompt, *n_generate, {.max_draft = spec},
+            *model, *seq, logits, prompt, *n_generate,
+            {.max_draft = spec.max_draft,
+             .prompt_lookup = spec.lookup,
+             .mtp = mtp ? &*mtp : nullptr,
+             .mtp_min_p = spec.min_p,
+             .adaptive = spec.adaptive},
             [&](std::span<const float> row, int64_t position) {
                 return sampler.sample_at(row, static_cast<uint64_t>(position));
             },
@@ -134,12 +150,11 @@ int run_generate(const Args& args) {
             std::fwrite(rest.data(), 1, rest.size(), stdout);
         }
         std::printf("\n");
-        std::fprintf(stderr, "strata: speculation: %lld tokens in %lld forward passes (%lld re-fed), %lld of %lld "
-                     "drafted tokens accepted\n", static_cast<long long>(i), static_cast<long long>(st.rounds),
-                     static_cast<long long>(st.refeeds), static_cast<long long>(st.accepted),
-                     static_cast<long long>(st.drafted));
+        report_decode(i);
+        print_speculation_stats(st);
         return 0;
     }
+    int64_t emitted = 0;
     for (int64_t i = 0; i < *n_generate; ++i) {
         // Keyed by position (Sampler::sample_at), so that --spec gives the same tokens for the same seed.
         int32_t token = sampler.sample_at(logits, static_cast<uint64_t>(prompt.size()) + static_cast<uint64_t>(i));
@@ -150,6 +165,7 @@ int run_generate(const Args& args) {
             std::printf(i == 0 ? "%d" : " %d", token);
         }
         std::fflush(stdout);
+        ++emitted;
         if (stop_at_eog && std::find(info.eog_tokens.begin(), info.eog_tokens.end(), token) != info.eog_tokens.end())
             break;
         if (i + 1 < *n_generate) model->forward(*seq, std::span<const int32_t>(&token, 1), logits, true);
@@ -159,6 +175,7 @@ int run_generate(const Args& args) {
         std::fwrite(rest.data(), 1, rest.size(), stdout);
     }
     std::printf("\n");
+    report_decode(emitted);
     return 0;
 }
 
@@ -226,10 +243,8 @@ Command generate_command() {
                      {"--ids", "", "print the generated token ids on one line, space separated (default: the text)"},
                      {"--seed", "S", "seed of the sampler (default: random); same seed, same tokens"},
                      {"--stop-at-eog", "", "stop after an end-of-generation token (default: generate all N)"},
-                     {"--spec", "K",
-                      "speculate up to K tokens a round (1..7) with prompt-lookup drafts, verified in one batched "
-                      "pass; the same tokens as without it, greedy or sampled with the same seed (default 0: off)"},
                  });
+    flags.insert(flags.end(), kSpecFlags.begin(), kSpecFlags.end());
     flags.insert(flags.end(), kLoadFlags.begin(), kLoadFlags.end());
     return {
         .spec =
@@ -237,7 +252,7 @@ Command generate_command() {
                 .name = "generate",
                 .summary = "continue a prompt (token ids or raw text), greedy or sampled",
                 .usage = "strata generate [--model FILE.gguf] (--tokens \"1 2 3\" | --tokens-file F | --prompt "
-                         "TEXT) -n N [--greedy] [--ids] [--seed S] [--stop-at-eog] [--spec K] [--backend cpu|cuda]",
+                         "TEXT) -n N [--greedy] [--ids] [--seed S] [--stop-at-eog] [--spec K | --no-spec] [--backend cpu|cuda]",
                 .flags = flags,
                 .notes = "Without --greedy the next token is drawn from softmax(logits) at temperature 1.\n"
                          "Without --ids the output is the decoded text, or the ids when the model has no vocabulary.",

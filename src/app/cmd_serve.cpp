@@ -7,6 +7,7 @@
 #include "app/commands.h"
 #include "core/error.h"
 #include "format/gguf.h"
+#include "runtime/speculation.h"
 #include "server/server.h"
 
 namespace strata::app {
@@ -28,6 +29,10 @@ int run_serve(const Args& args) {
     if (auto n = args.get_int("--queue", 0, 100000)) o.engine.queue_limit = static_cast<int>(*n);
     if (auto n = args.get_int("--chunk-size", 1, 1 << 20)) o.engine.chunk_size = *n;
     o.engine.prefix_cache = !args.has("--no-prefix-cache");
+    // Speculation: -1 lets the engine decide from the model (on with an MTP layer).
+    const auto spec = args.get_int("--spec", 0, SpeculationPolicy::kMaxDraft);
+    if (spec && args.has("--no-spec")) throw Error("--spec and --no-spec contradict each other: give one");
+    o.engine.spec = args.has("--no-spec") ? 0 : static_cast<int>(spec.value_or(-1));
     if (auto n = args.get_int("--http-threads", 1, 4096)) o.http_threads = static_cast<int>(*n);
     if (auto s = args.get("--max-body")) {
         auto bytes = parse_size(*s);
@@ -74,6 +79,10 @@ Command serve_command() {
         {"--alias", "NAME", "another name the 'model' field may use", true},
         {"--max-body", "SIZE", "largest request body (default 1M)"},
         {"--http-threads", "N", "connection threads (default: parallel + queue + 8)"},
+        {"--spec", "N",
+         "speculative decoding: a slot's window holds up to N prompt-lookup drafts (0..7; default 4 when the model "
+         "has an MTP layer, else off); the same output as without it"},
+        {"--no-spec", "", "no speculative decoding"},
     };
     flags.insert(flags.end(), kLoadFlags.begin(), kLoadFlags.end());
     return {

@@ -10,6 +10,7 @@
 #include "app/flags.h"
 #include "model/model.h"
 #include "runtime/memory_plan.h"
+#include "runtime/speculative_decode.h"
 
 namespace strata::app {
 
@@ -87,6 +88,21 @@ class AtomicFile {
     std::string temp_path_;
     std::FILE* file_ = nullptr;
 };
+// Speculation (issue 28): --spec N, --no-spec, --spec-min-p P, for run, chat, generate and bench.
+extern const std::vector<FlagSpec> kSpecFlags;
+inline constexpr int kDefaultSpec = 4;  // the window when the model has an MTP layer and no flag says otherwise
+struct SpecSettings {
+    int max_draft = 0;  // 0: off
+    float min_p = 0.3f;
+    bool mtp = false;  // the model's MTP layer drafts (besides prompt lookup)
+    bool lookup = true;     // prompt lookup drafts
+    bool adaptive = true;   // false (--spec-fixed): every round drafts N tokens, no policy (A/B runs)
+};
+// --no-spec: off; --spec N: N; neither: kDefaultSpec when the model has an MTP layer this backend runs, else off.
+// Error on a malformed value, or --spec with --no-spec.
+SpecSettings spec_settings(const Args& args, const Model& model);
+// One stderr line: tokens, verification rounds, acceptance and tokens per round, per drafter.
+void print_speculation_stats(const SpeculativeStats& stats);
 // The bundled model, the default of run, chat, generate, serve and bench (docs/bundled-model.md).
 inline constexpr const char* kBundledModelPath = "assets/strata-code-19m.gguf";
 inline constexpr const char* kDefaultModelHelp = "the model (default: the bundled assets/strata-code-19m.gguf)";

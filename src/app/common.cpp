@@ -16,6 +16,7 @@
 #include "runtime/expert_cache_advisor.h"
 #include "runtime/expert_profile.h"
 #include "runtime/routing_trace.h"
+#include "runtime/speculation.h"
 
 #if STRATA_HAS_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -122,6 +123,61 @@ void check_token_range(const std::vector<int32_t>& tokens, int64_t n_vocab) {
 int thread_count(const Args& args) {
     auto n = args.get_int("--threads", 1, 4096);
     return n ? static_cast<int>(*n) : 0;
+}
+
+const std::vector<FlagSpec> kSpecFlags = {
+    {"--spec", "N",
+     "speculative decoding with windows of up to N drafted tokens (1..7), drafted by the model's MTP layer or by "
+     "prompt lookup, as a measuring policy picks per round; the same tokens as without it (default: 4 when the model "
+     "has an MTP layer, else off)"},
+    {"--no-spec", "", "no speculative decoding"},
+    {"--spec-min-p", "P", "an MTP draft stops at a token the draft layer gives less than P (0..1, default 0.3)"},
+    {"--spec-drafter", "D", "auto (default: the policy picks per round), mtp or lookup (that drafter only)"},
+    {"--spec-fixed", "", "no policy: every round drafts N tokens (for A/B runs; may be slower than plain)"},
+};
+
+SpecSettings spec_settings(const Args& args, const Model& model) {
+    SpecSettings s;
+    const auto spec = args.get_int("--spec", 0, SpeculationPolicy::kMaxDraft);
+    if (spec && args.has("--no-spec")) throw Error("--spec and --no-spec contradict each other: give one");
+    s.mtp = model.draft_residual_width() > 0;
+    s.max_draft = args.has("--no-spec") ? 0 : spec.value_or(s.mtp ? kDefaultSpec : 0);
+    if (const auto p = args.get("--spec-min-p")) {
+        char* end = nullptr;
+        const float v = std::strtof(p->c_str(), &end);
+        if (p->empty() || end != p->c_str() + p->size() || !(v >= 0.0f && v <= 1.0f))
+            throw Error("--spec-min-p expects a probability from 0 to 1, got '" + *p + "'");
+        s.min_p = v;
+    }
+    const std::string drafter = args.get_choice("--spec-drafter", {"auto", "mtp", "lookup"}).value_or("auto");
+    if (drafter == "mtp" && !s.mtp) throw Error("--spec-drafter mtp: this model has no MTP layer this backend runs");
+    s.mtp = s.mtp && drafter != "lookup";
+    s.lookup = drafter != "mtp";
+    s.adaptive = !args.has("--spec-fixed");
+    return s;
+}
+
+void print_speculation_stats(const SpeculativeStats& st) {
+    const auto lookup = static_cast<size_t>(Drafter::PromptLookup), mtp = static_cast<size_t>(Drafter::Mtp);
+    std::fprintf(stderr,
+                 "strata: speculation: %lld tokens in %lld verification rounds (%.2f tokens a round, %lld re-fed); "
+                 "drafts accepted %lld of %lld (%.3f): mtp %lld of %lld in %lld rounds (%lld layer passes), "
+                 "lookup %lld of %lld in %lld rounds\n",
+                 static_cast<long long>(st.emitted), static_cast<long long>(st.rounds - st.refeeds),
+                 st.tokens_per_round(), static_cast<long long>(st.refeeds), static_cast<long long>(st.accepted),
+                 static_cast<long long>(st.drafted), st.acceptance(), static_cast<long long>(st.accepted_by[mtp]),
+                 static_cast<long long>(st.drafted_by[mtp]), static_cast<long long>(st.rounds_by[mtp]),
+                 static_cast<long long>(st.mtp_passes), static_cast<long long>(st.accepted_by[lookup]),
+                 static_cast<long long>(st.drafted_by[lookup]), static_cast<long long>(st.rounds_by[lookup]));
+    std::string costs;
+    for (size_t w = 1; w < st.window_cost.size() && st.window_cost[w] > 0; ++w) {
+        char buf[48];
+        std::snprintf(buf, sizeof(buf), "%s%zu: %.3f", w > 1 ? ", " : "", w, st.window_cost[w] * 1e3);
+        costs += buf;
+    }
+    std::fprintf(stderr, "strata: speculation: window cost in ms by tokens {%s}; MTP pass %.3f ms%s\n",
+                 costs.c_str(), st.draft_pass_cost * 1e3,
+                 st.mtp_retired ? "; MTP stopped (it cannot pay here)" : "");
 }
 
 const std::vector<FlagSpec> kLoadFlags = {

@@ -21,6 +21,17 @@ void HybridModel::forward_batch(std::span<const BatchEntry> batch) const {
     run(batch, /*single=*/false);
 }
 
+void HybridModel::forward_with_residual(SequenceState& seq, std::span<const int32_t> tokens, std::span<float> logits,
+                                        std::span<float> residual, bool last_only) const {
+    const int64_t width = draft_residual_width();
+    if (width == 0) throw Error("forward_with_residual: this model has no MTP draft layer");
+    if (std::ssize(residual) < std::ssize(tokens) * width)
+        throw Error("forward_with_residual: the residual buffer holds " + std::to_string(residual.size()) +
+                    " floats, needs " + std::to_string(std::ssize(tokens) * width));
+    const BatchEntry entry{.seq = &seq, .tokens = tokens, .logits = logits, .last_only = last_only};
+    run({&entry, 1}, /*single=*/true, residual.data());
+}
+
 std::span<HybridSequence* const> HybridModel::validate(std::span<const BatchEntry> batch, bool single) const {
     const int64_t V = info_.n_vocab;
     HybridSequence** seqs = scratch_.take<HybridSequence*>(static_cast<int64_t>(batch.size()));
@@ -57,7 +68,7 @@ std::span<HybridSequence* const> HybridModel::validate(std::span<const BatchEntr
     return {seqs, batch.size()};
 }
 
-void HybridModel::run(std::span<const BatchEntry> batch, bool single) const {
+void HybridModel::run(std::span<const BatchEntry> batch, bool single, float* residual_out) const {
     std::lock_guard lock(mutex_);
     scratch_.reset();
     const std::span<HybridSequence* const> all = validate(batch, single);
@@ -88,7 +99,8 @@ void HybridModel::run(std::span<const BatchEntry> batch, bool single) const {
     trunk({.sequences = {seqs, static_cast<size_t>(n_seq)},
            .rows = {active, static_cast<size_t>(n_seq)},
            .tokens = {tokens, static_cast<size_t>(n_rows)},
-           .scratch = scratch_},
+           .scratch = scratch_,
+           .residual_out = residual_out},
           hidden);
     for (int64_t i = 0; i < n_seq; ++i) seqs[i]->n_past_ += active[i].count;
     head(batch, {rows, static_cast<size_t>(n_entries)}, hidden);

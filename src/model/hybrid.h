@@ -66,6 +66,9 @@ struct TrunkBatch {
     std::span<const SequenceRows> rows;
     std::span<const int32_t> tokens;  // every row's token
     Scratch& scratch;                 // reset before the pass
+    // When set, the trunk also writes its final residual rows here [n_rows x draft_residual_width()] (what an MTP
+    // draft layer reads); only trunks with a draft layer do.
+    float* residual_out = nullptr;
     // Per-sequence parts of block `il`, as the arrays the block functions take (from scratch).
     template <class T>
     std::span<T* const> states(size_t il, T LayerState::*part) const {
@@ -85,6 +88,8 @@ class HybridModel : public Model {
     void forward(SequenceState& seq, std::span<const int32_t> tokens, std::span<float> logits,
                  bool last_only) const override;
     void forward_batch(std::span<const BatchEntry> batch) const override;
+    void forward_with_residual(SequenceState& seq, std::span<const int32_t> tokens, std::span<float> logits,
+                               std::span<float> residual, bool last_only) const override;
     std::unique_ptr<SequenceCheckpoint> checkpoint(const SequenceState& seq) const override;
     void restore(SequenceState& seq, const SequenceCheckpoint& checkpoint) const override;
 
@@ -100,6 +105,14 @@ class HybridModel : public Model {
 
     void embed(std::span<const int32_t> tokens, float* out) const;  // token_embd rows
     ThreadPool* pool() const { return &pool_; }
+    // Runs fn(scratch) holding the model's lock, with the scratch reset: passes that are not forward() (the MTP
+    // draft layer) share the pool and the scratch with it.
+    template <class F>
+    void exclusive(F&& fn) const {
+        std::lock_guard lock(mutex_);
+        scratch_.reset();
+        fn(scratch_);
+    }
     RoutingSink* routing() const { return routing_.get(); }  // null unless LoadOptions::routing_trace
 
     std::unique_ptr<gguf::File> file_;
@@ -116,7 +129,7 @@ class HybridModel : public Model {
     bool repack_ = false;
     // batch.cpp. Checks every entry before anything is touched (the sequences land in scratch_); `single` words the
     // messages as forward()'s.
-    void run(std::span<const BatchEntry> batch, bool single) const;
+    void run(std::span<const BatchEntry> batch, bool single, float* residual_out = nullptr) const;
     std::span<HybridSequence* const> validate(std::span<const BatchEntry> batch, bool single) const;
     void head(std::span<const BatchEntry> batch, std::span<const SequenceRows> rows, const float* hidden) const;
 

@@ -188,4 +188,19 @@ void Model::restore(SequenceState&, const SequenceCheckpoint&) const {
     throw Error("this model does not support sequence checkpoints");
 }
 
+// Models without an MTP draft layer (draft_residual_width() == 0).
+void Model::forward_with_residual(SequenceState&, std::span<const int32_t>, std::span<float>, std::span<float>,
+                                  bool) const {
+    throw Error("this model has no MTP draft layer (no trunk residual to hand out)");
+}
+
+std::unique_ptr<DraftState> Model::new_draft_state(int64_t) const {
+    throw Error("this model has no MTP draft layer");
+}
+
+void Model::draft_forward(DraftState&, int64_t, std::span<const float>, std::span<const int32_t>, std::span<float>,
+                          std::span<float>) const {
+    throw Error("this model has no MTP draft layer");
+}
+
 }  // namespace strata

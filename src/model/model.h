@@ -47,6 +47,16 @@ public:
     virtual size_t memory_bytes() const = 0;
 };
 
+// The MTP draft layer's own cache for one sequence (Model::new_draft_state): the K/V of its cells. Cell i pairs the
+// trunk's final residual after token i with token i + 1, at rope position i, and predicts token i + 2
+// (strata-architecture.md 1.7; llama.cpp's nextn block). Cells are written in place, so drafting past the true cells
+// and writing them again later needs no rollback.
+class DraftState {
+  public:
+    virtual ~DraftState() = default;
+    virtual int64_t capacity() const = 0;  // cells it can hold
+};
+
 // Host floats a model's forward() writes logits into (Model::host_floats): plain heap memory, or memory a backend
 // copies into directly (CUDA: page-locked). Zero-initialised, move-only, freed with the object.
 class HostFloats {
@@ -195,6 +205,21 @@ public:
     virtual HostFloats host_floats(size_t n) const { return HostFloats(n); }
     // With experts in host RAM, what the expert cache did so far (any thread); nullopt otherwise.
     virtual std::optional<ExpertOffloadStats> expert_offload_stats() const { return std::nullopt; }
+    // The MTP draft layer (issue 28), where the file has one and this backend runs it: the width of the trunk
+    // residual it reads (streams x n_embd); 0 when there is none (the calls below then throw Error).
+    virtual int64_t draft_residual_width() const { return 0; }
+    // forward() that also writes the trunk's final residual after each input token into `residual`
+    // [tokens x draft_residual_width()].
+    virtual void forward_with_residual(SequenceState& seq, std::span<const int32_t> tokens, std::span<float> logits,
+                                       std::span<float> residual, bool last_only = false) const;
+    virtual std::unique_ptr<DraftState> new_draft_state(int64_t capacity) const;
+    // Runs the draft layer over cells pos0 .. pos0 + n - 1, attending to the cells below pos0 and to each other:
+    // cell pos0 + i pairs residual row i [n x width] with tokens[i]. Writes the last cell's logits into `logits` (n_vocab
+    // floats) and, when `residual_out` is not empty, the last cell's output residual (width floats: a chained draft
+    // reads it in place of the trunk's). Throws Error on cells past the capacity or a bad token id.
+    virtual void draft_forward(DraftState& state, int64_t pos0, std::span<const float> residual,
+                               std::span<const int32_t> tokens, std::span<float> logits,
+                               std::span<float> residual_out) const;
     // The sequence's recurrent state now; restore() brings the sequence back to it, provided the sequence has only
     // been fed forward since (tokens appended, no reset). Throws Error on a checkpoint from another sequence or model,
     // or one that is ahead of the sequence.

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "format/gguf.h"
@@ -48,5 +49,40 @@ struct Qwen4ExpBlock {
 Qwen4ExpHparams read_qwen4exp_hparams(const gguf::File& file, const ModelInfo& info, int64_t n_block_all);
 // Every trunk block's weights, by GGUF name, with shape checks.
 std::vector<Qwen4ExpBlock> bind_qwen4exp_blocks(const TensorBinder& binder, const Qwen4ExpHparams& h, int64_t n_layer);
+
+// The MTP draft layer (llama.cpp's nextn block `blk.{n_layer}`, strata-architecture.md 1.7). The math is the one it
+// was trained with (tools/train/model.py, MTPHead): e = enorm(embed(t[i+1])); h = hnorm(R_i), one RMS over all hc
+// streams at once (not per stream as llama.cpp's graph has it); each stream s gets eh_proj [e ; h_s] (fc_embedding e +
+// fc_hidden h_s); then a trunk attention block attending densely over the layer's own cells, and its own final mixer;
+// the trunk's head reads the mixer's output.
+struct Qwen4ExpMtp {
+    std::vector<float> enorm;  // {H}, 1 + w
+    std::vector<float> hnorm;  // {HC}, 1 + w
+    Tensor eh_proj;            // {2H, H}: inputs [embedding | hidden]
+    HyperConnectionWeights hc_attn, hc_ffn;
+    AttentionWeights attention;  // dense: the layer has no compress ratio
+    MoeWeights moe;
+    HyperConnectionWeights head_hc;  // nextn.hc_head_*
+    int64_t block = 0;               // n_layer
+};
+
+// nullopt when the file has no MTP block (no nextn_predict_layers); an Error naming the tensor when one is missing.
+std::optional<Qwen4ExpMtp> bind_qwen4exp_mtp(const TensorBinder& binder, const Qwen4ExpHparams& h, int64_t n_layer,
+                                             int64_t n_block_all);
+
+struct Qwen4ExpMtpArgs {
+    const Qwen4ExpHparams& h;
+    const Qwen4ExpMtp& w;
+    AttentionCache& cache;    // the layer's cells; cells from pos0 on are written
+    int64_t pos0 = 0;         // the first cell (its rope position)
+    const float* residual;    // [n x HC]: the trunk's final residual (or a chained cell's output residual)
+    const float* embeddings;  // [n x H]: token_embd rows of the tokens paired with them
+    int64_t n = 1;
+    float* hidden;        // [n x H] out: the head's input
+    float* residual_out;  // [n x HC] out (the block's output residual, before the mixer), or null
+    Scratch& scratch;
+    ThreadPool* pool = nullptr;
+};
+void qwen4exp_mtp_forward(const Qwen4ExpMtpArgs& args);
 
 }  // namespace strata

@@ -1,9 +1,11 @@
-// How much to speculate (issue 28): a policy as plain data. It keeps the measured cost of a forward pass of w tokens
-// and the measured acceptance of each draft position, and picks the draft length k that maximizes the expected tokens
-// a round gives per second: E(k) = 1 + a_1 + a_1 a_2 + ... (a_i: the rate at which the i-th draft token was accepted
-// when every draft before it was) over cost(k + 1), plus the second pass a rejection costs (1 - a_1 ... a_k times
-// the cost of re-feeding about E(k) tokens). k = 0 (plain decoding) whenever nothing beats it, so speculation never
-// makes decoding slower than the measurements say plain decoding is.
+// How to speculate (issue 28): a policy as plain data. Per round it picks the drafter (prompt lookup or the model's
+// MTP layer) and the draft length k from what it measured: the cost of a forward pass of w tokens, the cost of an MTP
+// draft pass, and each drafter's acceptance at each draft position. It maximizes the expected tokens a round gives per
+// second: E(k) = 1 + a_1 + a_1 a_2 + ... (a_i: the rate at which the i-th draft token was accepted when every draft
+// before it was) over the round's cost: drafting (k MTP passes; prompt lookup is free), cost(k + 1) (a line fitted to
+// the measured passes of every window size), plus the second
+// pass a rejection costs (1 - a_1 ... a_k times the cost of re-feeding about E(k) tokens). k = 0 (plain decoding)
+// whenever nothing beats it, so speculation never makes decoding slower than the measurements say plain decoding is.
 #pragma once
 
 #include <array>
@@ -12,28 +14,67 @@
 
 namespace strata {
 
+enum class Drafter : uint8_t { PromptLookup = 0, Mtp = 1 };
+inline constexpr int kDrafters = 2;
+const char* drafter_name(Drafter d);
+
+struct DraftPlan {
+    Drafter drafter = Drafter::PromptLookup;
+    int k = 0;  // 0: plain decoding this round
+};
+
 class SpeculationPolicy {
   public:
     static constexpr int kMaxDraft = 7;
-    explicit SpeculationPolicy(int max_draft);
+    explicit SpeculationPolicy(int max_draft, bool has_mtp = false);
 
-    // The draft length to ask for this round (0..max_draft). While drafting does not pay, every kExplore-th call asks
-    // for one token anyway, to keep measuring its acceptance.
+    // The plan for this round. lookup_available: how many tokens prompt lookup proposes now (0: no match). While
+    // no drafting pays, every kExplore-th call asks for one token anyway (from the drafter measured less recently),
+    // to keep measuring acceptance.
     static constexpr int kExplore = 32;
-    int choose();
+    DraftPlan plan(int lookup_available);
+    // Prompt lookup alone, as many tokens as it may propose (the first version's interface).
+    int choose() { return plan(max_draft_).k; }
+
     // A forward pass of `tokens` tokens took `seconds`.
     void record_cost(int tokens, double seconds);
-    // A round offered `offered` draft tokens and the target accepted the first `accepted` of them.
-    void record_round(int offered, int accepted);
+    // Drafting with the MTP layer took `seconds` for `passes` passes of the layer.
+    void record_draft_cost(int passes, double seconds);
+    // Building `cells` MTP cells (keeping the layer in step with the trunk) took `seconds`.
+    void record_cell_cost(int64_t cells, double seconds);
+    // Whether the MTP layer could pay at all: false once its measured costs (a draft pass, a window, the cells kept in
+    // step for every token) leave every MTP round slower than plain decoding even if every draft were accepted, or,
+    // after kMtpRoundsToJudge MTP rounds, at the acceptance measured. The caller then stops drafting with it and
+    // stops building its cells (which cost every token something).
+    bool mtp_may_pay() const;
+    void retire_mtp() { has_mtp_ = false; }
+    bool has_mtp() const { return has_mtp_; }
 
-    double acceptance(int position) const { return accept_[static_cast<size_t>(position)]; }  // position 0..
-    double cost(int tokens) const;  // seconds, measured or extrapolated
+    // A round offered `offered` draft tokens of `drafter` and the target accepted the first `accepted` of them.
+    void record_round(Drafter drafter, int offered, int accepted);
+    void record_round(int offered, int accepted) { record_round(Drafter::PromptLookup, offered, accepted); }
+
+    double acceptance(int position, Drafter d = Drafter::PromptLookup) const {
+        return accept_[static_cast<size_t>(d)][static_cast<size_t>(position)];
+    }
+    double cost(int tokens) const;   // seconds, measured or extrapolated
+    double draft_pass_cost() const;  // seconds per MTP pass, measured or a guess from cost(1)
+    // Expected tokens per second of a round with drafter d and k drafts (k = 0: plain decoding).
+    double rate(Drafter d, int k) const;
 
   private:
     int max_draft_;
-    std::array<double, kMaxDraft + 2> cost_{};  // by window size; 0: not measured
-    std::array<double, kMaxDraft> accept_{};    // EMA of acceptance at each draft position
-    int since_draft_ = 0;                       // calls since the last that drafted
+    bool has_mtp_;
+    struct CostFit {  // decayed sums for the least-squares line cost = a + b (tokens - 1)
+        double n = 0, x = 0, y = 0, xx = 0, xy = 0;
+    } fit_;
+    double draft_pass_ = 0;                      // 0: not measured
+    double cell_cost_ = 0;                       // seconds per MTP cell kept in step; 0: not measured
+    static constexpr int kMtpRoundsToJudge = 4;  // MTP rounds before their acceptance may retire the layer
+    int mtp_rounds_ = 0;
+    std::array<std::array<double, kMaxDraft>, kDrafters> accept_{};  // EMA of acceptance at each draft position
+    int since_draft_ = 0;                                            // calls since the last that drafted
+    int explored_ = 0;
 };
 
 }  // namespace strata

@@ -6,6 +6,8 @@
 
 #include "core/error.h"
 #include "model/model.h"
+#include "runtime/prompt_lookup.h"
+#include "runtime/speculation.h"
 #include "runtime/stop_strings.h"
 #include "tokenizer/tokenizer.h"
 
@@ -103,8 +105,14 @@ struct Engine::Slot {
     std::unique_ptr<Active> active;
     size_t prompt_pos = 0;                // next prompt token to feed
     std::optional<int32_t> pending;       // sampled token to feed in the next step
-    HostFloats logits;                    // n_vocab, in the model's own memory for them
+    HostFloats logits;                    // n_vocab x (1 + spec), in the model's own memory for them
     uint64_t last_used = 0;               // for choosing among equally good idle slots
+    // Speculation: the window in flight (pending token + drafts), the state before it, and the slot's policy.
+    std::vector<int32_t> window;
+    std::vector<int32_t> proposal;  // prompt lookup's whole proposal this step (judged on what follows)
+    std::unique_ptr<SequenceCheckpoint> before_window;
+    std::optional<SpeculationPolicy> policy;
+    bool checkpoint_after_window = false;  // finish() came inside a window: checkpoint once the sequence is back
 };
 
 Engine::Engine(const Model& model, const Tokenizer& tokenizer, std::vector<int32_t> eog, EngineOptions options,
@@ -112,11 +120,13 @@ Engine::Engine(const Model& model, const Tokenizer& tokenizer, std::vector<int32
     : model_(model), tokenizer_(tokenizer), eog_(std::move(eog)), options_(options), metrics_(metrics) {
     n_vocab_ = model_.info().n_vocab;
     if (options_.n_slots < 1) throw Error("--parallel must be at least 1");
+    if (options_.spec < 0) options_.spec = model_.draft_residual_width() > 0 ? 4 : 0;
+    options_.spec = std::min(options_.spec, SpeculationPolicy::kMaxDraft);
     for (int i = 0; i < options_.n_slots; ++i) {
         auto slot = std::make_unique<Slot>();
         slot->id = i;
         slot->seq = model_.new_sequence(options_.ctx_per_slot);
-        slot->logits = model_.host_floats(static_cast<size_t>(n_vocab_));
+        slot->logits = model_.host_floats(static_cast<size_t>(n_vocab_ * (1 + options_.spec)));
         slots_.push_back(std::move(slot));
     }
     status_.resize(slots_.size());
@@ -365,6 +375,7 @@ void Engine::step() {
         Slot* slot;
         size_t n_prompt;  // prompt tokens in this entry (0: a decode token)
         bool wants_logits;
+        int drafted = 0;  // a decode window's drafts after its token
     };
     std::vector<BatchEntry> batch;
     std::vector<Work> work;
@@ -380,11 +391,13 @@ void Engine::step() {
             continue;
         }
         if (slot.pending) {
-            batch.push_back({.seq = slot.seq.get(),
+            BatchEntry entry{.seq = slot.seq.get(),
                              .tokens = std::span<const int32_t>(&*slot.pending, 1),
-                             .logits = slot.logits,
-                             .last_only = true});
-            work.push_back({&slot, 0, true});
+                             .logits = std::span<float>(slot.logits.data(), static_cast<size_t>(n_vocab_)),
+                             .last_only = true};
+            speculate(slot, entry);
+            batch.push_back(entry);
+            work.push_back({&slot, 0, true, static_cast<int>(entry.tokens.size()) - 1});
             continue;
         }
         const auto& prompt = slot.active->request.prompt;
@@ -400,9 +413,10 @@ void Engine::step() {
                          .tokens = std::span<const int32_t>(prompt).subspan(slot.prompt_pos, take),
                          .logits = last ? std::span<float>(slot.logits) : std::span<float>(),
                          .last_only = true});
-        work.push_back({&slot, take, last});
+        work.push_back({&slot, take, last, 0});
     }
     if (batch.empty()) return;
+    const auto pass_start = Clock::now();
     try {
         model_.forward_batch(batch);
     } catch (const std::exception& e) {
@@ -415,8 +429,13 @@ void Engine::step() {
         }
         return;
     }
+    const double pass_seconds = seconds_between(pass_start, Clock::now());
     for (size_t i = 0; i < work.size(); ++i) {
         Slot& slot = *work[i].slot;
+        if (work[i].n_prompt == 0 && !slot.window.empty()) {
+            verify(slot, work[i].drafted, batch.size() == 1, pass_seconds);
+            continue;
+        }
         const auto fed = batch[i].tokens;
         slot.history.insert(slot.history.end(), fed.begin(), fed.end());
         if (work[i].n_prompt > 0) {
@@ -432,13 +451,101 @@ void Engine::step() {
         } else {
             slot.pending.reset();
         }
-        if (work[i].wants_logits) sample(slot);
+        if (work[i].n_prompt == 0 && slot.policy && batch.size() == 1) slot.policy->record_cost(1, pass_seconds);
+        if (work[i].wants_logits) sample(slot, std::span<float>(slot.logits.data(), static_cast<size_t>(n_vocab_)));
+        if (work[i].n_prompt == 0 && slot.active && slot.pending) judge_lookup(slot, {}, *slot.pending);
     }
 }
 
-void Engine::sample(Slot& slot) {
+// Prompt lookup's whole proposal against what the step found out (the drafts accepted, then the token sampled after
+// them), drafted or not: its acceptance at every position stays measured, so the policy knows when longer windows pay.
+void Engine::judge_lookup(Slot& slot, std::span<const int32_t> accepted, int32_t next) {
+    if (slot.proposal.empty() || !slot.policy) return;
+    const size_t judged = std::min(slot.proposal.size(), accepted.size() + 1);
+    int agree = 0;
+    while (static_cast<size_t>(agree) < judged &&
+           slot.proposal[static_cast<size_t>(agree)] ==
+               (static_cast<size_t>(agree) < accepted.size() ? accepted[static_cast<size_t>(agree)] : next))
+        ++agree;
+    slot.policy->record_round(Drafter::PromptLookup, static_cast<int>(judged), agree);
+    slot.proposal.clear();
+}
+
+// Drafts for a decoding slot (prompt lookup over what it holds and its pending token), as many as its policy says
+// pay; the entry then feeds the window and wants every row's logits.
+void Engine::speculate(Slot& slot, BatchEntry& entry) {
+    slot.window.clear();
+    slot.proposal.clear();
+    if (options_.spec <= 0 || !checkpoints_supported_) return;
+    const Active& a = *slot.active;
+    int64_t room = std::min<int64_t>(options_.spec, slot.seq->capacity() - slot.seq->n_past() - 1);
+    if (a.request.max_tokens > 0) room = std::min<int64_t>(room, a.request.max_tokens - a.generated - 1);
+    if (room <= 0) return;
+    if (!slot.policy) slot.policy.emplace(options_.spec);
+    std::vector<int32_t> history = slot.history;
+    history.push_back(*slot.pending);
+    slot.proposal = prompt_lookup_draft(history, {.max_draft = static_cast<int>(room), .max_ngram = 4, .min_ngram = 3});
+    const std::vector<int32_t>& proposal = slot.proposal;
+    const int k = slot.policy->plan(static_cast<int>(proposal.size())).k;
+    if (k <= 0) return;
+    try {
+        slot.before_window = model_.checkpoint(*slot.seq);
+    } catch (const std::exception&) {
+        std::lock_guard lock(mutex_);
+        checkpoints_supported_ = false;  // no way back from a rejected draft: no speculation
+        return;
+    }
+    slot.window.push_back(*slot.pending);
+    slot.window.insert(slot.window.end(), proposal.begin(), proposal.begin() + k);
+    entry.tokens = slot.window;
+    entry.logits = std::span<float>(slot.logits.data(), slot.window.size() * static_cast<size_t>(n_vocab_));
+    entry.last_only = false;
+}
+
+// Samples a window's rows in order, as one-token steps would, while each sampled token is the next draft; then brings
+// the sequence back to the tokens whose rows were used.
+void Engine::verify(Slot& slot, int drafted, bool alone, double seconds) {
+    const std::vector<int32_t> window = std::move(slot.window);
+    slot.window.clear();
+    slot.pending.reset();
+    int used = 0, accepted = 0;
+    for (int r = 0; r <= drafted; ++r) {
+        sample(slot, std::span<float>(slot.logits.data() + static_cast<size_t>(r) * static_cast<size_t>(n_vocab_),
+                                      static_cast<size_t>(n_vocab_)));
+        ++used;
+        if (!slot.active || r == drafted || !slot.pending || *slot.pending != window[static_cast<size_t>(r) + 1]) break;
+        ++accepted;
+    }
+    const std::span<const int32_t> kept(window.data(), static_cast<size_t>(used));
+    if (used < static_cast<int>(window.size())) {
+        try {
+            model_.restore(*slot.seq, *slot.before_window);
+            model_.forward(*slot.seq, kept, {});
+        } catch (const std::exception& e) {
+            // Not expected (the checkpoint is this sequence's, just taken); start the slot over.
+            slot.seq->reset();
+            slot.history.clear();
+            slot.checkpoints.clear();
+            if (slot.active) finish(slot, FinishReason::kError, std::string("the model failed: ") + e.what());
+            return;
+        }
+    }
+    slot.before_window.reset();
+    slot.history.insert(slot.history.end(), kept.begin(), kept.end());
+    metrics_.add_speculation(drafted, accepted);
+    if (slot.policy && alone) slot.policy->record_cost(drafted + 1, seconds);  // a pass of this slot's window alone
+    if (slot.active && slot.pending)
+        judge_lookup(slot, std::span<const int32_t>(window).subspan(1, static_cast<size_t>(accepted)), *slot.pending);
+    else if (slot.policy)
+        slot.policy->record_round(Drafter::PromptLookup, drafted, accepted);
+    if (slot.checkpoint_after_window) {
+        slot.checkpoint_after_window = false;
+        take_checkpoint(slot);
+    }
+}
+
+void Engine::sample(Slot& slot, std::span<float> row) {
     Active& a = *slot.active;
-    std::span<float> row(slot.logits);
     std::optional<TokenLogprob> logprob;
     int32_t token = -1;
     try {
@@ -502,7 +609,13 @@ void Engine::finish(Slot& slot, FinishReason reason, const std::string& error) {
         metrics_.observe_request(seconds_between(a.arrived, now),
                                  a.generated > 1 ? done.stats.decode_seconds / static_cast<double>(a.generated - 1) : -1.0);
     }
-    if (reason != FinishReason::kError && reason != FinishReason::kCancelled) take_checkpoint(slot);  // the reply's end
+    if (reason != FinishReason::kError && reason != FinishReason::kCancelled) {
+        // The reply's end; inside a speculative window the sequence still holds drafts: after it is brought back.
+        if (slot.window.empty() && slot.seq->n_past() == static_cast<int64_t>(slot.history.size()))
+            take_checkpoint(slot);
+        else
+            slot.checkpoint_after_window = true;
+    }
     slot.pending.reset();
     a.channel->push(std::move(done));
     slot.active.reset();

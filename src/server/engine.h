@@ -11,6 +11,12 @@
 // extends what the slot holds it is simply continued, otherwise the best checkpoint at or below the common prefix is
 // restored (when the model cannot checkpoint, the slot starts over). Only the rest of the prompt is computed.
 //
+// Speculation (issue 28): a decoding slot whose text so far repeats itself (prompt lookup, 3-token matches) feeds its
+// token plus up to EngineOptions::spec drafts as one entry of the batch, a per-slot policy choosing how many. The rows
+// are then sampled in order exactly as one-token steps would sample them (same sampler calls, same constraint, same
+// random stream), so the output does not change; sampling stops at the first row whose token differs from the next
+// draft, and the slot's sequence is brought back to what it used (checkpoint, restore, re-feed).
+//
 // Each request's tokens reach its HTTP thread through a RequestChannel (events: tokens with their visible text and
 // log-probabilities, then one final event). A client that goes away cancels its channel; the scheduler notices at the
 // next step, stops the request and frees the slot.
@@ -29,11 +35,11 @@
 #include <thread>
 #include <vector>
 
+#include "model/model.h"
 #include "runtime/sampler.h"
 #include "server/metrics.h"
 
 namespace strata {
-class Model;
 class Tokenizer;
 }  // namespace strata
 
@@ -122,6 +128,9 @@ struct EngineOptions {
     int64_t chunk_size = 256;
     bool prefix_cache = true;
     int max_checkpoints_per_slot = 4;  // the oldest (a shared system prompt) and the latest are kept
+    // Speculative decoding (--spec N): a decoding slot's window holds up to N prompt-lookup drafts after its token;
+    // 0: off; -1: 4 when the model has an MTP layer (on by default with the bundled model), else off.
+    int spec = -1;
 };
 
 struct SlotStatus {
@@ -177,7 +186,10 @@ class Engine {
     void admit_locked();
     void prepare_slot(Slot& slot);
     void step();
-    void sample(Slot& slot);
+    void sample(Slot& slot, std::span<float> row);
+    void speculate(Slot& slot, BatchEntry& entry);
+    void verify(Slot& slot, int drafted, bool alone, double seconds);
+    void judge_lookup(Slot& slot, std::span<const int32_t> accepted, int32_t next);
     void finish(Slot& slot, FinishReason reason, const std::string& error = {});
     void take_checkpoint(Slot& slot);
     std::vector<size_t> checkpoint_positions(const Active& a) const;

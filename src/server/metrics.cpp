@@ -55,6 +55,13 @@ void Metrics::add_prompt_tokens(int64_t computed, int64_t cached) {
     cached_tokens_ += cached;
 }
 
+void Metrics::add_speculation(int64_t drafted, int64_t accepted) {
+    std::lock_guard lock(mutex_);
+    ++spec_rounds_;
+    spec_drafted_ += drafted;
+    spec_accepted_ += accepted;
+}
+
 void Metrics::add_generated_tokens(int64_t n) {
     std::lock_guard lock(mutex_);
     generated_tokens_ += n;
@@ -112,6 +119,14 @@ std::string Metrics::render(const LoadGauges& load, const ExpertOffloadStats* of
     out += "strata:prompt_tokens_cached_total " + std::to_string(cached_tokens_) + "\n";
     header(out, "strata:generation_tokens_total", "counter", "Generated tokens.");
     out += "strata:generation_tokens_total " + std::to_string(generated_tokens_) + "\n";
+    header(out, "strata:spec_rounds_total", "counter",
+           "Speculative verification rounds (a slot's window with drafts); tokens per round = (accepted + rounds) / "
+           "rounds.");
+    out += "strata:spec_rounds_total " + std::to_string(spec_rounds_) + "\n";
+    header(out, "strata:spec_draft_tokens_total", "counter", "Draft tokens verified.");
+    out += "strata:spec_draft_tokens_total " + std::to_string(spec_drafted_) + "\n";
+    header(out, "strata:spec_accepted_tokens_total", "counter", "Draft tokens accepted (acceptance = accepted / draft).");
+    out += "strata:spec_accepted_tokens_total " + std::to_string(spec_accepted_) + "\n";
     header(out, "strata:request_success_total", "counter", "Finished requests by finish reason.");
     for (const char* reason : {"stop", "length", "tool_calls"})
         if (!finished_.count(reason)) out += std::string("strata:request_success_total{finished_reason=\"") + reason + "\"} 0\n";

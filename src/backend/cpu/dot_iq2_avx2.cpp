@@ -252,21 +252,17 @@ void decode_iq2_xs_rows8(int64_t n, const void* const* rows, int n_rows, void* d
             const BlockIQ2_XS& b = static_cast<const BlockIQ2_XS*>(rows[r])[i];
             Decoded u;
             decode(b, u, tables);
-            int32_t corr = 0;
+            // The bias term 128 x sum over g of scale_g x (group g's signed weight sum), from the decoded registers:
+            // vpmaddubsw against ones sums pairs of biased weights, vpmaddwd with the pair scales weights them;
+            // bsum_scale's words (-64 scale_g) take the bias of 16 weights per group back out.
+            __m256i weighted = _mm256_slli_epi32(_mm256_madd_epi16(u.bsum_scale, _mm256_set1_epi16(1)), 4);
             for (int j = 0; j < 8; ++j) {
                 _mm256_store_si256(reinterpret_cast<__m256i*>(w[r] + 32 * j), _mm256_sub_epi8(u.w[j], bias));
-                // Sums of 8 biased weights: groups 2j (64-bit lanes 0, 1) and 2j + 1 (lanes 2, 3).
-                alignas(32) int64_t eight[4];
-                _mm256_store_si256(reinterpret_cast<__m256i*>(eight), _mm256_sad_epu8(u.w[j], _mm256_setzero_si256()));
-                for (int h = 0; h < 2; ++h) {
-                    const int g = 2 * j + h;
-                    const int32_t scale = 2 * ((b.scales[g / 2] >> (4 * (g % 2))) & 0xF) + 1;
-                    const auto sum = static_cast<int32_t>(eight[2 * h] + eight[2 * h + 1]) - 16 * kBiasXS;
-                    odd[g][r] = scale;
-                    corr += 128 * scale * sum;
-                }
+                const __m256i pairs = _mm256_maddubs_epi16(u.w[j], _mm256_set1_epi8(1));
+                weighted = _mm256_add_epi32(weighted, _mm256_madd_epi16(pairs, u.scale[j]));
             }
-            correction[r] = corr;
+            for (int g = 0; g < 16; ++g) odd[g][r] = 2 * ((b.scales[g / 2] >> (4 * (g % 2))) & 0xF) + 1;
+            correction[r] = 128 * sum_of(weighted);
             d[r] = u.d;
         }
         // Weights 4s..4s+3 of row r at 32s + 4r: an 8x8 transpose of dwords per 32 weights.

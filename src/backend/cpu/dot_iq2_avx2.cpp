@@ -10,8 +10,8 @@
 // activations), which start the column's integer sum. All integer work is exact; per column and super-block the 8
 // lanes are summed (still exact) and one scalar FMA adds the float result:
 //   acc = fma(float(S_b), d_w * d_a, acc) over the super-blocks b in order, out = 0.125 * acc,
-// S_b the super-block's exact integer dot (8x the value dot). That definition is shared with the AVX-VNNI prompt
-// kernel over 8 rows at once (dot_iq2_avxvnni.cpp, reading decode_iq2_xs_rows8 below), so a column's result never
+// S_b the super-block's exact integer dot (8x the value dot). That definition is shared with the prompt kernel over
+// 8 rows at once (gemm_iq2_xs_rows8_kernels.inc, reading decode_iq2_xs_rows8 below), so a column's result never
 // depends on how many columns or rows share the work.
 #include <immintrin.h>
 
@@ -238,61 +238,7 @@ void dot_kernel_any(int64_t n, const void* w, const void* a, size_t a_stride, fl
     }
 }
 
-// Prompts: a row's super-blocks decoded once (the Decoded struct itself, so the column work below reads exactly the
-// registers the row kernel builds) and then read by every token chunk of the unit.
-static_assert(sizeof(Decoded) <= kIq2XsDecodedAvx2BlockBytes && alignof(Decoded) <= 64);
-
-// C columns against one decoded row, the weights' 32-byte pieces outer and the columns inner (each piece and its
-// scales loaded once for all C). The integer sums are exact and the float work is the row kernel's: its bits.
-template <int C>
-void decoded_c(int64_t n, const Decoded* u, const uint8_t* a, size_t a_stride, float* out) {
-    const BlockQ8_K* y[C];
-    for (int c = 0; c < C; ++c) y[c] = reinterpret_cast<const BlockQ8_K*>(a + c * a_stride);
-    __m128 acc[C];
-    for (int c = 0; c < C; ++c) acc[c] = _mm_setzero_ps();
-    for (int64_t i = 0; i < n / kQK_K; ++i) {
-        const Decoded& b = *reinterpret_cast<const Decoded*>(reinterpret_cast<const uint8_t*>(u) +
-                                                             static_cast<size_t>(i) * kIq2XsDecodedAvx2BlockBytes);
-        __m256i isum[C];
-        for (int c = 0; c < C; ++c)
-            isum[c] = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][i].bsums)),
-                                        b.bsum_scale);
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; ++j) {
-            const __m256i w = b.w[j], scale = b.scale[j];
-            for (int c = 0; c < C; ++c) {
-                const __m256i act = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[c][i].qs + 32 * j));
-                isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(_mm256_maddubs_epi16(w, act), scale));
-            }
-        }
-        for (int c = 0; c < C; ++c) acc[c] = add_block(acc[c], isum[c], b.d, y[c][i].d);
-    }
-    for (int c = 0; c < C; ++c) out[c] = 0.125f * _mm_cvtss_f32(acc[c]);
-}
-
-template <int C>
-void decoded_up_to(int64_t n, const Decoded* u, const uint8_t* a, size_t a_stride, float* out, int n_cols) {
-    if constexpr (C > 1) {
-        if (n_cols < C) return decoded_up_to<C - 1>(n, u, a, a_stride, out, n_cols);
-    }
-    decoded_c<C>(n, u, a, a_stride, out);
-}
-
 }  // namespace
-
-void decode_iq2_xs_avx2(int64_t n, const void* w, void* decoded) {
-    const auto* x = static_cast<const BlockIQ2_XS*>(w);
-    const BiasedGrids& tables = grids();
-    for (int64_t i = 0; i < n / kQK_K; ++i)
-        decode(x[i], *reinterpret_cast<Decoded*>(static_cast<uint8_t*>(decoded) +
-                                                 static_cast<size_t>(i) * kIq2XsDecodedAvx2BlockBytes),
-               tables);
-}
-
-void dot_iq2_xs_decoded_avx2(int64_t n, const void* decoded, const void* a, size_t a_stride, float* out, int n_cols) {
-    decoded_up_to<kIq2XsDecodedAvx2Cols>(n, static_cast<const Decoded*>(decoded), static_cast<const uint8_t*>(a),
-                                         a_stride, out, n_cols);
-}
 
 void decode_iq2_xs_rows8(int64_t n, const void* const* rows, int n_rows, void* decoded) {
     const BiasedGrids& tables = grids();
@@ -306,21 +252,17 @@ void decode_iq2_xs_rows8(int64_t n, const void* const* rows, int n_rows, void* d
             const BlockIQ2_XS& b = static_cast<const BlockIQ2_XS*>(rows[r])[i];
             Decoded u;
             decode(b, u, tables);
-            int32_t corr = 0;
+            // The bias term 128 x sum over g of scale_g x (group g's signed weight sum), from the decoded registers:
+            // vpmaddubsw against ones sums pairs of biased weights, vpmaddwd with the pair scales weights them;
+            // bsum_scale's words (-64 scale_g) take the bias of 16 weights per group back out.
+            __m256i weighted = _mm256_slli_epi32(_mm256_madd_epi16(u.bsum_scale, _mm256_set1_epi16(1)), 4);
             for (int j = 0; j < 8; ++j) {
                 _mm256_store_si256(reinterpret_cast<__m256i*>(w[r] + 32 * j), _mm256_sub_epi8(u.w[j], bias));
-                // Sums of 8 biased weights: groups 2j (64-bit lanes 0, 1) and 2j + 1 (lanes 2, 3).
-                alignas(32) int64_t eight[4];
-                _mm256_store_si256(reinterpret_cast<__m256i*>(eight), _mm256_sad_epu8(u.w[j], _mm256_setzero_si256()));
-                for (int h = 0; h < 2; ++h) {
-                    const int g = 2 * j + h;
-                    const int32_t scale = 2 * ((b.scales[g / 2] >> (4 * (g % 2))) & 0xF) + 1;
-                    const auto sum = static_cast<int32_t>(eight[2 * h] + eight[2 * h + 1]) - 16 * kBiasXS;
-                    odd[g][r] = scale;
-                    corr += 128 * scale * sum;
-                }
+                const __m256i pairs = _mm256_maddubs_epi16(u.w[j], _mm256_set1_epi8(1));
+                weighted = _mm256_add_epi32(weighted, _mm256_madd_epi16(pairs, u.scale[j]));
             }
-            correction[r] = corr;
+            for (int g = 0; g < 16; ++g) odd[g][r] = 2 * ((b.scales[g / 2] >> (4 * (g % 2))) & 0xF) + 1;
+            correction[r] = 128 * sum_of(weighted);
             d[r] = u.d;
         }
         // Weights 4s..4s+3 of row r at 32s + 4r: an 8x8 transpose of dwords per 32 weights.

@@ -92,19 +92,14 @@ struct DecodedPair {
 };
 void dot_iq2_xs_decoded_pair(const DecodedPair& p);
 
-// IQ2_XS with AVX2 (dot_iq2_avx2.cpp), for prompts: a row's super-blocks decoded once (n / 256 blocks of
-// kIq2XsDecodedAvx2BlockBytes, 64-byte aligned) over the plain Q8_K activations, then up to kIq2XsDecodedAvx2Cols
-// columns per call: out[c] is what the AVX2 row kernel gives for that row and column, bit for bit.
-constexpr size_t kIq2XsDecodedAvx2BlockBytes = 576;
-constexpr int kIq2XsDecodedAvx2Cols = 8;
-void decode_iq2_xs_avx2(int64_t n, const void* w, void* decoded);
-void dot_iq2_xs_decoded_avx2(int64_t n, const void* decoded, const void* a, size_t a_stride, float* out, int n_cols);
-// With AVX-VNNI (dot_iq2_avxvnni.cpp), the same outputs 8 rows at a time. decode_iq2_xs_rows8 (dot_iq2_avx2.cpp)
-// writes n_rows <= 8 rows (rows[r] each n / 256 blocks; rows past n_rows are zero) as n / 256 blocks of
-// kIq2XsRows8BlockBytes: at 32s + 4r the signed weights 4s..4s+3 of row r (s < 64); at 2048 + 32g + 4r row r's odd
-// scale 2 ls + 1 of group g as int32; at 2560 + 4r the int32 128 x sum over g of scale x the group's weight sum (the
-// bias of the activations, taken back out); at 2592 + 4r the f32 d. The kernel reads activations biased by 128
-// (kBiasedQ8KBlockBytes per 256: the Q8_K quants + 128, then d) and writes y[c * y_stride + r], r < n_rows.
+// IQ2_XS with AVX2, for prompts: out[c] is what the AVX2 row kernel (dot_iq2_avx2.cpp) gives for that row and column,
+// bit for bit, computed 8 rows at a time (gemm_iq2_xs_rows8_kernels.inc: vpmaddubsw sums with AVX2 alone, vpdpbusd
+// with AVX-VNNI). decode_iq2_xs_rows8 (dot_iq2_avx2.cpp) writes n_rows <= 8 rows (rows[r] each n / 256 blocks; rows
+// past n_rows are zero) as n / 256 blocks of kIq2XsRows8BlockBytes: at 32s + 4r the signed weights 4s..4s+3 of row r
+// (s < 64); at 2048 + 32g + 4r row r's odd scale 2 ls + 1 of group g as int32; at 2560 + 4r the int32 128 x sum over
+// g of scale x the group's weight sum (the bias of the activations, taken back out); at 2592 + 4r the f32 d. The
+// kernels read activations biased by 128 (kBiasedQ8KBlockBytes per 256: the Q8_K quants + 128, then d) and write
+// y[c * y_stride + r], r < n_rows.
 constexpr size_t kIq2XsRows8BlockBytes = 2624;
 constexpr size_t kBiasedQ8KBlockBytes = 256 + 4;
 constexpr int kIq2XsRows8Cols = 4;
@@ -120,6 +115,7 @@ struct Rows8Gemm {
     size_t y_stride;
     int n_rows;
 };
+void gemm_iq2_xs_rows8_avx2(const Rows8Gemm& g);
 void gemm_iq2_xs_rows8_avxvnni(const Rows8Gemm& g);
 
 }  // namespace strata::cpu

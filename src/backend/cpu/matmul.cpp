@@ -152,28 +152,8 @@ void run_decoded_unit(const MatmulRowsPlan& j, const uint8_t* act, float* y, int
     }
 }
 
-// The same for AVX2: the rows decoded once, then each token chunk against each row (kernels in dot_iq2_avx2.cpp).
-void run_decoded_unit_avx2(const MatmulRowsPlan& j, const uint8_t* act, float* y, int64_t row_begin, int64_t row_end,
-                           uint8_t* decoded) {
-    const Tensor& w = *j.w;
-    const int64_t in = w.ne[0], out = w.ne[1];
-    const size_t row_bytes = static_cast<size_t>(in / kQK_K) * kIq2XsDecodedAvx2BlockBytes;
-    for (int64_t r = row_begin; r < row_end; ++r)
-        decode_iq2_xs_avx2(in, w.row(r), decoded + row_bytes * static_cast<size_t>(r - row_begin));
-    float tile[kIq2XsDecodedAvx2Cols];
-    for (int64_t t = 0; t < j.n_tokens; t += kIq2XsDecodedAvx2Cols) {
-        const int cols = static_cast<int>(std::min<int64_t>(kIq2XsDecodedAvx2Cols, j.n_tokens - t));
-        const uint8_t* a = act + static_cast<size_t>(t) * j.act_stride;
-        for (int64_t r = row_begin; r < row_end; ++r) {
-            dot_iq2_xs_decoded_avx2(in, decoded + row_bytes * static_cast<size_t>(r - row_begin), a, j.act_stride,
-                                    tile, cols);
-            for (int c = 0; c < cols; ++c) y[(t + c) * out + r] = tile[c];
-        }
-    }
-}
-
-// IQ2_XS with AVX-VNNI: the unit's rows decoded once, 8 to a block of the 8-row layout, then every chunk of tokens
-// against each block of rows (kernel in dot_iq2_avxvnni.cpp; the row kernel's bits).
+// IQ2_XS with AVX2: the unit's rows decoded once, 8 to a block of the 8-row layout, then every chunk of tokens
+// against each block of rows (gemm_iq2_xs_rows8_kernels.inc; the row kernel's bits).
 void run_rows8_unit(const MatmulRowsPlan& j, const uint8_t* act, float* y, int64_t row_begin, int64_t row_end,
                     uint8_t* decoded) {
     const Tensor& w = *j.w;
@@ -187,11 +167,12 @@ void run_rows8_unit(const MatmulRowsPlan& j, const uint8_t* act, float* y, int64
         for (int r = 0; r < n_rows; ++r) rows[r] = w.row(first + r);
         decode_iq2_xs_rows8(in, rows, n_rows, decoded + group_bytes * static_cast<size_t>(g));
     }
+    const auto rows8_gemm = j.isa == Isa::Avx2Vnni ? gemm_iq2_xs_rows8_avxvnni : gemm_iq2_xs_rows8_avx2;
     for (int64_t t = 0; t < j.n_tokens; t += kIq2XsRows8Cols) {
         const int cols = static_cast<int>(std::min<int64_t>(kIq2XsRows8Cols, j.n_tokens - t));
         for (int64_t g = 0; g < n_groups; ++g) {
             const int64_t first = row_begin + 8 * g;
-            gemm_iq2_xs_rows8_avxvnni({.n = in,
+            rows8_gemm({.n = in,
                                        .decoded = decoded + group_bytes * static_cast<size_t>(g),
                                        .act = act + static_cast<size_t>(t) * j.act_stride,
                                        .act_stride = j.act_stride,
@@ -225,8 +206,7 @@ MatmulRowsPlan plan_for(const Tensor& w, int64_t n_tokens, Isa isa) {
     } else if (!packed) {
         p.act_stride = row_bytes(p.act, in);
         p.cols = dot_columns(w.type, isa);
-        p.decode_once = w.type == DType::IQ2_XS && isa == Isa::Avx2 && n_tokens > p.cols;
-        if (w.type == DType::IQ2_XS && isa == Isa::Avx2Vnni && n_tokens > p.cols) {
+        if (w.type == DType::IQ2_XS && (isa == Isa::Avx2 || isa == Isa::Avx2Vnni) && n_tokens > p.cols) {
             p.rows8 = true;
             layout = ActLayout::BiasedQ8_K;
             p.act_stride = static_cast<size_t>(in / kQK_K) * kBiasedQ8KBlockBytes;
@@ -272,10 +252,8 @@ void run_rows(const MatmulRowsPlan& p, const uint8_t* act, float* y, int64_t row
               uint8_t* decoded) {
     if (p.rows8) {
         run_rows8_unit(p, act, y, row_begin, row_end, decoded);
-    } else if (p.decode_once && p.by_group) {
-        run_decoded_unit(p, act, y, row_begin, row_end, decoded);
     } else if (p.decode_once) {
-        run_decoded_unit_avx2(p, act, y, row_begin, row_end, decoded);
+        run_decoded_unit(p, act, y, row_begin, row_end, decoded);
     } else if (p.kernel) {
         run_unit(p, act, y, row_begin, row_end);
     } else {
@@ -296,7 +274,7 @@ void quantize_matmul_row(const MatmulRowsPlan& plan, const float* x, uint8_t* ds
 size_t matmul_rows_scratch_bytes(const MatmulRowsPlan& p, int64_t n_rows) {
     const auto blocks = static_cast<size_t>(p.w->ne[0] / kQK_K), rows = static_cast<size_t>(n_rows);
     if (p.rows8) return blocks * kIq2XsRows8BlockBytes * ((rows + 7) / 8);
-    if (p.decode_once) return blocks * (p.by_group ? kIq2XsDecodedBlockBytes : kIq2XsDecodedAvx2BlockBytes) * rows;
+    if (p.decode_once) return blocks * kIq2XsDecodedBlockBytes * rows;
     return 0;
 }
 
@@ -307,8 +285,7 @@ size_t matmul_rows_act_bytes_bound(int64_t in) {
 
 size_t matmul_rows_scratch_bound(int64_t in, int64_t n_rows) {
     const auto blocks = static_cast<size_t>(in / kQK_K), rows = static_cast<size_t>(n_rows);
-    return blocks * std::max({kIq2XsRows8BlockBytes * ((rows + 7) / 8), kIq2XsDecodedBlockBytes * rows,
-                              kIq2XsDecodedAvx2BlockBytes * rows});
+    return blocks * std::max(kIq2XsRows8BlockBytes * ((rows + 7) / 8), kIq2XsDecodedBlockBytes * rows);
 }
 
 void matmul_rows(const MatmulRowsPlan& plan, const uint8_t* act, float* y, int64_t row_begin, int64_t row_end,

@@ -27,9 +27,9 @@ struct MatmulRowsPlan {
     DotFn kernel = nullptr;                     // null: the packed GEMM
     void (*gemm)(const PackedGemm&) = nullptr;  // the packed GEMM of this type and instruction set
     int cols = kDotCols;                        // columns per kernel call
-    bool decode_once = false;                   // IQ2_XS: a unit's rows decoded once for all its tokens
-    bool by_group = false;                      // ... in the AVX-512 by-group layout (else the AVX2 one)
-    bool rows8 = false;                         // IQ2_XS with AVX-VNNI: rows decoded 8 at a time
+    bool decode_once = false;                   // IQ2_XS with AVX-512: a unit's rows decoded once for all its tokens
+    bool by_group = false;                      // ... in the AVX-512 by-group layout
+    bool rows8 = false;                         // IQ2_XS with AVX2: rows decoded 8 at a time
 
     // Whether a plan's quantized activations serve this one too (an expert's gate and up share them).
     bool same_activations(const MatmulRowsPlan& o) const {

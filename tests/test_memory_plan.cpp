@@ -344,7 +344,7 @@ TEST(MemoryPlan, ImpossiblePlansAreOneLineErrors) {
     std::snprintf(dense_text, sizeof dense_text, "need %.1f MiB", static_cast<double>(r.dense) / kMiB);
     expect_error([&] { plan(reserve + r.dense - 1); }, dense_text);
     // The dense part fits, the state of 65536 tokens does not: the message names the largest context that does.
-    const uint64_t budget = reserve + r.dense + 400 * kMiB;  // the workspaces of a 512-token prompt window take 224
+    const uint64_t budget = reserve + r.dense + 400 * kMiB;  // the workspaces of a 512-token prompt window take ~140
     std::string message;
     try {
         plan(budget, 65536);

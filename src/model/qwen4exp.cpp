@@ -142,56 +142,42 @@ class Qwen4ExpModel final : public HybridModel {
                              .scratch = scratch,
                              .pool = pool()});
 
-            hyper_connection_read({.shape = h_.hc,
-                                   .weights = b.hc_attn,
-                                   .residual = residual,
-                                   .mixed = mixed,
-                                   .inject = inject,
-                                   .n_tokens = T,
-                                   .scratch = scratch,
-                                   .pool = pool()});
-            if (b.recurrent) {
-                gdn_forward({.shape = h_.gdn,
-                             .weights = b.gdn,
-                             .states = batch.states(il, &LayerState::gdn),
-                             .sequences = batch.rows,
-                             .x = mixed,
-                             .out = out,
-                             .n_tokens = T,
-                             .scratch = scratch,
-                             .pool = pool()});
-            } else {
-                attention_forward({.shape = h_.attention,
-                                   .indexer = &b.indexer,
-                                   .weights = b.attention,
-                                   .caches = batch.states(il, &LayerState::attention),
-                                   .sequences = batch.rows,
-                                   .x = mixed,
-                                   .out = out,
-                                   .n_tokens = T,
-                                   .scratch = scratch,
-                                   .pool = pool()});
-            }
-            hyper_connection_write(h_.hc, residual, out, inject, T, pool());
-
-            hyper_connection_read({.shape = h_.hc,
-                                   .weights = b.hc_ffn,
-                                   .residual = residual,
-                                   .mixed = mixed,
-                                   .inject = inject,
-                                   .n_tokens = T,
-                                   .scratch = scratch,
-                                   .pool = pool()});
-            moe_forward({.shape = h_.moe,
-                         .weights = b.moe,
-                         .x = mixed,
-                         .out = out,
-                         .n_tokens = T,
-                         .scratch = scratch,
-                         .pool = pool(),
-                         .layer = static_cast<int64_t>(il),
-                         .routing = routing()});
-            hyper_connection_write(h_.hc, residual, out, inject, T, pool());
+            qwen4exp_block({.h = h_,
+                            .hc_attn = b.hc_attn,
+                            .hc_ffn = b.hc_ffn,
+                            .moe = b.moe,
+                            .layer = static_cast<int64_t>(il),
+                            .routing = routing(),
+                            .residual = residual,
+                            .mixed = mixed,
+                            .out = out,
+                            .inject = inject,
+                            .n_tokens = T,
+                            .scratch = scratch,
+                            .pool = pool()},
+                           [&] {
+                               if (b.recurrent)
+                                   gdn_forward({.shape = h_.gdn,
+                                                .weights = b.gdn,
+                                                .states = batch.states(il, &LayerState::gdn),
+                                                .sequences = batch.rows,
+                                                .x = mixed,
+                                                .out = out,
+                                                .n_tokens = T,
+                                                .scratch = scratch,
+                                                .pool = pool()});
+                               else
+                                   attention_forward({.shape = h_.attention,
+                                                      .indexer = &b.indexer,
+                                                      .weights = b.attention,
+                                                      .caches = batch.states(il, &LayerState::attention),
+                                                      .sequences = batch.rows,
+                                                      .x = mixed,
+                                                      .out = out,
+                                                      .n_tokens = T,
+                                                      .scratch = scratch,
+                                                      .pool = pool()});
+                           });
         }
         if (batch.residual_out) std::copy_n(residual, T * HC, batch.residual_out);
         hyper_connection_read({.shape = h_.hc,
@@ -211,6 +197,33 @@ class Qwen4ExpModel final : public HybridModel {
 };
 
 }  // namespace
+
+void qwen4exp_block(const Qwen4ExpBlockArgs& a, const std::function<void()>& mixer) {
+    auto read = [&](const HyperConnectionWeights& weights) {
+        hyper_connection_read({.shape = a.h.hc,
+                               .weights = weights,
+                               .residual = a.residual,
+                               .mixed = a.mixed,
+                               .inject = a.inject,
+                               .n_tokens = a.n_tokens,
+                               .scratch = a.scratch,
+                               .pool = a.pool});
+    };
+    read(a.hc_attn);
+    mixer();
+    hyper_connection_write(a.h.hc, a.residual, a.out, a.inject, a.n_tokens, a.pool);
+    read(a.hc_ffn);
+    moe_forward({.shape = a.h.moe,
+                 .weights = a.moe,
+                 .x = a.mixed,
+                 .out = a.out,
+                 .n_tokens = a.n_tokens,
+                 .scratch = a.scratch,
+                 .pool = a.pool,
+                 .layer = a.layer,
+                 .routing = a.routing});
+    hyper_connection_write(a.h.hc, a.residual, a.out, a.inject, a.n_tokens, a.pool);
+}
 
 Qwen4ExpHparams read_qwen4exp_hparams(const gguf::File& file, const ModelInfo& info, int64_t n_block_all) {
     HparamReader hp(file, "qwen4exp");

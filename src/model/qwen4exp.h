@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -65,6 +66,25 @@ struct Qwen4ExpMtp {
     HyperConnectionWeights head_hc;  // nextn.hc_head_*
     int64_t block = 0;               // n_layer
 };
+
+// A block's two halves over the hyper-connected residual: hc_attn's read into mixed, the mixer (mixed -> out), the
+// write back; hc_ffn's read, the MoE, the write back. The trunk's blocks and the MTP layer both run it.
+struct Qwen4ExpBlockArgs {
+    const Qwen4ExpHparams& h;
+    const HyperConnectionWeights& hc_attn;
+    const HyperConnectionWeights& hc_ffn;
+    const MoeWeights& moe;
+    int64_t layer = 0;               // the block index, for routing
+    RoutingSink* routing = nullptr;  // moe_forward's
+    float* residual;                 // [n_tokens x HC], updated in place
+    float* mixed;                    // [n_tokens x H] scratch: each half's input
+    float* out;                      // [n_tokens x H] scratch: each half's output
+    float* inject;                   // [n_tokens x hc] scratch
+    int64_t n_tokens = 1;
+    Scratch& scratch;
+    ThreadPool* pool = nullptr;
+};
+void qwen4exp_block(const Qwen4ExpBlockArgs& args, const std::function<void()>& mixer);
 
 // nullopt when the file has no MTP block (no nextn_predict_layers); an Error naming the tensor when one is missing.
 std::optional<Qwen4ExpMtp> bind_qwen4exp_mtp(const TensorBinder& binder, const Qwen4ExpHparams& h, int64_t n_layer,

@@ -53,43 +53,30 @@ void qwen4exp_mtp_forward(const Qwen4ExpMtpArgs& a) {
     float* inject = scratch.take<float>(n * hc);
     AttentionCache* caches[] = {&a.cache};
     const SequenceRows rows[] = {{.begin = 0, .count = n, .pos0 = a.pos0}};
-    hyper_connection_read({.shape = h.hc,
-                           .weights = a.w.hc_attn,
-                           .residual = residual,
-                           .mixed = mixed,
-                           .inject = inject,
-                           .n_tokens = n,
-                           .scratch = scratch,
-                           .pool = a.pool});
-    attention_forward({.shape = h.attention,
-                       .indexer = nullptr,
-                       .weights = a.w.attention,
-                       .caches = caches,
-                       .sequences = rows,
-                       .x = mixed,
-                       .out = out,
-                       .n_tokens = n,
-                       .scratch = scratch,
-                       .pool = a.pool});
-    hyper_connection_write(h.hc, residual, out, inject, n, a.pool);
-    hyper_connection_read({.shape = h.hc,
-                           .weights = a.w.hc_ffn,
-                           .residual = residual,
-                           .mixed = mixed,
-                           .inject = inject,
-                           .n_tokens = n,
-                           .scratch = scratch,
-                           .pool = a.pool});
-    moe_forward({.shape = h.moe,
-                 .weights = a.w.moe,
-                 .x = mixed,
-                 .out = out,
-                 .n_tokens = n,
-                 .scratch = scratch,
-                 .pool = a.pool,
-                 .layer = a.w.block,
-                 .routing = nullptr});
-    hyper_connection_write(h.hc, residual, out, inject, n, a.pool);
+    qwen4exp_block({.h = h,
+                    .hc_attn = a.w.hc_attn,
+                    .hc_ffn = a.w.hc_ffn,
+                    .moe = a.w.moe,
+                    .layer = a.w.block,
+                    .residual = residual,
+                    .mixed = mixed,
+                    .out = out,
+                    .inject = inject,
+                    .n_tokens = n,
+                    .scratch = scratch,
+                    .pool = a.pool},
+                   [&] {
+                       attention_forward({.shape = h.attention,
+                                          .indexer = nullptr,
+                                          .weights = a.w.attention,
+                                          .caches = caches,
+                                          .sequences = rows,
+                                          .x = mixed,
+                                          .out = out,
+                                          .n_tokens = n,
+                                          .scratch = scratch,
+                                          .pool = a.pool});
+                   });
     if (a.residual_out) std::copy_n(residual, n * HC, a.residual_out);
     hyper_connection_read({.shape = h.hc,
                            .weights = a.w.head_hc,

@@ -1,4 +1,4 @@
-// Helpers for the tests that run a model: one place for feeding a token list in calls of a given size.
+// Helpers for the tests that run a model: feeding a token list in calls of a given size, plain greedy decoding.
 #pragma once
 
 #include <algorithm>
@@ -21,6 +21,22 @@ inline std::vector<float> logits_fed(const Model& m, const std::vector<int32_t>&
                   std::span<float>(logits).subspan(start * V, n * V));
     }
     return logits;
+}
+
+// Plain greedy decoding: the prompt in one call, then n tokens one a step, each the argmax (lowest id on a tie) of the
+// previous step's logits.
+inline std::vector<int32_t> plain_greedy(const Model& m, const std::vector<int32_t>& prompt, int64_t n) {
+    const int64_t vocab = m.info().n_vocab;
+    auto seq = m.new_sequence(static_cast<int64_t>(prompt.size()) + n + 8);
+    std::vector<float> logits(static_cast<size_t>(vocab));
+    m.forward(*seq, prompt, logits, true);
+    std::vector<int32_t> out;
+    for (int64_t i = 0; i < n; ++i) {
+        const auto t = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        out.push_back(t);
+        m.forward(*seq, std::vector<int32_t>{t}, logits, true);
+    }
+    return out;
 }
 
 }  // namespace strata::testing

@@ -17,10 +17,13 @@
 #include "model/model.h"
 #include "runtime/mtp_drafter.h"
 #include "runtime/speculative_decode.h"
+#include "model_test_util.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
 namespace strata {
+using strata::testing::plain_greedy;
+
 namespace {
 
 using V = std::vector<int32_t>;
@@ -96,20 +99,6 @@ TEST(MtpDraftLayer, CellsInOnePassEqualCellsOneAtATime) {
     m->draft_forward(*batched, 17, std::span<const float>(residual).subspan(17 * static_cast<size_t>(W)),
                      std::span<const int32_t>(x).subspan(18, 23), b, {});
     EXPECT_EQ(a, b);
-}
-
-V plain_greedy(const Model& m, const V& prompt, int64_t n) {
-    const int64_t vocab = m.info().n_vocab;
-    auto seq = m.new_sequence(static_cast<int64_t>(prompt.size()) + n + 8);
-    std::vector<float> logits(static_cast<size_t>(vocab));
-    m.forward(*seq, prompt, logits, true);
-    V out;
-    for (int64_t i = 0; i < n; ++i) {
-        const int32_t t = argmax(logits.data(), vocab);
-        out.push_back(t);
-        m.forward(*seq, V{t}, logits, true);
-    }
-    return out;
 }
 
 // Lossless: greedy decoding with MTP drafts (alone, and with prompt lookup beside it) gives plain greedy decoding's

@@ -14,9 +14,12 @@
 #include "runtime/sampler.h"
 #include "runtime/speculation.h"
 #include "runtime/speculative_decode.h"
+#include "model_test_util.h"
 #include "test_util.h"
 
 namespace strata {
+using strata::testing::plain_greedy;
+
 namespace {
 
 using V = std::vector<int32_t>;
@@ -99,20 +102,6 @@ TEST(SpeculationPolicy, PicksTheDrafterThatPaysAndNeitherWhenNoneDoes) {
 
 std::string bundled() {
     return std::string(STRATA_SOURCE_DIR) + "/assets/strata-code-19m.gguf";
-}
-
-V plain_greedy(const Model& m, const V& prompt, int64_t n) {
-    const int64_t vocab = m.info().n_vocab;
-    auto seq = m.new_sequence(static_cast<int64_t>(prompt.size()) + n + 8);
-    std::vector<float> logits(static_cast<size_t>(vocab));
-    m.forward(*seq, prompt, logits, true);
-    V out;
-    for (int64_t i = 0; i < n; ++i) {
-        const int32_t t = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-        out.push_back(t);
-        m.forward(*seq, V{t}, logits, true);
-    }
-    return out;
 }
 
 TEST(SpeculativeDecode, GreedyTokensEqualPlainGreedyDecoding) {

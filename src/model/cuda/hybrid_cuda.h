@@ -5,7 +5,6 @@
 // before each replay), and prompt windows of up to LoadOptions::prompt_chunk tokens launched one by one.
 #pragma once
 
-#include <algorithm>
 #include <array>
 #include <functional>
 #include <memory>

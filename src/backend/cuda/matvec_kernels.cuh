@@ -646,18 +646,27 @@ void launch_matvec_typed(const MatvecLaunch& l) {
 
 // ---- dequantize (the GEMM path) -------------------------------------------------------------------------------------
 
+// Piece i of a matrix of `in`-wide rows, counted row by row: its row, its first element and its decoded values.
+template <typename F>
+struct WeightPiece {
+    int64_t row, first;
+    QuantPiece value;
+    __device__ __forceinline__ WeightPiece(const uint8_t* w, size_t row_bytes, int64_t in, int64_t i)
+        : row(i / (in / kPieceElems)), first((i % (in / kPieceElems)) * kPieceElems) {
+        const uint8_t* blk = w + row * row_bytes + (first / F::kBlockElems) * F::kBlockBytes;
+        value = F::decode(blk, static_cast<int>((first % F::kBlockElems) / kPieceElems));
+    }
+};
+
 // One thread per piece: out[r * in + i] = w(r, i) as f32. Quant types only (float types convert per element).
 template <typename F>
 __global__ void dequantize_kernel(const uint8_t* w, size_t row_bytes, int64_t rows, int64_t in, float* out) {
     enter_dependent_grid();
-    const int64_t pieces_per_row = in / kPieceElems;
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= rows * pieces_per_row) return;
-    const int64_t r = i / pieces_per_row;
-    const int64_t e0 = (i % pieces_per_row) * kPieceElems;
-    const uint8_t* blk = w + r * row_bytes + (e0 / F::kBlockElems) * F::kBlockBytes;
-    const QuantPiece wp = F::decode(blk, static_cast<int>((e0 % F::kBlockElems) / kPieceElems));
-    float* o = out + r * in + e0;
+    if (i >= rows * (in / kPieceElems)) return;
+    const WeightPiece<F> piece(w, row_bytes, in, i);
+    const QuantPiece& wp = piece.value;
+    float* o = out + piece.row * in + piece.first;
 #pragma unroll
     for (int k = 0; k < 4; ++k)
 #pragma unroll
@@ -669,13 +678,10 @@ __global__ void dequantize_kernel(const uint8_t* w, size_t row_bytes, int64_t ro
 // the value the tensor-core GEMM's tiles hold.
 template <typename F>
 __global__ void dequantize_half_kernel(const uint8_t* w, size_t row_bytes, int64_t rows, int64_t in, __half* out) {
-    const int64_t pieces_per_row = in / kPieceElems;
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= rows * pieces_per_row) return;
-    const int64_t r = i / pieces_per_row;
-    const int64_t e0 = (i % pieces_per_row) * kPieceElems;
-    const uint8_t* blk = w + r * row_bytes + (e0 / F::kBlockElems) * F::kBlockBytes;
-    const QuantPiece wp = F::decode(blk, static_cast<int>((e0 % F::kBlockElems) / kPieceElems));
+    if (i >= rows * (in / kPieceElems)) return;
+    const WeightPiece<F> piece(w, row_bytes, in, i);
+    const QuantPiece& wp = piece.value;
     __half2 h[8];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -683,7 +689,7 @@ __global__ void dequantize_half_kernel(const uint8_t* w, size_t row_bytes, int64
         h[2 * k] = __floats2half2_rn(fmaf(wp.scale, q(0), wp.offset), fmaf(wp.scale, q(1), wp.offset));
         h[2 * k + 1] = __floats2half2_rn(fmaf(wp.scale, q(2), wp.offset), fmaf(wp.scale, q(3), wp.offset));
     }
-    uint4* o = reinterpret_cast<uint4*>(out + r * in + e0);
+    uint4* o = reinterpret_cast<uint4*>(out + piece.row * in + piece.first);
     o[0] = *reinterpret_cast<const uint4*>(h);
     o[1] = *reinterpret_cast<const uint4*>(h + 4);
 }

@@ -253,6 +253,55 @@ TEST_P(CudaMatmul, GemmPathMatchesTheCpuReference) {
                 is_float(t) ? 0.0 : kFp16WorstOverRms);
 }
 
+// matmul_shared_input over a window long enough for cuBLAS: the outputs that share the activation format share one
+// quantized fp16 copy of x, and each must be the bits matmul gives alone (outputs of another format, and the GEMM
+// path's window of 100 tokens, go through matmul one by one).
+TEST_P(CudaMatmul, SharedInputProductsEqualSeparateProducts) {
+    SKIP_WITHOUT_DEVICE();
+    const DType t = GetParam();
+    if (is_float(t)) GTEST_SKIP() << "float weights take the f32 GEMM whatever the window";
+    std::mt19937 rng(777 + static_cast<unsigned>(t));
+    const int64_t in = block_of(t) == 32 ? 320 : 256;
+    const int64_t rows[] = {300, 4, 67};
+    cuda::Context& ctx = context();
+    std::vector<cuda::DeviceBuffer> weights;
+    std::vector<strata::Tensor> dev_w;
+    for (const int64_t r : rows) {
+        const std::vector<uint8_t> w = random_weights(t, r, in, rng);
+        weights.push_back(ctx.upload(w.data(), w.size(), "weights"));
+        dev_w.push_back(matrix(t, in, r, weights.back().data(), strata::Device::Cuda));
+    }
+    // A Q8_0 matrix too: beside a type that reads Q8_K activations, two formats, so no shared copy.
+    const std::vector<uint8_t> w8 = random_weights(DType::Q8_0, 40, in, rng);
+    const cuda::DeviceBuffer dw8 = ctx.upload(w8.data(), w8.size(), "weights");
+    const strata::Tensor q8 = matrix(DType::Q8_0, in, 40, dw8.data(), strata::Device::Cuda);
+    for (const int64_t tokens : {100, 300}) {
+        std::vector<float> x(static_cast<size_t>(tokens * in));
+        std::normal_distribution<float> gauss;
+        for (float& v : x) v = gauss(rng);
+        const cuda::DeviceBuffer dx = ctx.upload(x.data(), x.size() * 4, "activations");
+        auto out = [&](int64_t r) { return ctx.allocate(static_cast<size_t>(tokens * r) * 4, "outputs"); };
+        const cuda::DeviceBuffer a0 = out(rows[0]), a1 = out(rows[1]), a2 = out(rows[2]), a3 = out(40);
+        const cuda::DeviceBuffer b0 = out(rows[0]), b1 = out(rows[1]), b2 = out(rows[2]), b3 = out(40);
+        cuda::matmul_shared_input(ctx, dx.as<float>(), tokens,
+                                  {{&dev_w[0], a0.as<float>()}, {&dev_w[1], a1.as<float>()},
+                                   {&dev_w[2], a2.as<float>()}, {&q8, a3.as<float>()}});
+        const cuda::DeviceBuffer* alone[] = {&b0, &b1, &b2};
+        for (size_t i = 0; i < 3; ++i)
+            cuda::matmul(ctx, {.w = dev_w[i], .x = dx.as<float>(), .y = alone[i]->as<float>(), .n_tokens = tokens});
+        cuda::matmul(ctx, {.w = q8, .x = dx.as<float>(), .y = b3.as<float>(), .n_tokens = tokens});
+        const cuda::DeviceBuffer* shared[] = {&a0, &a1, &a2, &a3};
+        const cuda::DeviceBuffer* separate[] = {&b0, &b1, &b2, &b3};
+        for (size_t i = 0; i < 4; ++i) {
+            std::vector<float> got(shared[i]->size() / 4), want(got.size());
+            ctx.download(shared[i]->data(), got.data(), got.size() * 4);
+            ctx.download(separate[i]->data(), want.data(), want.size() * 4);
+            EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0)
+                << strata::dtype_name(t) << " output " << i << ", " << tokens << " tokens";
+        }
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTypes, CudaMatmul, ::testing::ValuesIn(kWeightTypes),
                          [](const ::testing::TestParamInfo<DType>& param_info) {
                              return std::string(strata::dtype_name(param_info.param));

@@ -460,6 +460,46 @@ ScratchLayout scratch_layout(const Tensor& w, int64_t tokens, bool blas_allowed)
 
 }  // namespace
 
+namespace {
+
+// The activations of a cuBLAS window as the GEMM path multiplies them: the quantized values in fp16 at one power of
+// two for the whole window, and alpha (which undoes it), beta and that power, in the scratch laid out by `l`.
+struct BlasWindow {
+    const __half* x;
+    const float* alpha_beta;
+};
+
+BlasWindow blas_window(const QuantizedActivations& act, int64_t in, int64_t tokens, uint8_t* scratch,
+                       const ScratchLayout& l, cudaStream_t stream) {
+    auto* xh = reinterpret_cast<__half*>(scratch + l.q + l.d + l.s);
+    auto* alpha_beta = reinterpret_cast<float*>(scratch + l.q + l.d + l.s + l.x);
+    window_half_scale_kernel<<<1, 1024, 0, stream>>>(act.d, tokens * (in / 32), alpha_beta);
+    STRATA_CUDA_CHECK_LAUNCH("window_half_scale_kernel");
+    activations_to_half_kernel<<<static_cast<unsigned>(tokens), kHalfThreads, 0, stream>>>(act.q, act.d, in, xh,
+                                                                                           nullptr, alpha_beta + 2);
+    STRATA_CUDA_CHECK_LAUNCH("activations_to_half_kernel (window)");
+    return {xh, alpha_beta};
+}
+
+// y = W . x for a cuBLAS window: the weights dequantized to fp16 as the GEMM path's tiles hold them (into the
+// layout's panel), then cuBLAS's f32 sums: y^T = W . x^T in column-major terms.
+void blas_product(Context& ctx, const Tensor& w, const BlasWindow& x, int64_t tokens, float* y, uint8_t* scratch,
+                  const ScratchLayout& l) {
+    const int64_t in = w.ne[0], rows = w.ne[1];
+    auto* wh = reinterpret_cast<__half*>(scratch + l.q + l.d + l.s + l.x + l.token_scale);
+    const DequantizeLaunch dq{.type = w.type, .w = static_cast<const uint8_t*>(w.data), .row_bytes = w.nb[1],
+                              .rows = rows, .in = in, .out = nullptr, .stream = ctx.stream().handle(),
+                              .out_half = wh};
+    STRATA_ASSERT(launch_dequantize(dq));
+    check_blas(cublasGemmEx(ctx.blas().get(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows),
+                            static_cast<int>(tokens), static_cast<int>(in), x.alpha_beta, wh, CUDA_R_16F,
+                            static_cast<int>(in), x.x, CUDA_R_16F, static_cast<int>(in), x.alpha_beta + 1, y,
+                            CUDA_R_32F, static_cast<int>(rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx");
+}
+
+}  // namespace
+
 size_t matmul_scratch_bytes(const Tensor& w, int64_t n_tokens) {
     return std::max(scratch_layout(w, n_tokens, false).total(), scratch_layout(w, n_tokens, true).total());
 }
@@ -495,6 +535,22 @@ void matmul_shared_input(Context& ctx, const float* x, int64_t n_tokens, std::in
     STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
     cudaStream_t stream = ctx.stream().handle();
     auto* scratch = static_cast<uint8_t*>(ctx.scratch(need));
+    // A long window whose products all go to cuBLAS with one activation format: x quantized and turned to fp16 once
+    // for all of them (the scratch's layout up to the weight panel is the same for every output of this width).
+    const Tensor& first = *outputs.begin()->w;
+    const bool blas_shared =
+        n_tokens > kMaxMatvecTokens && std::all_of(outputs.begin(), outputs.end(), [&](const MatmulOutput& o) {
+            return takes_blas(*o.w, n_tokens, ctx.blas_products()) && same_activation_format(o.w->type, first.type);
+        });
+    if (blas_shared) {
+        const ScratchLayout layout = scratch_layout(first, n_tokens, true);
+        const QuantizedActivations act = activations_in(scratch, layout);
+        quantize_activations(first.type, x, first.ne[0], n_tokens, act, stream);
+        const BlasWindow window = blas_window(act, first.ne[0], n_tokens, scratch, layout, stream);
+        for (const MatmulOutput& o : outputs)
+            if (o.w->ne[1] > 0) blas_product(ctx, *o.w, window, n_tokens, o.y, scratch, layout);
+        return;
+    }
     const Tensor* quantized_for = nullptr;  // whose format the scratch holds now
     // Consecutive outputs whose weights have the same type go out as the segments of one launch.
     std::optional<MatvecLaunch> pending;
@@ -507,9 +563,7 @@ void matmul_shared_input(Context& ctx, const float* x, int64_t n_tokens, std::in
         const int64_t in = w.ne[0], rows = w.ne[1];
         if (rows == 0) continue;
         if (n_tokens > kMaxMatvecTokens) {
-            flush();
             matmul(ctx, {.w = w, .x = x, .y = o.y, .n_tokens = n_tokens});  // rewrites the scratch
-            quantized_for = nullptr;
             continue;
         }
         const bool quantized_ahead = x_q8_0 && reads_q8_0_activations(w.type);  // rows of whole blocks of 32
@@ -583,24 +637,8 @@ void matmul(Context& ctx, const MatmulArgs& a) {
     if (matvec) return matvec_quantized(ctx, w, act, a.x, a.y, tokens);
 
     if (layout.blas) {
-        // The activations the GEMM path multiplies, in fp16 at one power of two for the window (alpha undoes it),
-        // the weights as its tiles hold them, and cuBLAS's f32 sums: y^T = W . x^T in column-major terms.
-        auto* xh = reinterpret_cast<__half*>(scratch + q_bytes + d_bytes + s_bytes);
-        auto* alpha_beta = reinterpret_cast<float*>(scratch + q_bytes + d_bytes + s_bytes + x_bytes);
-        auto* wh = reinterpret_cast<__half*>(scratch + q_bytes + d_bytes + s_bytes + x_bytes + layout.token_scale);
-        window_half_scale_kernel<<<1, 1024, 0, stream>>>(act.d, tokens * (in / 32), alpha_beta);
-        STRATA_CUDA_CHECK_LAUNCH("window_half_scale_kernel");
-        activations_to_half_kernel<<<static_cast<unsigned>(tokens), kHalfThreads, 0, stream>>>(
-            act.q, act.d, in, xh, nullptr, alpha_beta + 2);
-        STRATA_CUDA_CHECK_LAUNCH("activations_to_half_kernel (window)");
-        const DequantizeLaunch dq{.type = w.type, .w = wdata, .row_bytes = w.nb[1], .rows = rows, .in = in,
-                                  .out = nullptr, .stream = stream, .out_half = wh};
-        STRATA_ASSERT(launch_dequantize(dq));
-        check_blas(cublasGemmEx(ctx.blas().get(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows),
-                                static_cast<int>(tokens), static_cast<int>(in), alpha_beta, wh, CUDA_R_16F,
-                                static_cast<int>(in), xh, CUDA_R_16F, static_cast<int>(in), alpha_beta + 1, a.y,
-                                CUDA_R_32F, static_cast<int>(rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                   "cublasGemmEx");
+        const BlasWindow x = blas_window(act, in, tokens, scratch, layout, stream);
+        blas_product(ctx, w, x, tokens, a.y, scratch, layout);
         return;
     }
 

@@ -32,10 +32,13 @@ struct PleDevice {
     std::unique_ptr<cuda::MappedHostBuffer> table;  // the PLE table in mapped pinned host memory
     DType table_type = DType::F16;
     int64_t table_rows = 0;
-    // Rows read from the file (ple_from_file; table stays null): the block's hash constants, its reader, and one
-    // prompt window's rows in pinned memory.
+    // Rows read from the file (ple_from_file; table stays null): the block's hash constants, its reader, one prompt
+    // window's rows as read (while the previous window may still run), and the same in the pinned staging the
+    // window copies from (written once the stream is idle).
     PleShape hash;
+    size_t row_bytes = 0;
     std::unique_ptr<PleRowSource> reader;
+    mutable std::vector<uint8_t> rows_read;
     std::unique_ptr<cuda::MappedHostBuffer> staged_rows;
 };
 
@@ -117,11 +120,12 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
                 if (!at) throw Error(file_->path() + ": the PLE table is not in a file to read its rows from");
                 const int64_t window_rows = prompt_window_ * b.ple_shape.n_heads();
                 d.ple.hash = b.ple_shape;
+                d.ple.row_bytes = p.table.nb[1];
                 d.ple.reader = ple_reader_(
                     {.path = at->path, .offset = at->offset, .row_bytes = p.table.nb[1], .n_rows = p.table.ne[1]},
                     window_rows);
-                d.ple.staged_rows =
-                    std::make_unique<cuda::MappedHostBuffer>(static_cast<size_t>(window_rows) * p.table.nb[1]);
+                d.ple.rows_read.assign(static_cast<size_t>(window_rows) * p.table.nb[1], 0);
+                d.ple.staged_rows = std::make_unique<cuda::MappedHostBuffer>(d.ple.rows_read.size());
             } else {
                 d.ple.table = std::make_unique<cuda::MappedHostBuffer>(p.table.n_bytes());
                 std::copy_n(static_cast<const uint8_t*>(p.table.data), p.table.n_bytes(),
@@ -210,15 +214,14 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
     }
 
     // PLE rows from the file: every PLE block's rows of the window, hashed from the sequence's history and the
-    // window's tokens, read into the block's pinned staging; then the history moves past the window.
+    // window's tokens and read while the previous window may still run on the device; once the stream is idle (the
+    // previous window's copy out of the staging has run) they go into the pinned staging. Then the history moves
+    // past the window.
     void prepare_window(CudaSequence& s, std::span<const int32_t> tokens) const override {
         if (!ple_from_file_ || h_.ple_blocks.empty()) return;
         const PleShape& p = h_.ple;
         const int64_t T = static_cast<int64_t>(tokens.size()), n_heads = p.n_heads(), N = p.ngram;
         STRATA_ASSERT(T <= prompt_window_ && static_cast<int64_t>(s.ple_history.size()) == N - 1);
-        // The previous window's copy out of the staging must have run before it is written again. Decode windows
-        // find the stream idle (forward ends with a synchronize); a prompt's later windows wait here.
-        ctx_->synchronize();
         ple_window_history_.resize(static_cast<size_t>(N - 1 + T));
         std::copy(s.ple_history.begin(), s.ple_history.end(), ple_window_history_.begin());
         std::copy(tokens.begin(), tokens.end(), ple_window_history_.begin() + (N - 1));
@@ -229,8 +232,13 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
                 ple_rows_into(b.ple.hash, ple_window_history_.data() + t, tokens[static_cast<size_t>(t)],
                               ple_rows_.data() + t * n_heads);
             b.ple.reader->fetch(std::span<const int64_t>(ple_rows_.data(), static_cast<size_t>(T * n_heads)),
-                                static_cast<uint8_t*>(b.ple.staged_rows->host()));
+                                b.ple.rows_read.data());
         }
+        ctx_->synchronize();
+        for (const BlockDevice& b : blocks_)
+            if (b.has_ple)
+                std::copy_n(b.ple.rows_read.data(), static_cast<size_t>(T * n_heads) * b.ple.row_bytes,
+                            static_cast<uint8_t*>(b.ple.staged_rows->host()));
         std::copy(ple_window_history_.end() - (N - 1), ple_window_history_.end(), s.ple_history.begin());
     }
 

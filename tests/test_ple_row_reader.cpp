@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <new>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -94,6 +95,10 @@ const Path kPaths[] = {{true, true, "io_uring + O_DIRECT"},
                        {true, false, "io_uring, page cache"},
                        {false, true, "pread + O_DIRECT"},
                        {false, false, "pread, page cache"}};
+
+void PrintTo(const Path& p, std::ostream* os) {
+    *os << p.name;
+}  // test names in ctest's listing
 
 class PleRowReaderPaths : public ::testing::TestWithParam<Path> {};
 
@@ -210,6 +215,20 @@ TEST(PleRowReader, ReadsFromTmpfs) {
         EXPECT_EQ(fetched(reader, f, rows), expected(f, rows));
     }
     fs::remove_all(dir);
+}
+
+TEST(PleRowReader, FallsBackWhereODirectReadsAreRefused) {
+    // A filesystem that opens with O_DIRECT but refuses the reads: the reader reopens through the page cache (one
+    // line on stderr) and the fetch still returns the rows.
+    const TableFile f = odd_table(strata::testing::process_temp_dir().path(), "refused.bin");
+    for (const bool io_uring : {true, false}) {
+        SCOPED_TRACE(io_uring ? "io_uring" : "pread");
+        PleRowReader reader(f.table, {.max_rows = 8, .io_uring = io_uring, .refuse_direct_for_test = true});
+        const std::vector<int64_t> rows = {5, 999, 5, 640};
+        EXPECT_EQ(fetched(reader, f, rows), expected(f, rows));
+        EXPECT_FALSE(reader.uses_direct_io());
+        EXPECT_EQ(fetched(reader, f, {1, 2}), expected(f, {1, 2}));
+    }
 }
 
 TEST(PleRowReader, UserErrorsAreClear) {

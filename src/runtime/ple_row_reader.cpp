@@ -289,7 +289,8 @@ void PleRowReader::read_spans(size_t first, size_t end) {
         ++stats_.reads;
         stats_.bytes_read += static_cast<int64_t>(spans_[s].length);
     }
-    const bool done = ring_ ? read_spans_uring(first, end) : read_spans_pread(first, end);
+    const bool refused = direct_ && options_.refuse_direct_for_test;
+    const bool done = !refused && (ring_ ? read_spans_uring(first, end) : read_spans_pread(first, end));
     if (done) return;
     reopen_buffered(errno_text(EINVAL));  // a filesystem that opens with O_DIRECT but refuses its reads
     if (!(ring_ ? read_spans_uring(first, end) : read_spans_pread(first, end)))

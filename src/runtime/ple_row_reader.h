@@ -34,6 +34,8 @@ struct PleRowReaderOptions {
     int queue_depth = 64;         // reads in flight at once
     // Tests: the first io_uring read of each fetch goes to a pipe nobody writes, so its wait must give up.
     bool stall_for_test = false;
+    // Tests: O_DIRECT reads are refused as some filesystems refuse them (EINVAL after a successful open).
+    bool refuse_direct_for_test = false;
 };
 
 // Counts since construction.

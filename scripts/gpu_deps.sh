@@ -10,6 +10,9 @@
 #   include/utf8proc.h, lib/libutf8proc.a       utf8proc (libutf8proc-dev), static
 #   include/nlohmann/, share/cmake/nlohmann_json  nlohmann_json (nlohmann-json3-dev), header-only, CMake package
 #   include/httplib.h                           cpp-httplib, header-only: see below
+#   include/liburing.h, include/liburing/, lib/liburing.a
+#                                               liburing (liburing-dev), static: the PLE row reader's io_uring reads
+#                                               (optional in the build: without it the reader uses pread)
 #   lib/pkgconfig/*.pc                          for pkg-config users; prefixes relative to ${pcfiledir}
 # The full build takes them with -DSTRATA_DEPS_PREFIX=<absolute path of build-deps> (CMakeLists.txt), pkg-config not
 # needed. Debian's libcpp-httplib-dev is the split build (a declarations-only httplib.h and a shared library that needs
@@ -74,6 +77,12 @@ done
 pc=$(file_of libpcre2-dev /pkgconfig/libpcre2-8.pc) && relocate_pc "$pc"
 pc=$(file_of libutf8proc-dev /pkgconfig/libutf8proc.pc) && relocate_pc "$pc"
 
+# ---- liburing: static library and headers (liburing.h includes liburing/*.h) ----
+cp "$(file_of liburing-dev /include/liburing.h)" "$stage/include/"
+cp -r "$(file_of liburing-dev /include/liburing)" "$stage/include/"
+cp "$(file_of liburing-dev /liburing.a)" "$stage/lib/"
+pc=$(file_of liburing-dev /pkgconfig/liburing.pc) && relocate_pc "$pc"
+
 # ---- nlohmann_json: headers and CMake package files (which find the headers three levels up from themselves) ----
 json_include=$(file_of nlohmann-json3-dev /include/nlohmann)
 json_cmake=$(file_of nlohmann-json3-dev /cmake/nlohmann_json)
@@ -133,4 +142,4 @@ trap - EXIT
 tar cJf build-deps.txz "$out"
 echo "gpu_deps.sh: $(du -sh "$out" | cut -f1) in $out: GoogleTest $(version_of libgtest-dev), PCRE2" \
     "$(version_of libpcre2-dev), utf8proc $(version_of libutf8proc-dev), nlohmann_json" \
-    "$(version_of nlohmann-json3-dev), cpp-httplib $httplib_version (header-only)"
+    "$(version_of nlohmann-json3-dev), cpp-httplib $httplib_version (header-only), liburing $(version_of liburing-dev)"

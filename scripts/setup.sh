@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing Strata needs on Debian/Ubuntu, skipping whatever is already there:
 #   build:   cmake ninja-build g++ pkg-config libgtest-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev
-#   extras:  clang libclang-rt-14-dev (fuzz smoke run), nodejs npm (llama.cpp interop and server end-to-end tests),
-#            chromium (the web app test)
+#   extras:  liburing-dev (the PLE row reader's io_uring reads; without it, pread), clang libclang-rt-14-dev (fuzz
+#            smoke run), nodejs npm (llama.cpp interop and server end-to-end tests), chromium (the web app test)
 # With --with-interop it also installs node-llama-cpp 3.21.1 (pinned in tests/interop/package-lock.json; only the
 # prebuilt CPU binary, nothing is compiled) into tests/interop/node_modules, and the server tests' official clients
 # (openai, @anthropic-ai/sdk, playwright-core, ajv; pinned in tests/e2e/package-lock.json) into tests/e2e/node_modules.
@@ -32,6 +32,7 @@ have_cmd pkg-config || required+=(pkg-config)
 [ -f /usr/include/utf8proc.h ] || required+=(libutf8proc-dev)
 [ -f /usr/include/httplib.h ] || required+=(libcpp-httplib-dev)
 optional=()
+[ -f /usr/include/liburing.h ] || optional+=(liburing-dev)
 have_cmd clang || optional+=(clang)
 have_pkg libclang-rt-14-dev || optional+=(libclang-rt-14-dev)
 have_cmd node || optional+=(nodejs)

@@ -327,6 +327,25 @@ TEST(MemoryPlan, HostSidePinsWhatTheRamBudgetHolds) {
     EXPECT_TRUE(p.ple_pinned);
 }
 
+TEST(MemoryPlan, PleRowsFromTheFileHaveAPlannedCacheAndStaging) {
+    const Roles r = roles(*gguf::File::open(mid_path()));
+    const MemoryPlan pinned = plan_for(mid_path(), 64 * kGiB, r.ple);
+    ASSERT_TRUE(pinned.ple_pinned);
+    EXPECT_EQ(pinned.ple_row_cache_bytes, 0u);
+    for (const PlanLine& l : pinned.lines) EXPECT_EQ(l.what.rfind("PLE row", 0), std::string::npos) << l.what;
+    const MemoryPlan p = plan_for(mid_path(), 64 * kGiB, r.ple - 1);
+    ASSERT_FALSE(p.ple_pinned);
+    // One PLE block: its reader's cache is the table's size at most, kPleRowCacheBytes at most.
+    EXPECT_GT(p.ple_row_cache_bytes, 0u);
+    EXPECT_EQ(p.ple_row_cache_bytes, std::min(r.ple, kPleRowCacheBytes));
+    PlanPlace place{};
+    EXPECT_GE(line(p, "PLE row cache and read buffers", &place), p.ple_row_cache_bytes);
+    EXPECT_EQ(place, PlanPlace::HostRam);
+    EXPECT_GT(line(p, "PLE row staging", &place), 0u);  // one prompt window's rows
+    EXPECT_EQ(place, PlanPlace::PinnedHost);
+    EXPECT_NE(p.table().find("host RAM"), std::string::npos);
+}
+
 TEST(MemoryPlan, ImpossiblePlansAreOneLineErrors) {
     const auto f = gguf::File::open(mid_path());
     const Roles r = roles(*f);

@@ -15,6 +15,7 @@
 #include "runtime/cpu_expert_pool.h"
 #include "runtime/expert_cache_advisor.h"
 #include "runtime/expert_profile.h"
+#include "runtime/ple_row_reader.h"
 #include "runtime/routing_trace.h"
 #include "runtime/speculation.h"
 
@@ -199,6 +200,9 @@ const std::vector<FlagSpec> kLoadFlags = {
      "cuda, experts in host RAM: the share of the misses the CPU workers compute, 0..1 (default: adapted while "
      "decoding)"},
     {"--no-cuda-graphs", "", "cuda: launch each window's kernels one by one instead of replaying a captured graph"},
+    {"--ple-from-file", "",
+     "cuda: read the PLE table's rows from the file with a row cache even when the table fits pinned RAM (the plan "
+     "does this when it does not)"},
     {"--gdn-recurrence", "K",
      "cuda: the GDN recurrence kernel, auto (default: the faster), column or shuffle (same outputs)"},
     {"--kv-cache", "TYPE", "cuda: KV cache storage, f16 (default) or int8 (one fp16 scale per 64 values: about half)"},
@@ -221,6 +225,8 @@ LoadOptions load_options(const Args& args, bool read_threads) {
     if (auto bytes = budget_flag(args, "--vram-budget")) o.vram_budget = static_cast<size_t>(*bytes);
     (void)budget_flag(args, "--ram-budget");  // checked here, read by plan_memory_for_load
     o.cuda_graphs = !args.has("--no-cuda-graphs");
+    o.ple_from_file = args.has("--ple-from-file");
+    o.ple_reader = ple_row_reader_factory(kPleRowCacheBytes);  // the plan may size the cache (plan_memory_for_load)
     const auto recurrence = args.get_choice("--gdn-recurrence", {"auto", "column", "shuffle"});
     o.gdn_recurrence = recurrence == "column"    ? GdnRecurrenceKernel::Column
                        : recurrence == "shuffle" ? GdnRecurrenceKernel::Shuffle
@@ -230,15 +236,15 @@ LoadOptions load_options(const Args& args, bool read_threads) {
     o.qsa_union = args.has("--qsa-union");
     o.prompt_chunk = args.get_int("--prompt-chunk", kMinPromptChunk, kMaxPromptChunk).value_or(0);
     o.cuda_blas = !args.has("--no-cuda-blas");
-    if (o.backend == Backend::Cpu && (args.has("--vram-budget") || args.has("--ram-budget") ||
-                                      args.has("--prompt-chunk") || args.has("--no-cuda-blas") ||
-                                      args.has("--no-cuda-graphs") || args.has("--gdn-recurrence") ||
-                                      args.has("--kv-cache") || o.qsa_union || args.has("--expert-policy") ||
-                                      args.has("--expert-profile") || args.has("--cpu-experts") ||
-                                      args.has("--cpu-share")))
-        throw Error("--vram-budget, --ram-budget, --prompt-chunk, --no-cuda-blas, --expert-policy, --expert-profile, "
-                    "--cpu-experts, --cpu-share, --no-cuda-graphs, --gdn-recurrence, --kv-cache and --qsa-union apply "
-                    "to --backend cuda only");
+    if (o.backend == Backend::Cpu &&
+        (args.has("--vram-budget") || args.has("--ram-budget") || args.has("--prompt-chunk") ||
+         args.has("--no-cuda-blas") || args.has("--no-cuda-graphs") || args.has("--gdn-recurrence") ||
+         args.has("--kv-cache") || o.qsa_union || args.has("--expert-policy") || args.has("--expert-profile") ||
+         args.has("--cpu-experts") || args.has("--cpu-share") || o.ple_from_file))
+        throw Error(
+            "--vram-budget, --ram-budget, --prompt-chunk, --no-cuda-blas, --expert-policy, --expert-profile, "
+            "--cpu-experts, --cpu-share, --no-cuda-graphs, --gdn-recurrence, --kv-cache, --qsa-union and "
+            "--ple-from-file apply to --backend cuda only");
     (void)args.get_int("--cpu-experts", 0, 1024);
     if (auto text = args.get("--cpu-share")) {
         char* end = nullptr;
@@ -276,6 +282,10 @@ std::optional<MemoryPlan> plan_memory_for_load(const Args& args, const std::stri
     options.prompt_chunk = plan.prompt_window;
     options.experts.in_host = plan.placement().in_host;
     options.experts.cache_slots = plan.placement().cache_slots;
+    if (plan.has_ple && !plan.ple_pinned) {
+        options.ple_from_file = true;
+        options.ple_reader = ple_row_reader_factory(plan.ple_row_cache_bytes);
+    }
     if (!options.experts.in_host) {
         if (args.has("--expert-policy") || args.has("--expert-profile"))
             std::fprintf(stderr,

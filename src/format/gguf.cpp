@@ -704,6 +704,16 @@ void File::drop_pages(const void* p, size_t n) const {
     for (const FileMap& map : maps_) map.drop_pages(p, n);
 }
 
+std::optional<File::Location> File::locate(const void* p, size_t n) const {
+    const auto at = reinterpret_cast<uintptr_t>(p);
+    for (const FileMap& map : maps_) {
+        const auto base = reinterpret_cast<uintptr_t>(map.data());
+        if (map.data() && at >= base && n <= map.size() && at - base <= map.size() - n)
+            return Location{map.path(), static_cast<uint64_t>(at - base)};
+    }
+    return std::nullopt;
+}
+
 namespace {
 const Value& require(const File& f, const std::string& key) {
     const Value* v = f.find(key);

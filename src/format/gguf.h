@@ -97,6 +97,14 @@ public:
     const TensorInfo* find_tensor(const std::string& name) const;
     // FileMap::drop_pages on the map holding [p, p + n); nothing for a File parsed from memory.
     void drop_pages(const void* p, size_t n) const;
+    // Where the mapped bytes [p, p + n) lie on disk: the file (a split set's part) and the offset from its start, for
+    // reading them without the map (the PLE row reader). nullopt for a File parsed from memory or bytes it does not
+    // map.
+    struct Location {
+        std::string path;
+        uint64_t offset = 0;
+    };
+    std::optional<Location> locate(const void* p, size_t n) const;
 
     // Typed getters: throw Error ("<file>: key K missing" / "has type T, expected U") when absent or mistyped.
     std::string get_str(const std::string& key) const;

@@ -103,6 +103,11 @@ enum class KvCacheType { F16, Int8 };
 class RoutingSink;         // model/moe.h
 class ExpertCacheAdvisor;  // model/moe.h
 class HostExpertCompute;   // model/moe.h
+struct PleTableInFile;     // model/ple.h
+class PleRowSource;        // model/ple.h
+
+// Makes the reader of one PLE table that stays in its file; max_rows: the most rows one fetch asks for.
+using PleRowSourceFactory = std::function<std::unique_ptr<PleRowSource>(const PleTableInFile& table, int64_t max_rows)>;
 
 // CUDA: where the routed experts live (issue 25). Made by the memory planner (runtime/memory_plan.h) from the budgets;
 // the trunk follows it. Default: every expert in VRAM.
@@ -164,6 +169,11 @@ struct LoadOptions {
     // CPU: every MoE layer reports the experts each token routed to (--routing-trace; runtime/routing_trace.h).
     std::shared_ptr<RoutingSink> routing_trace;
     ExpertPlacement experts;
+    // CUDA, PLE: the tables stay in the file and each window's rows are read from it on the host through ple_reader
+    // (the memory plan's choice when the tables do not fit pinned RAM; --ple-from-file forces it), instead of the
+    // whole tables copied into mapped pinned memory. The factory carries the planned row cache size.
+    bool ple_from_file = false;
+    PleRowSourceFactory ple_reader;
 };
 
 // Experts in host RAM (CUDA, ExpertPlacement::in_host): what the VRAM expert cache and the CPU workers did since

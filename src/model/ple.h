@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -55,6 +56,26 @@ struct PleState {
 std::vector<int64_t> ple_rows(const PleShape& shape, const int32_t* history, int32_t token);
 // The same into rows[n_heads].
 void ple_rows_into(const PleShape& shape, const int32_t* history, int32_t token, int64_t* rows);
+
+// A PLE table that stays in its file (28.8 GB at Flash-Next's size): where its rows lie, for a PleRowSource.
+struct PleTableInFile {
+    std::string path;
+    uint64_t offset = 0;  // of row 0, from the start of the file
+    size_t row_bytes = 0;
+    int64_t n_rows = 0;
+};
+
+// Reads PLE table rows from the file for a CUDA trunk whose table is not pinned (LoadOptions::ple_from_file); the
+// runtime's PleRowReader (runtime/ple_row_reader.h) is the one the commands use. Kept an interface here because the
+// model layer may not use the runtime layer (DESIGN.md section 3).
+class PleRowSource {
+  public:
+    virtual ~PleRowSource() = default;
+    // Row rows[i]'s bytes into out + i * row_bytes, for rows.size() <= the max_rows the source was made for. A row
+    // outside the table reads as zeros (the device gather's rule for a bad row). Throws Error when the file cannot be
+    // read or a read does not complete within the source's bound.
+    virtual void fetch(std::span<const int64_t> rows, uint8_t* out) = 0;
+};
 
 // One pass over the rows of one or more sequences (batch_rows.h): table rows and the n-gram history and conv per
 // sequence, the projections over all rows at once.

@@ -16,6 +16,7 @@
 #include "model/hybrid.h"
 #include "model/qwen4exp.h"
 #include "model/single_stream.h"
+#include "runtime/ple_row_reader.h"
 
 namespace strata {
 
@@ -487,6 +488,8 @@ const char* plan_place_name(PlanPlace place) {
             return "VRAM";
         case PlanPlace::PinnedHost:
             return "pinned RAM";
+        case PlanPlace::HostRam:
+            return "host RAM";
         case PlanPlace::MappedFile:
             return "mapped file";
         case PlanPlace::NotLoaded:
@@ -739,6 +742,19 @@ MemoryPlan plan_device_memory(const gguf::File& file, const MemoryPlanInputs& in
         plan.ple_pinned = t.ple <= ram_left;
         plan.lines.push_back({plan.ple_pinned ? "PLE table" : "PLE table (rows read with a row cache)",
                               plan.ple_pinned ? PlanPlace::PinnedHost : PlanPlace::MappedFile, t.ple});
+        if (!plan.ple_pinned) {
+            // Each PLE block reads its own table (model/cuda/qwen4exp_cuda.cpp): a reader with its share of the row
+            // cache, one prompt window's rows as read, and the same in pinned staging the window copies to the device.
+            const uint64_t blocks = std::max<uint64_t>(u(s.ple_blocks.size()), 1);
+            const int64_t window_rows = s.prompt_window * s.ple.n_heads();
+            const uint64_t window_bytes = u(window_rows) * s.ple_row_bytes;
+            plan.ple_row_cache_bytes = std::min(t.ple, kPleRowCacheBytes) / blocks;
+            const uint64_t reader = PleRowReader::memory_bytes(
+                s.ple_row_bytes, {.max_rows = window_rows, .cache_bytes = plan.ple_row_cache_bytes});
+            plan.lines.push_back(
+                {"PLE row cache and read buffers", PlanPlace::HostRam, (reader + window_bytes) * blocks});
+            plan.lines.push_back({"PLE row staging", PlanPlace::PinnedHost, window_bytes * blocks});
+        }
     }
     if (t.mtp > 0) plan.lines.push_back({"MTP blocks", PlanPlace::NotLoaded, t.mtp});
     return plan;

@@ -53,7 +53,11 @@ struct MemoryPlanInputs {
     std::optional<DeviceMemory> device;
 };
 
-enum class PlanPlace { Vram, PinnedHost, MappedFile, NotLoaded };
+// The row cache of PLE tables read from the file (all PLE blocks together, at most the tables' size): ~3M of
+// Flash-Next's ~320M rows, enough for the n-grams that recur in a conversation (each token needs 16 rows).
+inline constexpr uint64_t kPleRowCacheBytes = uint64_t{512} << 20;
+
+enum class PlanPlace { Vram, PinnedHost, HostRam, MappedFile, NotLoaded };
 const char* plan_place_name(PlanPlace place);
 
 struct PlanLine {
@@ -79,6 +83,7 @@ struct MemoryPlan {
     bool experts_pinned = false;         // host side: pinned arena (else read from the mapped file)
     bool has_ple = false;
     bool ple_pinned = false;  // else rows read from the file with a row cache
+    uint64_t ple_row_cache_bytes = 0;  // when !ple_pinned: each PLE block's row cache (LoadOptions::ple_reader)
     // The CUDA prompt window in tokens: --prompt-chunk, or without it the longest of 4096, 2048 and 1024 that leaves
     // every routed expert in VRAM, else the default (model.h kDefaultPromptChunk).
     int64_t prompt_window = 0;

@@ -295,6 +295,20 @@ struct PleGatherArgs {
 };
 void ple_gather(Context& ctx, const PleGatherArgs& args);
 
+// The same rows when the host has read them already (a table that stays in its file: runtime/ple_row_reader.h):
+// n_rows rows of row_bytes(table_type, row_width) in pinned host memory, copied into the device staging on the
+// context's stream (a captured graph copies from the same address on every replay: the host fills it before), then
+// converted to f32 at out[i * row_width ..] as ple_gather converts them.
+struct PleHostRowsArgs {
+    const void* host_rows = nullptr;  // pinned (cudaHostAlloc) host memory
+    DType table_type = DType::F16;
+    int64_t row_width = 0;
+    int64_t n_rows = 0;
+    void* staging = nullptr;  // n_rows * row_bytes device bytes
+    float* out = nullptr;
+};
+void ple_rows_from_host(Context& ctx, const PleHostRowsArgs& args);
+
 // ---- sampling (runtime/sampler.cpp) ---------------------------------------------------------------------------------
 
 // Device buffers for sampling rows of up to n_vocab logits.

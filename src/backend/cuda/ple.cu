@@ -1,6 +1,7 @@
 // PLE table rows from mapped host memory (model_ops.h): the n-gram hash of ple_rows_into on the device (one thread per
 // token and head), the rows' bytes copied over the bus into a device staging buffer, then converted to f32 by the
-// dequantize kernels of matvec_*.cu (the same conversion cpu::get_row does).
+// dequantize kernels of matvec_*.cu (the same conversion cpu::get_row does). A table read from the file has its rows
+// hashed and read on the host (ple_rows_from_host): only the copy and the conversion run here.
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
@@ -107,6 +108,30 @@ void ple_gather(Context& ctx, const PleGatherArgs& a) {
                      stream, static_cast<const uint8_t*>(a.table), rb, a.rows, static_cast<uint8_t*>(a.staging));
     const DequantizeLaunch l{.type = a.table_type, .w = static_cast<const uint8_t*>(a.staging), .row_bytes = rb,
                              .rows = n_rows, .in = a.row_width, .out = a.out, .stream = stream};
+    STRATA_ASSERT(launch_dequantize_any(l));
+}
+
+void ple_rows_from_host(Context& ctx, const PleHostRowsArgs& a) {
+    if (a.n_rows <= 0) return;
+    if (!a.host_rows || !a.staging || !a.out) throw Error("CUDA PLE rows from host: null rows, staging or output");
+    if (a.row_width <= 0 || a.row_width % traits(a.table_type).block_size != 0)
+        throw Error("CUDA PLE rows from host: bad table shape");
+    if (!supports_matmul(a.table_type) || (traits(a.table_type).block_size > 1 && a.row_width % 16 != 0))
+        throw Error(std::string("CUDA PLE rows from host: table type ") + dtype_name(a.table_type) +
+                    " is not supported");
+    if (a.n_rows > 0x7fffffff) throw Error("CUDA PLE rows from host: too many rows in one call");
+    STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
+    cudaStream_t stream = ctx.stream().handle();
+    const size_t rb = row_bytes(a.table_type, a.row_width);
+    STRATA_CUDA_CHECK(
+        cudaMemcpyAsync(a.staging, a.host_rows, rb * static_cast<size_t>(a.n_rows), cudaMemcpyHostToDevice, stream));
+    const DequantizeLaunch l{.type = a.table_type,
+                             .w = static_cast<const uint8_t*>(a.staging),
+                             .row_bytes = rb,
+                             .rows = a.n_rows,
+                             .in = a.row_width,
+                             .out = a.out,
+                             .stream = stream};
     STRATA_ASSERT(launch_dequantize_any(l));
 }
 

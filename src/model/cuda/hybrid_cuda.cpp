@@ -54,6 +54,7 @@ CudaHybridModel::CudaHybridModel(std::unique_ptr<gguf::File> file, const LoadOpt
     ctx_ = std::make_unique<cuda::Context>(cuda::ContextOptions{
         .device = options.cuda_device, .vram_budget = options.vram_budget, .blas_products = options.cuda_blas});
     experts_in_host_ = options.experts.in_host;
+    ple_from_file_ = options.ple_from_file;
     check_weights_fit();
     weights_ = std::make_unique<DeviceWeights>(*ctx_, *file_);
     if (experts_in_host_)
@@ -378,9 +379,11 @@ void CudaHybridModel::check_weights_fit() const {
     const size_t budget = ctx_->memory().budget();
     std::fprintf(stderr,
                  "strata: CUDA memory plan: weights %.2f GiB in VRAM, routed experts %.2f GiB in host RAM, PLE "
-                 "tables %.2f GiB in pinned host memory, budget %.2f GiB (--vram-budget; %.2f GiB free on %s)\n",
+                 "tables %.2f GiB %s, budget %.2f GiB (--vram-budget; %.2f GiB free on %s)\n",
                  static_cast<double>(weights) / (1 << 30), static_cast<double>(host_experts) / (1 << 30),
-                 static_cast<double>(ple) / (1 << 30), static_cast<double>(budget) / (1 << 30),
+                 static_cast<double>(ple) / (1 << 30),
+                 ple_from_file_ ? "read from the file by rows" : "in pinned host memory",
+                 static_cast<double>(budget) / (1 << 30),
                  static_cast<double>(ctx_->info().free_bytes_at_start) / (1 << 30), ctx_->info().name.c_str());
     if (weights > budget)
         throw Error(file_->path() + ": the weights " + (experts_in_host_ ? "kept in VRAM " : "") + "need " +
@@ -482,6 +485,7 @@ void CudaHybridModel::clear_sequence(CudaSequence& s) const {
             ctx_->copy_to_device(l.ple_tokens.data(), eos.data(), eos.size() * 4);
         }
     }
+    if (has_ple_) s.ple_history.assign(static_cast<size_t>(std::max<int64_t>(ple_.ngram - 1, 0)), ple_.eos);
     ctx_->synchronize();
     s.n_past_ = 0;
 }
@@ -491,6 +495,7 @@ void CudaHybridModel::clear_sequence(CudaSequence& s) const {
 void CudaHybridModel::run_window(CudaSequence& s, std::span<const int32_t> tokens,
                                  const std::function<void()>& head) const {
     const int64_t T = static_cast<int64_t>(tokens.size()), P = prompt_window_;
+    prepare_window(s, tokens);
     int32_t* host = window_host_.data();
     for (int64_t t = 0; t < T; ++t) {
         host[t] = tokens[static_cast<size_t>(t)];

@@ -115,6 +115,9 @@ class CudaSequence final : public SequenceState {
     int64_t dense_splits = 1, sparse_splits = 1;
     cuda::DeviceBuffer union_workspace;  // --qsa-union: empty when the union path does not apply
     int64_t union_splits = 1;
+    // PLE rows read on the host (LoadOptions::ple_from_file): the last ngram - 1 tokens, oldest first, as the
+    // device's ple_tokens would hold them (the device history is not used then).
+    std::vector<int32_t> ple_history;
     std::array<cuda::Graph, kWindow + 1> graphs;  // by window size; they hold this sequence's buffers
     const void* graphs_scratch = nullptr;          // the context scratch the graphs were captured with
     std::function<void(CudaSequence&)> reset_;
@@ -171,6 +174,11 @@ class CudaHybridModel : public Model {
     // With experts in host RAM, the routed experts go to the expert cache instead (block: the trunk block's index).
     MoeDevice upload_moe(const MoeWeights& w, const MoeShape& shape, int64_t block);
 
+    // Host work a window needs before it is queued or replayed, with its tokens (PLE rows read from the file).
+    virtual void prepare_window(CudaSequence& s, std::span<const int32_t> tokens) const {
+        (void)s;
+        (void)tokens;
+    }
     // The work of one window: embedding to the head's input (w_.hidden), queued on the context's stream.
     virtual void enqueue_window(CudaSequence& s, int64_t T) const = 0;
     // The logits of the window's rows [row0, row0 + n) (n <= kHeadRows) into w_.logits.
@@ -203,6 +211,7 @@ class CudaHybridModel : public Model {
     const Tensor* token_embd_ = nullptr;
     const Tensor* output_ = nullptr;
     int64_t prompt_window_ = kDefaultPromptChunk;  // LoadOptions::prompt_chunk
+    bool ple_from_file_ = false;                   // LoadOptions::ple_from_file
     WindowBuffers w_{};
 
   private:

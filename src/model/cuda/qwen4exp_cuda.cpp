@@ -1,9 +1,14 @@
 // qwen4exp on CUDA (issue 7): the trunk of qwen4exp.cpp, block by block, over the CUDA backend's ops (the shared
 // machinery, windows and graphs in hybrid_cuda.h). Every weight except the PLE tables lives in device memory; each PLE
-// table sits in mapped pinned host memory (the real one does not fit in VRAM) and its rows are read over the bus.
+// table sits in mapped pinned host memory (the real one does not fit in VRAM) and its rows are read over the bus, or,
+// when the tables do not fit pinned RAM (LoadOptions::ple_from_file), stays in the file: before each window the host
+// hashes the window's rows (it knows the tokens and keeps the n-gram history) and reads them through a PleRowSource
+// into pinned staging, which the window copies to the device (the same copy in a decode window's graph).
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -27,6 +32,14 @@ struct PleDevice {
     std::unique_ptr<cuda::MappedHostBuffer> table;  // the PLE table in mapped pinned host memory
     DType table_type = DType::F16;
     int64_t table_rows = 0;
+    // Rows read from the file (ple_from_file; table stays null): the block's hash constants, its reader, one prompt
+    // window's rows as read (while the previous window may still run), and the same in the pinned staging the
+    // window copies from (written once the stream is idle).
+    PleShape hash;
+    size_t row_bytes = 0;
+    std::unique_ptr<PleRowSource> reader;
+    mutable std::vector<uint8_t> rows_read;
+    std::unique_ptr<cuda::MappedHostBuffer> staged_rows;
 };
 
 struct BlockDevice {
@@ -43,6 +56,11 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
   public:
     Qwen4ExpCudaModel(std::unique_ptr<gguf::File> file, const LoadOptions& options)
         : CudaHybridModel(std::move(file), options) {
+        if (ple_from_file_ && !options.ple_reader)
+            throw Error(
+                "LoadOptions::ple_from_file needs a ple_reader (runtime/ple_row_reader.h: "
+                "ple_row_reader_factory)");
+        ple_reader_ = options.ple_reader;
         h_ = read_qwen4exp_hparams(*file_, info_, n_block_all_);
         TensorBinder binder(*file_);
         const HybridEmbeddings embeddings = bind_hybrid_embeddings(*file_, binder, info_);
@@ -54,6 +72,10 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
         set_shapes(h_.gdn, h_.attention, std::move(layout), !h_.ple_blocks.empty() ? &h_.ple : nullptr);
         output_hc_ = hc_device(output_hc);
         for (const Qwen4ExpBlock& b : blocks) blocks_.push_back(block_device(b));
+        if (ple_from_file_ && !h_.ple_blocks.empty()) {  // prepare_window's scratch, sized once
+            ple_rows_.assign(static_cast<size_t>(prompt_window_ * h_.ple.n_heads()), 0);
+            ple_window_history_.reserve(static_cast<size_t>(h_.ple.ngram - 1 + prompt_window_));
+        }
         finish_loading({.n_streams = h_.hc.n_streams,
                         .hc_work_floats = cuda::hyper_connection_workspace_floats(hc_dims(), prompt_window_),
                         .ple = !h_.ple_blocks.empty() ? &h_.ple : nullptr,
@@ -93,9 +115,22 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
             d.ple.multipliers = dw.u64s(b.ple_shape.multipliers);  // each PLE block hashes with its own
             d.ple.offsets = dw.u64s(b.ple_shape.offsets);
             d.ple.sizes = dw.u64s(b.ple_shape.sizes);
-            d.ple.table = std::make_unique<cuda::MappedHostBuffer>(p.table.n_bytes());
-            std::copy_n(static_cast<const uint8_t*>(p.table.data), p.table.n_bytes(),
-                        static_cast<uint8_t*>(d.ple.table->host()));
+            if (ple_from_file_) {
+                const std::optional<gguf::File::Location> at = file_->locate(p.table.data, p.table.n_bytes());
+                if (!at) throw Error(file_->path() + ": the PLE table is not in a file to read its rows from");
+                const int64_t window_rows = prompt_window_ * b.ple_shape.n_heads();
+                d.ple.hash = b.ple_shape;
+                d.ple.row_bytes = p.table.nb[1];
+                d.ple.reader = ple_reader_(
+                    {.path = at->path, .offset = at->offset, .row_bytes = p.table.nb[1], .n_rows = p.table.ne[1]},
+                    window_rows);
+                d.ple.rows_read.assign(static_cast<size_t>(window_rows) * p.table.nb[1], 0);
+                d.ple.staged_rows = std::make_unique<cuda::MappedHostBuffer>(d.ple.rows_read.size());
+            } else {
+                d.ple.table = std::make_unique<cuda::MappedHostBuffer>(p.table.n_bytes());
+                std::copy_n(static_cast<const uint8_t*>(p.table.data), p.table.n_bytes(),
+                            static_cast<uint8_t*>(d.ple.table->host()));
+            }
             d.ple.table_type = p.table.type;
             d.ple.table_rows = p.table.ne[1];
             ple_row_bytes_ = std::max(ple_row_bytes_, p.table.nb[1]);
@@ -178,27 +213,64 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
         read(output_hc_, w_.hidden, nullptr);
     }
 
+    // PLE rows from the file: every PLE block's rows of the window, hashed from the sequence's history and the
+    // window's tokens and read while the previous window may still run on the device; once the stream is idle (the
+    // previous window's copy out of the staging has run) they go into the pinned staging. Then the history moves
+    // past the window.
+    void prepare_window(CudaSequence& s, std::span<const int32_t> tokens) const override {
+        if (!ple_from_file_ || h_.ple_blocks.empty()) return;
+        const PleShape& p = h_.ple;
+        const int64_t T = static_cast<int64_t>(tokens.size()), n_heads = p.n_heads(), N = p.ngram;
+        STRATA_ASSERT(T <= prompt_window_ && static_cast<int64_t>(s.ple_history.size()) == N - 1);
+        ple_window_history_.resize(static_cast<size_t>(N - 1 + T));
+        std::copy(s.ple_history.begin(), s.ple_history.end(), ple_window_history_.begin());
+        std::copy(tokens.begin(), tokens.end(), ple_window_history_.begin() + (N - 1));
+        for (const BlockDevice& b : blocks_) {
+            if (!b.has_ple) continue;
+            // Token t's predecessors are the N - 1 entries before it in history + tokens.
+            for (int64_t t = 0; t < T; ++t)
+                ple_rows_into(b.ple.hash, ple_window_history_.data() + t, tokens[static_cast<size_t>(t)],
+                              ple_rows_.data() + t * n_heads);
+            b.ple.reader->fetch(std::span<const int64_t>(ple_rows_.data(), static_cast<size_t>(T * n_heads)),
+                                b.ple.rows_read.data());
+        }
+        ctx_->synchronize();
+        for (const BlockDevice& b : blocks_)
+            if (b.has_ple)
+                std::copy_n(b.ple.rows_read.data(), static_cast<size_t>(T * n_heads) * b.ple.row_bytes,
+                            static_cast<uint8_t*>(b.ple.staged_rows->host()));
+        std::copy(ple_window_history_.end() - (N - 1), ple_window_history_.end(), s.ple_history.begin());
+    }
+
     void ple_window(const PleDevice& w, LayerDeviceState& l, int64_t T) const {
         cuda::Context& ctx = *ctx_;
         const PleShape& p = h_.ple;  // the parts every PLE block shares; w holds this block's hash arrays
         const int64_t H = p.n_embd, hc = p.n_streams, HC = hc * H;
         mark(kPle);
-        cuda::ple_gather(ctx, {.ngram = p.ngram,
-                               .heads_per_ngram = p.heads_per_ngram,
-                               .eos = p.eos,
-                               .multipliers = w.multipliers,
-                               .offsets = w.offsets,
-                               .sizes = w.sizes,
-                               .table = w.table->device(),
-                               .table_type = w.table_type,
-                               .row_width = p.row_width,
-                               .table_rows = w.table_rows,
-                               .tokens = w_.tokens,
-                               .history = l.ple_tokens.as<int32_t>(),
-                               .n_tokens = T,
-                               .rows = w_.ple_rows,
-                               .staging = w_.ple_staging,
-                               .out = w_.ple_emb});
+        if (w.staged_rows)
+            cuda::ple_rows_from_host(ctx, {.host_rows = w.staged_rows->host(),
+                                           .table_type = w.table_type,
+                                           .row_width = p.row_width,
+                                           .n_rows = T * p.n_heads(),
+                                           .staging = w_.ple_staging,
+                                           .out = w_.ple_emb});
+        else
+            cuda::ple_gather(ctx, {.ngram = p.ngram,
+                                   .heads_per_ngram = p.heads_per_ngram,
+                                   .eos = p.eos,
+                                   .multipliers = w.multipliers,
+                                   .offsets = w.offsets,
+                                   .sizes = w.sizes,
+                                   .table = w.table->device(),
+                                   .table_type = w.table_type,
+                                   .row_width = p.row_width,
+                                   .table_rows = w.table_rows,
+                                   .tokens = w_.tokens,
+                                   .history = l.ple_tokens.as<int32_t>(),
+                                   .n_tokens = T,
+                                   .rows = w_.ple_rows,
+                                   .staging = w_.ple_staging,
+                                   .out = w_.ple_emb});
         cuda::matmul_shared_input(ctx, w_.ple_emb, T, {{w.key, w_.ple_key}, {w.value, w_.ple_value}});
         auto norm = [&](const float* x, float* out, const float* gamma) {
             cuda::rms_norm_grouped(ctx, {.x = x,
@@ -237,6 +309,9 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
     cuda::HyperConnectionDeviceWeights output_hc_;
     std::vector<BlockDevice> blocks_;
     size_t ple_row_bytes_ = 0;
+    PleRowSourceFactory ple_reader_;
+    mutable std::vector<int64_t> ple_rows_;            // a window's row ids, [T x n_heads]
+    mutable std::vector<int32_t> ple_window_history_;  // the history, then the window's tokens
 };
 
 }  // namespace

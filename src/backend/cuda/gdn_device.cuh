@@ -17,10 +17,12 @@ namespace strata::cuda::kernels {
 // operations of cpu::causal_conv_step as the host compiler emits them for any x86-64 with FMA (its x86-64-v3/v4
 // clones: GCC contracts `out += w * in` in C++ mode): the current input's product rounded, then one fused
 // multiply-add per tap from the oldest row.
-__device__ __forceinline__ void causal_conv_channel(const ConvWindowArgs& a, int64_t c) {
+// causal_conv_outputs does the outputs of tokens [first, end) alone (the history left as it is), and
+// causal_conv_history the new history alone, after every output has read the old one.
+__device__ __forceinline__ void causal_conv_outputs(const ConvWindowArgs& a, int64_t c, int64_t first, int64_t end) {
     const int64_t K = a.kernel, C = a.channels, H = (K - 1) * a.dilation;
     const float* w = a.w + c * K;
-    for (int64_t t = 0; t < a.n_tokens; ++t) {
+    for (int64_t t = first; t < end; ++t) {
         float acc = __fmul_rn(w[K - 1], a.x[t * a.x_stride + c]);  // _rn: never contracted with the first tap
         for (int64_t j = 0; j < K - 1; ++j) {
             const int64_t m = (K - 1 - j) * a.dilation;
@@ -29,13 +31,22 @@ __device__ __forceinline__ void causal_conv_channel(const ConvWindowArgs& a, int
         }
         a.out[t * a.out_stride + c] = acc;
     }
-    // Row r of the new history is time T - H + r: from x inside the window, else the old row r + T (ascending r only
-    // reads rows not yet rewritten).
+}
+
+// Row r of the new history is time T - H + r: from x inside the window, else the old row r + T (ascending r only
+// reads rows not yet rewritten).
+__device__ __forceinline__ void causal_conv_history(const ConvWindowArgs& a, int64_t c) {
+    const int64_t K = a.kernel, C = a.channels, H = (K - 1) * a.dilation;
     const int64_t T = a.n_tokens;
     for (int64_t r = 0; r < H; ++r) {
         const int64_t time = T - H + r;
         a.history[r * C + c] = time >= 0 ? a.x[time * a.x_stride + c] : a.history[(r + T) * C + c];
     }
+}
+
+__device__ __forceinline__ void causal_conv_channel(const ConvWindowArgs& a, int64_t c) {
+    causal_conv_outputs(a, c, 0, a.n_tokens);
+    causal_conv_history(a, c);
 }
 
 // One q or k head of head_dim values at x, by one warp: silu, then cpu::l2_norm (sum of squares in double), then for

@@ -284,8 +284,10 @@ TEST_P(CudaMatmul, SharedInputProductsEqualSeparateProducts) {
         const cuda::DeviceBuffer a0 = out(rows[0]), a1 = out(rows[1]), a2 = out(rows[2]), a3 = out(40);
         const cuda::DeviceBuffer b0 = out(rows[0]), b1 = out(rows[1]), b2 = out(rows[2]), b3 = out(40);
         cuda::matmul_shared_input(ctx, dx.as<float>(), tokens,
-                                  {{&dev_w[0], a0.as<float>()}, {&dev_w[1], a1.as<float>()},
-                                   {&dev_w[2], a2.as<float>()}, {&q8, a3.as<float>()}});
+                                  {{&dev_w[0], a0.as<float>()},
+                                   {&dev_w[1], a1.as<float>()},
+                                   {&dev_w[2], a2.as<float>()},
+                                   {&q8, a3.as<float>()}});
         const cuda::DeviceBuffer* alone[] = {&b0, &b1, &b2};
         for (size_t i = 0; i < 3; ++i)
             cuda::matmul(ctx, {.w = dev_w[i], .x = dx.as<float>(), .y = alone[i]->as<float>(), .n_tokens = tokens});

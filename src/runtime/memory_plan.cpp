@@ -110,9 +110,10 @@ uint64_t matmul_scratch(const gguf::TensorInfo& w, int64_t tokens) {
         const int64_t splits = gemm_splits(rows, in, tokens);
         const uint64_t own = round256(n_act * 2) + round256(u(tokens) * 4) +
                              (splits > 1 ? round256(u(splits * rows * tokens) * 4) : 0);
-        // From kBlasMinTokens cuBLAS may take it: the window's fp16 activations, its scales, the fp16 weights.
+        // From kBlasMinTokens cuBLAS may take it: the window's fp16 activations, its scale (alpha, beta, up and the
+        // 1,024 blocks' maxima of matmul.cu's kWindowMaxBlocks), the fp16 weights.
         const uint64_t blas =
-            tokens >= kBlasMinTokens ? round256(n_act * 2) + 256 + round256(u(rows * in) * 2) : 0;
+            tokens >= kBlasMinTokens ? round256(n_act * 2) + round256((4 + 1024) * 4) + round256(u(rows * in) * 2) : 0;
         return total + std::max(own, blas);
     }
     const int64_t panel_rows =

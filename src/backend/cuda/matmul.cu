@@ -690,6 +690,26 @@ void matmul(Context& ctx, const MatmulArgs& a) {
         return;
     }
 
+    // F32 weights in a long window (the routers, 3% of a Flash-Next prompt in the own f32 GEMM): cuBLAS's f32 GEMM
+    // on the weights as they are (full f32 products, no TF32; only the order of the sums differs).
+    if (w.type == DType::F32 && ctx.blas_products() && tokens >= kBlasMinTokens && w.nb[1] % 4 == 0) {
+        const float one = 1.0f, zero = 0.0f;
+        // The handle reads alpha and beta from device memory everywhere else: host scalars for this call alone.
+        struct HostScalars {
+            cublasHandle_t handle;
+            explicit HostScalars(cublasHandle_t h) : handle(h) {
+                check_blas(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
+            }
+            ~HostScalars() { (void)cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_DEVICE); }
+        } host_scalars(ctx.blas().get());
+        check_blas(cublasGemmEx(ctx.blas().get(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows),
+                                static_cast<int>(tokens), static_cast<int>(in), &one, w.data, CUDA_R_32F,
+                                static_cast<int>(w.nb[1] / 4), a.x, CUDA_R_32F, static_cast<int>(in), &zero, a.y,
+                                CUDA_R_32F, static_cast<int>(rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "cublasGemmEx (f32)");
+        return;
+    }
+
     // Float weights: converted to f32 panels (fp16 tiles would round F32 and BF16 weights; these matrices are small).
     const int64_t panel_rows = layout.panel_rows;
     auto* panel = reinterpret_cast<float*>(scratch + q_bytes + d_bytes + s_bytes + x_bytes + layout.token_scale);

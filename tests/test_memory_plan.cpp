@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "format/gguf.h"
 #include "runtime/memory_plan.h"
+#include "runtime/stage_plan.h"
 #include "test_util.h"
 
 namespace strata {
@@ -431,6 +432,94 @@ TEST(MemoryPlan, InfoPrintsThePlanWithoutAGpu) {
     testing::expect_user_error(
         run_strata("generate --model " + shell_quote(mid_path()) + " --tokens '1 2' -n 2 --ram-budget 1G"),
         "apply to --backend cuda only");
+}
+
+// A split over cards (runtime/stage_plan.h, issue 29): each stage's dense weights are its blocks' tensors, the token
+// table on the first and output* on the last, summed here by name; the stages' expert slots and states are the
+// whole model's, layer for layer; the blocks cover the trunk once, in order.
+TEST(StagePlan, StagesHoldTheirOwnBlocksAndAddUpToTheWholeModel) {
+    const std::string path = mid_variant("mid_split.gguf", /*mtp=*/true, false);
+    const auto f = gguf::File::open(path);
+    const MemoryPlanInputs card{
+        .vram_budget = 64 * kGiB, .ram_budget = 1024 * kGiB, .prompt_chunk = strata::kDefaultPromptChunk};
+    const MemoryPlan whole = plan_device_memory(*f, card);
+    const std::vector<StagePlan> stages = plan_stages(*f, parse_stage_split("6,10"), {card, card});
+    ASSERT_EQ(stages.size(), 2u);
+    EXPECT_EQ(stages[0].first_block, 0);
+    EXPECT_EQ(stages[0].end_block, 6);
+    EXPECT_EQ(stages[1].first_block, 6);
+    EXPECT_EQ(stages[1].end_block, 16);
+    uint64_t dense[2] = {0, 0};
+    for (const gguf::TensorInfo& t : f->tensors()) {
+        const int64_t block = t.name.rfind("blk.", 0) == 0 ? std::stoll(t.name.substr(4)) : -1;
+        if (t.name == "per_layer_token_embd.weight" || block >= 16 || t.name.find("_exps") != std::string::npos)
+            continue;
+        const int stage = block >= 0 ? (block < 6 ? 0 : 1) : t.name == "token_embd.weight" ? 0 : 1;
+        dense[stage] += booked(shape_bytes(t));
+    }
+    EXPECT_EQ(line(stages[0].plan, "dense weights"), dense[0]);
+    EXPECT_EQ(line(stages[1].plan, "dense weights"), dense[1]);
+    EXPECT_EQ(dense[0] + dense[1], line(whole, "dense weights"));
+    const Roles r = roles(*f);
+    EXPECT_EQ(stages[0].plan.expert_bytes, std::vector<uint64_t>(r.per_layer.begin(), r.per_layer.begin() + 6));
+    EXPECT_EQ(stages[1].plan.expert_bytes, std::vector<uint64_t>(r.per_layer.begin() + 6, r.per_layer.end()));
+    // mid's attention blocks are 3, 7, 11 and 15 (every 4th): one KV cache on the first stage, three on the second.
+    EXPECT_EQ(line(stages[0].plan, "KV cache") * 3, line(stages[1].plan, "KV cache"));
+    EXPECT_EQ(line(stages[0].plan, "KV cache") + line(stages[1].plan, "KV cache"), line(whole, "KV cache"));
+    EXPECT_EQ(line(stages[0].plan, "GDN conv") + line(stages[1].plan, "GDN conv"), line(whole, "GDN conv"));
+    // The PLE block (block 2 of mid) and its table go with the first stage; the MTP block with the last.
+    EXPECT_TRUE(has_line(stages[0].plan, "PLE table"));
+    EXPECT_FALSE(has_line(stages[1].plan, "PLE table"));
+    EXPECT_FALSE(has_line(stages[0].plan, "MTP blocks"));
+    EXPECT_EQ(line(stages[1].plan, "MTP blocks"), r.mtp);
+    const std::string table = stages_table(stages);
+    EXPECT_NE(table.find("stage 0: blocks 0-5 and the token table\n"), std::string::npos) << table;
+    EXPECT_NE(table.find("stage 1: blocks 6-15 and the head\n"), std::string::npos) << table;
+}
+
+// "auto" cuts where each card's share of the weights comes closest to its share of the budgets: equal cards take
+// halves, a card with three times the budget about three quarters; a card too small for its stage is an error
+// naming the stage.
+TEST(StagePlan, AutomaticSplitFollowsTheBudgets) {
+    const auto f = gguf::File::open(mid_path());
+    const MemoryPlanInputs small{.vram_budget = 4 * kGiB, .ram_budget = 1024 * kGiB};
+    MemoryPlanInputs large = small;
+    large.vram_budget = 12 * kGiB;
+    const auto blocks = [](const std::vector<StagePlan>& s) {
+        std::vector<int64_t> n;
+        for (const StagePlan& p : s) n.push_back(p.end_block - p.first_block);
+        return n;
+    };
+    const std::vector<int64_t> even = blocks(plan_stages(*f, parse_stage_split("auto"), {small, small}));
+    ASSERT_EQ(even.size(), 2u);
+    EXPECT_NEAR(static_cast<double>(even[0]), 8.0, 1.0);
+    EXPECT_EQ(even[0] + even[1], 16);
+    const std::vector<int64_t> uneven = blocks(plan_stages(*f, parse_stage_split("auto"), {small, large}));
+    EXPECT_NEAR(static_cast<double>(uneven[1]), 12.0, 1.0);
+    const std::vector<int64_t> three = blocks(plan_stages(*f, parse_stage_split("auto"), {small, small, small}));
+    EXPECT_EQ(three.size(), 3u);
+    for (const int64_t n : three) EXPECT_NEAR(static_cast<double>(n), 16.0 / 3, 1.0);
+
+    MemoryPlanInputs tiny = small;
+    tiny.vram_budget = 300 * kMiB;
+    expect_error([&] { (void)plan_stages(*f, parse_stage_split("8,8"), {small, tiny}); }, "stage 1 (blocks 8-15)");
+    expect_error([&] { (void)plan_stages(*f, parse_stage_split("8,7"), {small, small}); }, "places 15 blocks");
+    expect_error([&] { (void)plan_stages(*f, parse_stage_split("8,4,4"), {small, small}); }, "3 stages for 2 cards");
+    expect_error([&] { (void)plan_stages(*f, parse_stage_split("auto"), {small}); }, "two cards");
+    for (const char* bad : {"", "8", "8,", ",8", "8,0", "8,x", "-1,17", "auto,8"})
+        expect_error([&] { (void)parse_stage_split(bad); }, "--split expects");
+    // One host for both cards: what the first stage pins (the PLE table, its experts) is not the second's to pin.
+    MemoryPlanInputs short_ram = small;
+    short_ram.vram_budget = 1 * kGiB;
+    const std::vector<StagePlan> pinned = plan_stages(*f, parse_stage_split("8,8"), {short_ram, short_ram});
+    EXPECT_EQ(pinned[1].plan.ram_budget, pinned[0].plan.ram_budget - pinned[0].plan.pinned_total());
+    EXPECT_GT(pinned[0].plan.pinned_total(), 0u);
+    const testing::ShellRun ok =
+        run_strata("info " + shell_quote(mid_path()) + " --split auto --vram-budget 4G,4G --ram-budget 64G");
+    ASSERT_EQ(ok.status, 0) << ok.err;
+    EXPECT_NE(ok.out.find("stage 1: blocks "), std::string::npos) << ok.out;
+    testing::expect_user_error(run_strata("info " + shell_quote(mid_path()) + " --split 8,8 --vram-budget 4G"),
+                               "two cards");
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "format/gguf.h"
 #include "model/model.h"
 #include "runtime/memory_plan.h"
+#include "runtime/stage_plan.h"
 
 namespace strata::app {
 
@@ -188,7 +189,7 @@ int run_info(const Args& args) {
     // The CUDA plan needs no GPU: it is worked out for a card of --vram-budget (people plan a purchase with it), not
     // for the device this machine may have.
     if (args.has("--vram-budget") || args.has("--ram-budget") || args.has("--kv-cache") || args.has("--qsa-union") ||
-        args.has("--prompt-chunk")) {
+        args.has("--prompt-chunk") || args.has("--split")) {
         MemoryPlanInputs in{.n_ctx = n_ctx,
                             .qsa_union = args.has("--qsa-union"),
                             .prompt_chunk = args.get_int("--prompt-chunk", kMinPromptChunk, kMaxPromptChunk).value_or(0)};
@@ -201,13 +202,33 @@ int run_info(const Args& args) {
                             "'");
             return size;
         };
-        const auto vram = size_flag("--vram-budget", "12G");
-        if (!vram) throw Error("info: the CUDA memory plan needs --vram-budget SIZE (e.g. 12G)");
-        in.vram_budget = *vram;
         in.ram_budget = size_flag("--ram-budget", "64G");
         if (args.has("--kv-cache"))
             in.kv_cache =
                 args.get_choice("--kv-cache", {"f16", "int8"}) == "int8" ? KvCacheType::Int8 : KvCacheType::F16;
+        if (const auto split = args.get("--split")) {
+            // One budget a card: --vram-budget 12G,24G (each card's plan; the RAM budget is each stage's as well).
+            const StageSplit stages = parse_stage_split(*split);
+            const std::string budgets = args.get("--vram-budget").value_or("");
+            std::vector<MemoryPlanInputs> cards;
+            for (size_t start = 0; start <= budgets.size();) {
+                const size_t comma = std::min(budgets.find(',', start), budgets.size());
+                const std::string one = budgets.substr(start, comma - start);
+                const auto size = parse_size(one);
+                if (!size || *size < (uint64_t{1} << 20))
+                    throw Error("info --split: --vram-budget expects one size a card, like 12G,12G, got '" + budgets +
+                                "'");
+                cards.push_back(in);
+                cards.back().vram_budget = *size;
+                start = comma + 1;
+            }
+            std::fflush(stdout);
+            std::printf("%s", stages_table(plan_stages(*file, stages, cards)).c_str());
+            return 0;
+        }
+        const auto vram = size_flag("--vram-budget", "12G");
+        if (!vram) throw Error("info: the CUDA memory plan needs --vram-budget SIZE (e.g. 12G)");
+        in.vram_budget = *vram;
         std::fflush(stdout);  // what is printed so far stays in front of an error
         std::printf("%s", plan_device_memory(*file, in).table().c_str());
     }
@@ -222,8 +243,8 @@ Command info_command() {
             {
                 .name = "info",
                 .summary = "show a GGUF's metadata, tensors, vocabulary and memory plan for this machine",
-                .usage = "strata info FILE.gguf [--ctx N] [--vram-budget SIZE [--ram-budget SIZE] [--kv-cache TYPE] "
-                         "[--qsa-union] [--prompt-chunk N]]",
+                .usage = "strata info FILE.gguf [--ctx N] [--vram-budget SIZE[,SIZE...] [--split auto|K1,K2,...] "
+                         "[--ram-budget SIZE] [--kv-cache TYPE] [--qsa-union] [--prompt-chunk N]]",
                 .flags =
                     {
                         {"--model", "FILE.gguf", "the file (instead of the positional FILE)"},
@@ -237,6 +258,9 @@ Command info_command() {
                         {"--kv-cache", "TYPE", "the CUDA plan's KV cache storage: f16 (default) or int8"},
                         {"--qsa-union", "", "the CUDA plan includes the workspace of --qsa-union"},
                         {"--prompt-chunk", "N", "the CUDA plan's prompt window in tokens (default 512)"},
+                        {"--split", "auto|K1,K2,...",
+                         "plan the trunk split over several cards, one --vram-budget each (e.g. 12G,12G): auto by "
+                         "the budgets, or K_i blocks on card i (the plan only: running a split is not built yet)"},
                     },
                 .positional_name = "FILE.gguf",
                 .notes = "For a split model, give any of its NAME-0000i-of-0000n.gguf files. With --vram-budget, "

@@ -21,4 +21,17 @@ inline bool is_ple_table(std::string_view name) {
     return name == base || (name.starts_with("blk.") && name.ends_with(std::string(".") + std::string(base)));
 }
 
+// "blk.N.*" -> N; -1 for any other name.
+inline int64_t block_of(std::string_view name) {
+    if (!name.starts_with("blk.")) return -1;
+    const size_t dot = name.find('.', 4);
+    if (dot == std::string_view::npos || dot == 4) return -1;
+    int64_t n = 0;
+    for (size_t i = 4; i < dot; ++i) {
+        if (name[i] < '0' || name[i] > '9') return -1;
+        n = n * 10 + (name[i] - '0');
+    }
+    return n;
+}
+
 }  // namespace strata

@@ -147,19 +147,6 @@ bool cuda_matmul_type(DType t) {
     }
 }
 
-// "blk.N." -> N; -1 for any other name.
-int64_t block_of(const std::string& name) {
-    if (name.rfind("blk.", 0) != 0) return -1;
-    const size_t dot = name.find('.', 4);
-    if (dot == std::string::npos || dot == 4) return -1;
-    int64_t n = 0;
-    for (size_t i = 4; i < dot; ++i) {
-        if (name[i] < '0' || name[i] > '9') return -1;
-        n = n * 10 + (name[i] - '0');
-    }
-    return n;
-}
-
 bool is_routed_expert(const std::string& name) {
     return name.find("_exps") != std::string::npos;
 }
@@ -179,6 +166,10 @@ struct Shapes {
     const gguf::TensorInfo* token_embd = nullptr;
     const gguf::TensorInfo* output = nullptr;  // the head: output.weight, or token_embd when they are tied
     int64_t prompt_window = kDefaultPromptChunk;  // tokens of a prompt window
+    // A stage of a split (MemoryPlanInputs::first_block): its blocks are the file's first_block ..
+    // first_block + n_layer - 1 (the per-block vectors above cover these alone); n_trunk counts the file's.
+    int64_t first_block = 0, n_trunk = 0;
+    bool holds_embedding = true, holds_head = true;
 };
 
 Shapes read_shapes(const gguf::File& file) {
@@ -218,6 +209,27 @@ Shapes read_shapes(const gguf::File& file) {
                     "qwen35moe, qwen3next)");
     }
     s.ratio.resize(s.recurrent.size(), 0);
+    s.n_trunk = s.n_layer;
+    return s;
+}
+
+// The stage of blocks [first, end) alone: its blocks' shapes, its PLE blocks renumbered from its first; the token
+// table on the stage of block 0, the head on the stage of the last block.
+Shapes stage_shapes(Shapes s, int64_t first, int64_t end) {
+    if (first < 0 || end > s.n_layer || first >= end)
+        throw Error("blocks " + std::to_string(first) + ".." + std::to_string(end - 1) + " are not a stage of this " +
+                    std::to_string(s.n_layer) + "-block model");
+    const auto from = s.recurrent.begin() + first, to = s.recurrent.begin() + end;
+    s.recurrent = std::vector<bool>(from, to);
+    s.ratio = std::vector<int64_t>(s.ratio.begin() + first, s.ratio.begin() + end);
+    std::vector<int64_t> ple;
+    for (const int64_t b : s.ple_blocks)
+        if (b >= first && b < end) ple.push_back(b - first);
+    s.ple_blocks = ple;
+    s.first_block = first;
+    s.n_layer = end - first;
+    s.holds_embedding = first == 0;
+    s.holds_head = end == s.n_trunk;
     return s;
 }
 
@@ -428,14 +440,23 @@ TensorTotals classify(const gguf::File& file, const Shapes& s) {
     const int64_t E = std::max<int64_t>(s.moe.n_expert, 1);
     for (const gguf::TensorInfo& info : file.tensors()) {
         if (is_ple_table(info.name)) {
-            t.ple += info.n_bytes;
+            if (!s.ple_blocks.empty()) t.ple += info.n_bytes;  // a stage without PLE blocks reads no table
             continue;
         }
-        if (is_mtp_block_tensor(info.name, s.n_layer)) {
-            t.mtp += info.n_bytes;
+        if (is_mtp_block_tensor(info.name, s.n_trunk)) {
+            if (s.holds_head) t.mtp += info.n_bytes;
             continue;
         }
-        const int64_t block = block_of(info.name);
+        const int64_t file_block = block_of(info.name);
+        const int64_t block = file_block < 0 ? -1 : file_block - s.first_block;
+        if (file_block >= 0 && (block < 0 || block >= s.n_layer)) continue;  // another stage's block
+        if (file_block < 0) {
+            // The token table goes with block 0 (and with the head where they are tied), output* with the head.
+            const bool embedding = &info == s.token_embd, head = &info == s.output || info.name.rfind("output", 0) == 0;
+            if (!((embedding && s.holds_embedding) || (head && s.holds_head) ||
+                  (!embedding && !head && s.holds_embedding)))
+                continue;
+        }
         if (is_routed_expert(info.name) && block >= 0 && block < s.n_layer) {
             t.experts += info.n_bytes;
             t.experts_uploaded += booked(info.n_bytes);
@@ -457,7 +478,7 @@ TensorTotals classify(const gguf::File& file, const Shapes& s) {
     // cuBLAS's workspace, booked when the prompt window reaches it (backend/cuda/blas.h).
     if (s.prompt_window >= kBlasMinTokens) t.matmul_scratch += booked(kBlasWorkspaceBytes);
     for (int64_t il = 0; il < s.n_layer; ++il) {
-        const std::string p = "blk." + std::to_string(il) + ".";
+        const std::string p = "blk." + std::to_string(s.first_block + il) + ".";
         auto type_of = [&](const char* name, DType fallback) {
             const gguf::TensorInfo* ti = file.find_tensor(p + name);
             return ti ? ti->type : fallback;
@@ -564,6 +585,8 @@ MemoryPlan plan_device_memory(const gguf::File& file, const MemoryPlanInputs& in
         throw Error("a prompt window of " + std::to_string(in.prompt_chunk) + " tokens is outside " +
                     std::to_string(kMinPromptChunk) + ".." + std::to_string(kMaxPromptChunk));
     Shapes s = read_shapes(file);
+    if (in.first_block != 0 || in.end_block != 0)
+        s = stage_shapes(s, in.first_block, in.end_block == 0 ? s.n_layer : in.end_block);
     if (in.prompt_chunk) s.prompt_window = in.prompt_chunk;
     TensorTotals t = classify(file, s);
     const int sms = in.device ? in.device->multiprocessors : 0;

@@ -51,6 +51,11 @@ struct MemoryPlanInputs {
     bool qsa_union = false;  // --qsa-union: each sequence also holds the union kernel's workspace
     int64_t prompt_chunk = 0;  // --prompt-chunk: tokens of a prompt window (0: the plan chooses)
     std::optional<DeviceMemory> device;
+    // One stage of a split over several GPUs (issue 29; runtime/stage_plan.h): the trunk blocks [first_block,
+    // end_block) alone (end_block 0: to the last), the token table where block 0 is, the head and the MTP block
+    // where the last block is. Each stage has its own window buffers, workspaces and expert cache.
+    int64_t first_block = 0;
+    int64_t end_block = 0;
 };
 
 // The row cache of PLE tables read from the file (all PLE blocks together, at most the tables' size): ~3M of

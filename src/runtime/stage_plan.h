@@ -1,0 +1,42 @@
+// A model's trunk split over several GPUs (issue 29; DESIGN.md section 9): contiguous ranges of blocks, one stage a
+// card, the token table on the first and the head (and MTP block) on the last; each stage is planned as its own card
+// (runtime/memory_plan.h with first_block / end_block): its dense weights, KV and states, window buffers and an
+// expert cache for its own layers. Plain arithmetic over the file like the one-card plan, so `strata info FILE
+// --split auto --vram-budget 12G,12G` prints it on a machine without GPUs. What a split runs on (one CUDA context,
+// stream and graph a stage, the residual handed on per window) is not built yet; this is the plan alone.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/memory_plan.h"
+
+namespace strata {
+
+// --split: "auto" (blocks placed by each card's budget) or "K1,K2,...": K_i blocks on card i, in order.
+struct StageSplit {
+    bool automatic = true;
+    std::vector<int64_t> blocks;  // when !automatic: blocks a stage, at least 1 each
+};
+// Throws a one-line Error for anything else (empty parts, zero, non-numbers, a single stage).
+StageSplit parse_stage_split(std::string_view text);
+
+struct StagePlan {
+    int64_t first_block = 0, end_block = 0;  // the file's trunk blocks [first_block, end_block)
+    MemoryPlan plan;
+};
+
+// One MemoryPlanInputs a card (its budget; first_block / end_block are set here; the first card's RAM budget is the
+// host's, which the stages share: each may pin what the stages before it left). "auto" cuts the blocks where each
+// card's share of the weights (its blocks' tensors, the token table on the first, the head on the last) comes
+// closest to its share of the budgets. A split whose block counts do not add up to the trunk, or a stage that does not
+// fit its card, is a one-line Error naming the stage.
+std::vector<StagePlan> plan_stages(const gguf::File& file, const StageSplit& split,
+                                   const std::vector<MemoryPlanInputs>& cards);
+
+// The stages' plans one after another, each under a line "stage i: blocks a-b".
+std::string stages_table(const std::vector<StagePlan>& stages);
+
+}  // namespace strata

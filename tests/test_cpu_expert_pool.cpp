@@ -25,36 +25,8 @@
 #include "model/moe.h"
 #include "model/scratch.h"
 #include "runtime/cpu_expert_pool.h"
+#include "count_allocations.h"
 #include "test_util.h"
-
-// Every allocation of the process, counted (aligned new is not routed here; nothing in the pool uses it). g++ sees
-// the replaced operators inlined at their call sites and takes malloc / free for a mismatch there.
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-namespace {
-std::atomic<int64_t> g_allocations{0};
-}  // namespace
-void* operator new(size_t n) {
-    g_allocations.fetch_add(1, std::memory_order_relaxed);
-    if (void* p = std::malloc(n ? n : 1)) return p;
-    throw std::bad_alloc();
-}
-void* operator new[](size_t n) {
-    g_allocations.fetch_add(1, std::memory_order_relaxed);
-    if (void* p = std::malloc(n ? n : 1)) return p;
-    throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept {
-    std::free(p);
-}
-void operator delete[](void* p) noexcept {
-    std::free(p);
-}
-void operator delete(void* p, size_t) noexcept {
-    std::free(p);
-}
-void operator delete[](void* p, size_t) noexcept {
-    std::free(p);
-}
 
 namespace strata {
 namespace {

@@ -20,24 +20,8 @@
 
 #include "core/error.h"
 #include "runtime/ple_row_reader.h"
+#include "count_allocations.h"
 #include "test_util.h"
-
-// Every allocation of the process, counted (as in test_cpu_expert_pool.cpp).
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-namespace {
-std::atomic<int64_t> g_allocations{0};
-}  // namespace
-void* operator new(size_t n) {
-    g_allocations.fetch_add(1, std::memory_order_relaxed);
-    if (void* p = std::malloc(n ? n : 1)) return p;
-    throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept {
-    std::free(p);
-}
-void operator delete(void* p, size_t) noexcept {
-    std::free(p);
-}
 
 using namespace strata;
 namespace fs = std::filesystem;

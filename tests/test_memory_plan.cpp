@@ -500,6 +500,31 @@ TEST(StagePlan, AutomaticSplitFollowsTheBudgets) {
     EXPECT_EQ(three.size(), 3u);
     for (const int64_t n : three) EXPECT_NEAR(static_cast<double>(n), 16.0 / 3, 1.0);
 
+    // Where the experts do not all fit, no cut holds a larger share of any layer's experts in the worst-served layer
+    // than auto's (each card keeps its own reserve and workspaces, which a cut by the weights alone does not see).
+    const auto worst_share = [](const std::vector<StagePlan>& stages) {
+        double worst = 1.0;
+        for (const StagePlan& st : stages)
+            for (const int64_t slots : st.plan.cache_slots) worst = std::min(worst, slots / 64.0);
+        return worst;
+    };
+    MemoryPlanInputs card_a = small, card_b = small;
+    card_a.vram_budget = 900 * kMiB;
+    card_b.vram_budget = 1 * kGiB;
+    const std::vector<StagePlan> tight = plan_stages(*f, parse_stage_split("auto"), {card_a, card_b});
+    ASSERT_FALSE(tight[0].plan.experts_in_vram || tight[1].plan.experts_in_vram);
+    const double auto_share = worst_share(tight);
+    for (int64_t k = 1; k < 16; ++k) {
+        std::vector<StagePlan> other;
+        try {
+            other =
+                plan_stages(*f, parse_stage_split(std::to_string(k) + "," + std::to_string(16 - k)), {card_a, card_b});
+        } catch (const Error&) {
+            continue;  // a stage that does not fit its card
+        }
+        EXPECT_GE(auto_share, worst_share(other)) << "split " << k << "," << 16 - k;
+    }
+
     MemoryPlanInputs tiny = small;
     tiny.vram_budget = 300 * kMiB;
     expect_error([&] { (void)plan_stages(*f, parse_stage_split("8,8"), {small, tiny}); }, "stage 1 (blocks 8-15)");

@@ -74,31 +74,11 @@ std::vector<int64_t> automatic_split(const gguf::File& file, int64_t n_trunk, co
 
 }  // namespace
 
-std::vector<StagePlan> plan_stages(const gguf::File& file, const StageSplit& split,
+namespace {
+
+// Each stage planned as its own card; the first card's RAM budget is the host's, which the stages share.
+std::vector<StagePlan> plan_counts(const gguf::File& file, const std::vector<int64_t>& counts,
                                    const std::vector<MemoryPlanInputs>& cards) {
-    if (cards.size() < 2) throw Error("a split needs two cards or more (one --vram-budget each)");
-    int64_t n_all = 0;
-    const int64_t n_trunk = read_hybrid_info(file, &n_all).n_layer;
-    if (static_cast<int64_t>(cards.size()) > n_trunk)
-        throw Error("a split over " + std::to_string(cards.size()) + " cards needs as many blocks; this model has " +
-                    std::to_string(n_trunk));
-    std::vector<int64_t> counts = split.blocks;
-    if (split.automatic) {
-        std::vector<uint64_t> budgets;
-        for (const MemoryPlanInputs& c : cards) {
-            const uint64_t b = c.vram_budget > 0 ? c.vram_budget : c.device ? c.device->free_bytes : 0;
-            if (b == 0) throw Error("--split auto needs each card's VRAM budget (--vram-budget A,B,...)");
-            budgets.push_back(b);
-        }
-        counts = automatic_split(file, n_trunk, budgets);
-    }
-    if (counts.size() != cards.size())
-        throw Error("--split names " + std::to_string(counts.size()) + " stages for " + std::to_string(cards.size()) +
-                    " cards");
-    int64_t sum = 0;
-    for (const int64_t n : counts) sum += n;
-    if (sum != n_trunk)
-        throw Error("--split places " + std::to_string(sum) + " blocks, this model has " + std::to_string(n_trunk));
     std::vector<StagePlan> stages;
     int64_t first = 0;
     uint64_t pinned = 0;  // the cards share one host: each stage may pin what the stages before it left
@@ -118,6 +98,82 @@ std::vector<StagePlan> plan_stages(const gguf::File& file, const StageSplit& spl
         first = in.end_block;
     }
     return stages;
+}
+
+// The share of its layers' experts the worst-served stage could keep in VRAM (1 where all fit): what its expert cache
+// and the budget left beside it would hold, in slots of one expert in every layer, over the experts a layer. With
+// uniform routing, the share of the routing mass its cache holds. Fractional, so that a move which does not yet gain a
+// whole slot still counts.
+double cached_share(const std::vector<StagePlan>& stages) {
+    double worst = 1.0;
+    for (const StagePlan& s : stages) {
+        const MemoryPlan& p = s.plan;
+        if (p.experts_in_vram || p.n_expert == 0) continue;
+        uint64_t cache = 0, row = 0;
+        for (const PlanLine& l : p.lines)
+            if (l.place == PlanPlace::Vram && l.what.starts_with("expert cache")) cache += l.bytes;
+        for (const uint64_t b : p.expert_bytes) row += b;
+        if (row == 0) continue;
+        const double room = static_cast<double>(cache + (p.vram_budget - std::min(p.vram_budget, p.vram_total())));
+        worst = std::min(worst, room / static_cast<double>(row) / static_cast<double>(p.n_expert));
+    }
+    return worst;
+}
+
+}  // namespace
+
+std::vector<StagePlan> plan_stages(const gguf::File& file, const StageSplit& split,
+                                   const std::vector<MemoryPlanInputs>& cards) {
+    if (cards.size() < 2) throw Error("a split needs two cards or more (one --vram-budget each)");
+    int64_t n_all = 0;
+    const int64_t n_trunk = read_hybrid_info(file, &n_all).n_layer;
+    if (static_cast<int64_t>(cards.size()) > n_trunk)
+        throw Error("a split over " + std::to_string(cards.size()) + " cards needs as many blocks; this model has " +
+                    std::to_string(n_trunk));
+    std::vector<int64_t> counts = split.blocks;
+    if (split.automatic) {
+        std::vector<uint64_t> budgets;
+        for (const MemoryPlanInputs& c : cards) {
+            const uint64_t b = c.vram_budget > 0 ? c.vram_budget : c.device ? c.device->free_bytes : 0;
+            if (b == 0) throw Error("--split auto needs each card's VRAM budget (--vram-budget A,B,...)");
+            budgets.push_back(b);
+        }
+        counts = automatic_split(file, n_trunk, budgets);
+        // Then blocks move across the cuts while that raises the worst-served layer's share of cached experts (each
+        // card keeps its own reserve, windows and workspaces, which a cut by weights alone does not see).
+        auto score = [&](const std::vector<int64_t>& c) {
+            try {
+                return cached_share(plan_counts(file, c, cards));
+            } catch (const Error&) {
+                return -1.0;
+            }
+        };
+        double best = score(counts);
+        for (bool moved = true; moved;) {
+            moved = false;
+            for (size_t b = 0; b + 1 < counts.size(); ++b)
+                for (const int64_t step : {int64_t{1}, int64_t{-1}}) {
+                    std::vector<int64_t> c = counts;
+                    c[b] -= step;
+                    c[b + 1] += step;
+                    if (c[b] < 1 || c[b + 1] < 1) continue;
+                    const double s = score(c);
+                    if (s > best) {
+                        best = s;
+                        counts = c;
+                        moved = true;
+                    }
+                }
+        }
+    }
+    if (counts.size() != cards.size())
+        throw Error("--split names " + std::to_string(counts.size()) + " stages for " + std::to_string(cards.size()) +
+                    " cards");
+    int64_t sum = 0;
+    for (const int64_t n : counts) sum += n;
+    if (sum != n_trunk)
+        throw Error("--split places " + std::to_string(sum) + " blocks, this model has " + std::to_string(n_trunk));
+    return plan_counts(file, counts, cards);
 }
 
 std::string stages_table(const std::vector<StagePlan>& stages) {

@@ -31,8 +31,9 @@ struct StagePlan {
 // One MemoryPlanInputs a card (its budget; first_block / end_block are set here; the first card's RAM budget is the
 // host's, which the stages share: each may pin what the stages before it left). "auto" cuts the blocks where each
 // card's share of the weights (its blocks' tensors, the token table on the first, the head on the last) comes
-// closest to its share of the budgets. A split whose block counts do not add up to the trunk, or a stage that does not
-// fit its card, is a one-line Error naming the stage.
+// closest to its share of the budgets, then moves blocks across the cuts while that raises the smallest share of a
+// layer's experts any stage's cache holds (with uniform routing, its share of the routing mass). A split whose block
+// counts do not add up to the trunk, or a stage that does not fit its card, is a one-line Error naming the stage.
 std::vector<StagePlan> plan_stages(const gguf::File& file, const StageSplit& split,
                                    const std::vector<MemoryPlanInputs>& cards);
 

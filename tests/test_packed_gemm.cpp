@@ -15,8 +15,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <span>
 #include <random>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -25,12 +25,12 @@
 #include "backend/cpu/ops.h"
 #include "backend/cpu/packed.h"
 #include "backend/cpu/quant_dot.h"
+#include "convert/quantize.h"
 #include "core/dtype.h"
 #include "core/quant_blocks.h"
 #include "core/quant_tables.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
-#include "convert/quantize.h"
 #include "model/model.h"
 #include "test_util.h"
 
@@ -40,9 +40,9 @@ using strata::DType;
 using strata::Tensor;
 namespace cpu = strata::cpu;
 
-#define SKIP_WITHOUT_AVX512()                                                                                  \
-    if (cpu::detected_isa() != cpu::Isa::Avx512)                                                               \
-    GTEST_SKIP() << "this CPU has no AVX-512 VNNI (detected: " << cpu::isa_name(cpu::detected_isa())          \
+#define SKIP_WITHOUT_AVX512()                                                                        \
+    if (cpu::detected_isa() != cpu::Isa::Avx512)                                                     \
+    GTEST_SKIP() << "this CPU has no AVX-512 VNNI (detected: " << cpu::isa_name(cpu::detected_isa()) \
                  << "): the packed GEMM is not used here"
 
 std::vector<float> gaussian(int64_t n, std::mt19937& rng, float scale = 1.0f) {
@@ -143,26 +143,28 @@ std::vector<Fn> quantizers(Fn avx512, Fn avx2, Fn portable) {
 
 TEST(PackedGemm, BiasedActivationsAreTheReferenceQuantsPlus128) {
     std::mt19937 rng(1);
-    for (auto quantize : quantizers(cpu::quantize_q8_0_biased, cpu::quantize_q8_0_biased_avx2, cpu::quantize_q8_0_biased_portable))
-    for (int64_t n : {32, 96, 4096}) {
-        std::vector<float> x = gaussian(n, rng);
-        x[static_cast<size_t>(n / 3)] = 40.0f;  // an outlier block
-        for (int64_t i = 0; i < 32 && i < n; ++i) x[static_cast<size_t>(i)] = (i % 2 ? 1.0f : -1.0f) * 0.5f;  // ties
-        if (n > 64) std::fill(x.begin() + 32, x.begin() + 64, 0.0f);  // a zero block
-        std::vector<uint8_t> ref(strata::row_bytes(DType::Q8_0, n));
-        strata::quantize_row(DType::Q8_0, x.data(), ref.data(), n);
-        std::vector<uint8_t> biased(static_cast<size_t>(n / 32) * cpu::kBiasedBlockBytes);
-        quantize(x.data(), biased.data(), n);
-        const auto* blocks = reinterpret_cast<const strata::BlockQ8_0*>(ref.data());
-        for (int64_t b = 0; b < n / 32; ++b) {
-            const uint8_t* got = biased.data() + static_cast<size_t>(b) * cpu::kBiasedBlockBytes;
-            for (int j = 0; j < 32; ++j)
-                ASSERT_EQ(got[j], static_cast<uint8_t>(blocks[b].qs[j] + 128)) << "n " << n << " block " << b;
-            float d;
-            std::memcpy(&d, got + 32, 4);
-            ASSERT_EQ(d, strata::f16_to_f32(blocks[b].d)) << "n " << n << " block " << b;
+    for (auto quantize :
+         quantizers(cpu::quantize_q8_0_biased, cpu::quantize_q8_0_biased_avx2, cpu::quantize_q8_0_biased_portable))
+        for (int64_t n : {32, 96, 4096}) {
+            std::vector<float> x = gaussian(n, rng);
+            x[static_cast<size_t>(n / 3)] = 40.0f;  // an outlier block
+            for (int64_t i = 0; i < 32 && i < n; ++i)
+                x[static_cast<size_t>(i)] = (i % 2 ? 1.0f : -1.0f) * 0.5f;  // ties
+            if (n > 64) std::fill(x.begin() + 32, x.begin() + 64, 0.0f);    // a zero block
+            std::vector<uint8_t> ref(strata::row_bytes(DType::Q8_0, n));
+            strata::quantize_row(DType::Q8_0, x.data(), ref.data(), n);
+            std::vector<uint8_t> biased(static_cast<size_t>(n / 32) * cpu::kBiasedBlockBytes);
+            quantize(x.data(), biased.data(), n);
+            const auto* blocks = reinterpret_cast<const strata::BlockQ8_0*>(ref.data());
+            for (int64_t b = 0; b < n / 32; ++b) {
+                const uint8_t* got = biased.data() + static_cast<size_t>(b) * cpu::kBiasedBlockBytes;
+                for (int j = 0; j < 32; ++j)
+                    ASSERT_EQ(got[j], static_cast<uint8_t>(blocks[b].qs[j] + 128)) << "n " << n << " block " << b;
+                float d;
+                std::memcpy(&d, got + 32, 4);
+                ASSERT_EQ(d, strata::f16_to_f32(blocks[b].d)) << "n " << n << " block " << b;
+            }
         }
-    }
 }
 
 // Every packed GEMM: each type on each instruction set that has one (AVX2 alone, AVX2 + AVX-VNNI, AVX-512), the
@@ -193,8 +195,8 @@ class PackedType : public ::testing::TestWithParam<std::tuple<DType, cpu::Isa>> 
   protected:
     void SetUp() override {
         if (!cpu::supports_isa(isa()))
-            GTEST_SKIP() << "this CPU has no " << cpu::isa_name(isa()) << " (detected: "
-                         << cpu::isa_name(cpu::detected_isa()) << ")";
+            GTEST_SKIP() << "this CPU has no " << cpu::isa_name(isa())
+                         << " (detected: " << cpu::isa_name(cpu::detected_isa()) << ")";
         cpu::override_active_isa(isa());
     }
     void TearDown() override { cpu::override_active_isa(std::nullopt); }
@@ -220,12 +222,13 @@ TEST_P(PackedType, MatmulEqualsTheDefinitionForAnyThreadsAndGrouping) {
         constexpr int64_t kTokens = 45;  // five full 8-token tiles and a ragged one; also 1 and 3 per call
         const std::vector<float> x = gaussian(n * kTokens, rng);
         const std::vector<float> want = defined_matmul(w, x.data(), kTokens);
-        for (const auto& [tokens, threads] : {std::pair{kTokens, 1}, {kTokens, 2}, {kTokens, 3}, {int64_t{1}, 1}, {int64_t{3}, 2}}) {
+        for (const auto& [tokens, threads] :
+             {std::pair{kTokens, 1}, {kTokens, 2}, {kTokens, 3}, {int64_t{1}, 1}, {int64_t{3}, 2}}) {
             std::vector<float> got;
             for (int64_t t0 = 0; t0 < kTokens; t0 += tokens) {
                 std::vector<float> y(static_cast<size_t>(rows * tokens));
-                cpu::matmul({.w = w, .x = x.data() + t0 * n, .y = y.data(), .n_tokens = tokens,
-                             .pool = pool_of(threads)});
+                cpu::matmul(
+                    {.w = w, .x = x.data() + t0 * n, .y = y.data(), .n_tokens = tokens, .pool = pool_of(threads)});
                 got.insert(got.end(), y.begin(), y.end());
             }
             EXPECT_TRUE(same_bits(got, want)) << tokens << " tokens per call on " << threads << " threads";
@@ -294,27 +297,28 @@ INSTANTIATE_TEST_SUITE_P(Types, PackedType,
 
 TEST(PackedGemm, Q8KSumsAreTheReferenceQuantsAndTheirSubBlockSums) {
     std::mt19937 rng(5);
-    for (auto quantize : quantizers(cpu::quantize_q8_k_sums, cpu::quantize_q8_k_sums_avx2, cpu::quantize_q8_k_sums_portable)) {
-    const int64_t n = 3 * strata::kQK_K;
-    const std::vector<float> x = gaussian(n, rng);
-    std::vector<strata::BlockQ8_K> ref(static_cast<size_t>(n / strata::kQK_K));
-    strata::quantize_row(DType::Q8_K, x.data(), ref.data(), n);
-    std::vector<uint8_t> got(static_cast<size_t>(n / strata::kQK_K) * cpu::kQ8KSumsBlockBytes);
-    quantize(x.data(), got.data(), n);
-    for (size_t b = 0; b < ref.size(); ++b) {
-        const uint8_t* block = got.data() + b * cpu::kQ8KSumsBlockBytes;
-        ASSERT_EQ(std::memcmp(block, ref[b].qs, strata::kQK_K), 0) << "block " << b;
-        float d;
-        std::memcpy(&d, block + strata::kQK_K, 4);
-        ASSERT_EQ(d, ref[b].d);
-        for (int j = 0; j < 8; ++j) {
-            int16_t sum;
-            std::memcpy(&sum, block + strata::kQK_K + 4 + 2 * j, 2);
-            int want = 0;
-            for (int l = 0; l < 32; ++l) want += ref[b].qs[32 * j + l];
-            ASSERT_EQ(sum, want) << "block " << b << " sub-block " << j;
+    for (auto quantize :
+         quantizers(cpu::quantize_q8_k_sums, cpu::quantize_q8_k_sums_avx2, cpu::quantize_q8_k_sums_portable)) {
+        const int64_t n = 3 * strata::kQK_K;
+        const std::vector<float> x = gaussian(n, rng);
+        std::vector<strata::BlockQ8_K> ref(static_cast<size_t>(n / strata::kQK_K));
+        strata::quantize_row(DType::Q8_K, x.data(), ref.data(), n);
+        std::vector<uint8_t> got(static_cast<size_t>(n / strata::kQK_K) * cpu::kQ8KSumsBlockBytes);
+        quantize(x.data(), got.data(), n);
+        for (size_t b = 0; b < ref.size(); ++b) {
+            const uint8_t* block = got.data() + b * cpu::kQ8KSumsBlockBytes;
+            ASSERT_EQ(std::memcmp(block, ref[b].qs, strata::kQK_K), 0) << "block " << b;
+            float d;
+            std::memcpy(&d, block + strata::kQK_K, 4);
+            ASSERT_EQ(d, ref[b].d);
+            for (int j = 0; j < 8; ++j) {
+                int16_t sum;
+                std::memcpy(&sum, block + strata::kQK_K + 4 + 2 * j, 2);
+                int want = 0;
+                for (int l = 0; l < 32; ++l) want += ref[b].qs[32 * j + l];
+                ASSERT_EQ(sum, want) << "block " << b << " sub-block " << j;
+            }
         }
-    }
     }
 }
 
@@ -370,14 +374,18 @@ TEST(PackedGemm, Iq2XsByGroupEqualsItsDefinitionForAnyThreadsAndGrouping) {
                 want[static_cast<size_t>(t * rows + r)] = defined_dot_iq2_xs(
                     reinterpret_cast<const strata::BlockIQ2_XS*>(w.row(r)), q.data(), n / strata::kQK_K);
         }
-        for (const auto& [tokens, threads] :
-             {std::pair{kTokens, 1}, {kTokens, 3}, {int64_t{1}, 2}, {int64_t{5}, 1}, {int64_t{9}, 2}, {int64_t{16}, 1}}) {
+        for (const auto& [tokens, threads] : {std::pair{kTokens, 1},
+                                              {kTokens, 3},
+                                              {int64_t{1}, 2},
+                                              {int64_t{5}, 1},
+                                              {int64_t{9}, 2},
+                                              {int64_t{16}, 1}}) {
             std::vector<float> got;
             for (int64_t t0 = 0; t0 < kTokens; t0 += tokens) {
                 const int64_t count = std::min(tokens, kTokens - t0);
                 std::vector<float> y(static_cast<size_t>(rows * count));
-                cpu::matmul({.w = w, .x = x.data() + t0 * n, .y = y.data(), .n_tokens = count,
-                             .pool = pool_of(threads)});
+                cpu::matmul(
+                    {.w = w, .x = x.data() + t0 * n, .y = y.data(), .n_tokens = count, .pool = pool_of(threads)});
                 got.insert(got.end(), y.begin(), y.end());
             }
             EXPECT_TRUE(same_bits(got, want)) << tokens << " tokens per call on " << threads << " threads";
@@ -427,7 +435,8 @@ TEST(PackedGemm, ModelLogitsMatchTheRowKernelsAndDoNotDependOnChunking) {
         nmse_sum += err / ref;
         const auto argmax = [&](const std::vector<float>& l) {
             return std::max_element(l.begin() + static_cast<std::ptrdiff_t>(t * V),
-                                    l.begin() + static_cast<std::ptrdiff_t>((t + 1) * V)) - l.begin();
+                                    l.begin() + static_cast<std::ptrdiff_t>((t + 1) * V)) -
+                   l.begin();
         };
         same_argmax += argmax(packed) == argmax(rows);
     }

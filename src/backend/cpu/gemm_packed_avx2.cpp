@@ -14,7 +14,11 @@ constexpr bool kVnni = false;
 #include "backend/cpu/gemm_packed_avx2_kernels.inc"
 }  // namespace
 
-void gemm_q8_0_packed_avx2(const PackedGemm& g) { q8_0_any(g); }
-void gemm_q4_k_packed_avx2(const PackedGemm& g) { q4_k_any(g); }
+void gemm_q8_0_packed_avx2(const PackedGemm& g) {
+    q8_0_any(g);
+}
+void gemm_q4_k_packed_avx2(const PackedGemm& g) {
+    q4_k_any(g);
+}
 
 }  // namespace strata::cpu

@@ -141,9 +141,14 @@ void run_decoded_unit(const MatmulRowsPlan& j, const uint8_t* act, float* y, int
         int64_t r = row_begin;
         for (; r + 1 < row_end; r += 2) {
             const uint8_t* row0 = decoded + row_bytes * static_cast<size_t>(r - row_begin);
-            dot_iq2_xs_decoded_pair({.n = in, .row0 = row0, .row1 = row0 + row_bytes, .act = a,
-                                     .act_stride = j.act_stride, .y = y + t * out + r,
-                                     .y_stride = static_cast<size_t>(out), .n_cols = cols});
+            dot_iq2_xs_decoded_pair({.n = in,
+                                     .row0 = row0,
+                                     .row1 = row0 + row_bytes,
+                                     .act = a,
+                                     .act_stride = j.act_stride,
+                                     .y = y + t * out + r,
+                                     .y_stride = static_cast<size_t>(out),
+                                     .n_cols = cols});
         }
         if (r < row_end) {  // an odd last row: the kernel that decodes as it goes (the same bits)
             dot_iq2_xs_groups(in, w.row(r), a, j.act_stride, tile, cols);
@@ -173,13 +178,13 @@ void run_rows8_unit(const MatmulRowsPlan& j, const uint8_t* act, float* y, int64
         for (int64_t g = 0; g < n_groups; ++g) {
             const int64_t first = row_begin + 8 * g;
             rows8_gemm({.n = in,
-                                       .decoded = decoded + group_bytes * static_cast<size_t>(g),
-                                       .act = act + static_cast<size_t>(t) * j.act_stride,
-                                       .act_stride = j.act_stride,
-                                       .n_cols = cols,
-                                       .y = y + t * out + first,
-                                       .y_stride = static_cast<size_t>(out),
-                                       .n_rows = static_cast<int>(std::min<int64_t>(8, row_end - first))});
+                        .decoded = decoded + group_bytes * static_cast<size_t>(g),
+                        .act = act + static_cast<size_t>(t) * j.act_stride,
+                        .act_stride = j.act_stride,
+                        .n_cols = cols,
+                        .y = y + t * out + first,
+                        .y_stride = static_cast<size_t>(out),
+                        .n_rows = static_cast<int>(std::min<int64_t>(8, row_end - first))});
         }
     }
 }
@@ -236,15 +241,21 @@ void quantize_into(ActLayout layout, DType act, Isa isa, const float* x, uint8_t
              : avx2 ? quantize_q8_0_biased_avx2
                     : quantize_q8_0_biased_portable)(x, dst, in);
             break;
-        case ActLayout::SignedQ8_0: quantize_q8_0_signed_avx2(x, dst, in); break;
-        case ActLayout::Q8_KSums:
-            (avx512 ? quantize_q8_k_sums
-             : avx2 ? quantize_q8_k_sums_avx2
-                    : quantize_q8_k_sums_portable)(x, dst, in);
+        case ActLayout::SignedQ8_0:
+            quantize_q8_0_signed_avx2(x, dst, in);
             break;
-        case ActLayout::Q8_KGroups: quantize_q8_k_groups(x, dst, in); break;
-        case ActLayout::BiasedQ8_K: quantize_q8_k_biased_avx2(x, dst, in); break;
-        case ActLayout::Kernel: quantize_activations(act, x, dst, in); break;
+        case ActLayout::Q8_KSums:
+            (avx512 ? quantize_q8_k_sums : avx2 ? quantize_q8_k_sums_avx2 : quantize_q8_k_sums_portable)(x, dst, in);
+            break;
+        case ActLayout::Q8_KGroups:
+            quantize_q8_k_groups(x, dst, in);
+            break;
+        case ActLayout::BiasedQ8_K:
+            quantize_q8_k_biased_avx2(x, dst, in);
+            break;
+        case ActLayout::Kernel:
+            quantize_activations(act, x, dst, in);
+            break;
     }
 }
 
@@ -359,8 +370,7 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
     if (b.jobs.empty()) return;
     // 64-byte aligned: the by-group layout's blocks start cache lines.
     if (b.activations.size() < act_bytes + 64) b.activations.resize(act_bytes + 64);
-    uint8_t* activations =
-        b.activations.data() + (64 - reinterpret_cast<uintptr_t>(b.activations.data()) % 64) % 64;
+    uint8_t* activations = b.activations.data() + (64 - reinterpret_cast<uintptr_t>(b.activations.data()) % 64) % 64;
     const bool parallel = pool && pool->size() > 1 && work >= 65536.0;
 
     // Quantize the activations: one item per (task, token).

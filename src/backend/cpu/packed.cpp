@@ -13,7 +13,9 @@ namespace strata::cpu {
 
 namespace {
 
-size_t packed_block_bytes(DType t) { return t == DType::Q8_0 ? kPackedQ8_0BlockBytes : kPackedQ4_KBlockBytes; }
+size_t packed_block_bytes(DType t) {
+    return t == DType::Q8_0 ? kPackedQ8_0BlockBytes : kPackedQ4_KBlockBytes;
+}
 
 void pack_q8_0_row(const BlockQ8_0* row, int64_t nb, int lane, uint8_t* group) {
     for (int64_t b = 0; b < nb; ++b) {
@@ -50,8 +52,8 @@ void pack_q4_k_row(const BlockQ4_K* row, int64_t nb, int lane, uint8_t* group) {
 
 bool packable(const Tensor& w) {
     const int64_t block = w.type == DType::Q8_0 ? 32 : kQK_K;
-    return (w.type == DType::Q8_0 || w.type == DType::Q4_K) && w.ne[3] == 1 && w.ne[0] % block == 0 &&
-           w.ne[1] >= 1 && w.data != nullptr && static_cast<int>(active_isa()) >= static_cast<int>(Isa::Avx2);
+    return (w.type == DType::Q8_0 || w.type == DType::Q4_K) && w.ne[3] == 1 && w.ne[0] % block == 0 && w.ne[1] >= 1 &&
+           w.data != nullptr && static_cast<int>(active_isa()) >= static_cast<int>(Isa::Avx2);
 }
 
 size_t packed_group_bytes(const Tensor& w) {
@@ -62,7 +64,9 @@ size_t packed_slice_bytes(const Tensor& w) {
     return static_cast<size_t>((w.ne[1] + kPackRows - 1) / kPackRows) * packed_group_bytes(w);
 }
 
-size_t packed_bytes(const Tensor& w) { return packed_slice_bytes(w) * static_cast<size_t>(w.ne[2]); }
+size_t packed_bytes(const Tensor& w) {
+    return packed_slice_bytes(w) * static_cast<size_t>(w.ne[2]);
+}
 
 void pack_rows(const Tensor& w, uint8_t* dst) {
     STRATA_ASSERT((w.type == DType::Q8_0 || w.type == DType::Q4_K) && w.ne[0] % traits(w.type).block_size == 0);
@@ -113,7 +117,9 @@ void quantize_q8_k_sums_portable(const float* x, uint8_t* dst, int64_t n) {
     }
 }
 
-void PackedWeights::Free::operator()(uint8_t* p) const { std::free(p); }
+void PackedWeights::Free::operator()(uint8_t* p) const {
+    std::free(p);
+}
 
 bool PackedWeights::pack(Tensor& w) {
     if (!packable(w)) return false;

@@ -1,7 +1,8 @@
-// Weights repacked for the CPU's GEMMs (AVX-512, and AVX2 reading each 64-byte unit as two 8-row halves) (llama.cpp's "repack" buffers and ik_llama.cpp's run-time repacking
-// do the same). Rows are interleaved in groups of 16, so one 64-byte load holds 4 consecutive quants of all 16 rows
-// and one vpdpbusd against 4 broadcast activation bytes advances 16 dot products; a unit of weights is then reused
-// by several tokens from registers instead of once per token. Per block of each type, for the 16 rows:
+// Weights repacked for the CPU's GEMMs (AVX-512, and AVX2 reading each 64-byte unit as two 8-row halves) (llama.cpp's
+// "repack" buffers and ik_llama.cpp's run-time repacking do the same). Rows are interleaved in groups of 16, so one
+// 64-byte load holds 4 consecutive quants of all 16 rows and one vpdpbusd against 4 broadcast activation bytes advances
+// 16 dot products; a unit of weights is then reused by several tokens from registers instead of once per token. Per
+// block of each type, for the 16 rows:
 //   Q8_0 (32 values, 576 bytes): f16 scales d, int16 quant sums, then quants 4 at a time (64 bytes per 4 values).
 //   Q4_K (256 values, 2,496 bytes): f16 d, f16 dmin, the 8 sub-block scales as bytes (16 per sub-block), the mins
 //     as int16 pairs (sub-blocks 2p, 2p+1; 64 bytes per pair), then per pair p the nibble bytes 4 at a time: low

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu/packed.h"
 #include "backend/cpu/quant_dot.h"
 #include "core/dtype.h"
 #include "core/quant_blocks.h"
@@ -558,6 +559,48 @@ TEST_P(MatmulParity, MatchesReferenceForAnyThreadsAndGrouping) {
         EXPECT_TRUE(same_bits(y1.data(), alone.data(), y1.size())) << "matmul_many job 1";
         EXPECT_TRUE(same_bits(y2.data(), alone2.data(), y2.size())) << "matmul_many job 2";
         EXPECT_TRUE(same_bits(y3.data(), alone.data(), y3.size())) << "matmul_many job 3 (3 tokens of the same x)";
+    }
+}
+
+// The same checks with the weights packed at load where this instruction set packs the type (packed.h: the GEMMs over
+// 16-row groups): the packed GEMM against the reference, and the same bits for any token grouping and thread count.
+TEST_P(MatmulParity, PackedMatchesReferenceForAnyThreadsAndGrouping) {
+    const DType t = std::get<0>(GetParam());
+    const Isa isa = std::get<1>(GetParam());
+    const CpuBackend backend(isa);
+    if (std::string why = backend.unsupported(Op::Matmul, t); !why.empty()) GTEST_SKIP() << why;
+    if (!cpu::has_packed_gemm(t, isa)) GTEST_SKIP() << "no packed GEMM for this type on " << cpu::isa_name(isa);
+    constexpr int64_t kMaxTokens = 17;
+    uint32_t seed = 7000;
+    for (const OpCase& c : op_cases(t)) {
+        if (c.op != Op::Matmul) continue;
+        SCOPED_TRACE("W {" + std::to_string(c.n) + ", " + std::to_string(c.out) + "}");
+        const auto rows = std::make_unique<WeightRows>(make_weight_rows(t, c.n, static_cast<int>(c.out), seed++));
+        const int64_t ne[2] = {c.n, c.out};
+        strata::Tensor w = strata::make_tensor("w", t, 2, ne, rows->bytes.data());
+        cpu::PackedWeights packer;
+        cpu::override_active_isa(isa);  // packable() asks the active instruction set
+        const bool packed = packer.pack(w);
+        cpu::override_active_isa(std::nullopt);
+        ASSERT_TRUE(packed);
+        std::mt19937 rng(seed++);
+        const std::vector<float> x = activation_values(ActKind::Gaussian, c.n * kMaxTokens, rng);
+        const size_t out = static_cast<size_t>(c.out);
+        std::vector<float> alone(out * kMaxTokens);
+        for (int64_t tok = 0; tok < kMaxTokens; ++tok)
+            backend.matmul(
+                {.w = w, .x = x.data() + tok * c.n, .y = alone.data() + tok * c.out, .n_tokens = 1, .threads = 1});
+        const std::vector<double> ref = reference_matmul(*rows, t, x.data(), kMaxTokens);
+        Nmse e;
+        for (size_t i = 0; i < alone.size(); ++i) e.add(alone[i], ref[i]);
+        EXPECT_LE(e.value(), kReassociationNmse) << "packed matmul vs reference";
+        for (const auto& [n_tokens, threads] :
+             {std::pair<int64_t, int>{3, 1}, {kMaxTokens, 1}, {kMaxTokens, 2}, {kMaxTokens, 3}}) {
+            std::vector<float> y(out * static_cast<size_t>(n_tokens), -1.0f);
+            backend.matmul({.w = w, .x = x.data(), .y = y.data(), .n_tokens = n_tokens, .threads = threads});
+            EXPECT_TRUE(same_bits(y.data(), alone.data(), y.size()))
+                << n_tokens << " tokens on " << threads << " threads differ from the tokens computed alone";
+        }
     }
 }
 

@@ -5,6 +5,8 @@
 //   Q4_K: per super-block, acc = fma(float(S), d * d_a, acc) then acc = fma(-float(M), dmin * d_a, acc), S the sum of
 //         each sub-block's 6-bit scale times its exact nibble dot, M the sum of each 6-bit min times the sub-block's
 //         activation quant sum;
+//   Q6_K (AVX2 only): acc = fma(float(S), d * d_a, acc), S the sum of each sub-block's int8 scale times its exact dot
+//         of (q - 32) with the activation quants;
 // where the activation quants are what llama.cpp's reference quantizers give (quantize_row, itself checked against
 // llama.cpp in test_quant_interop). Every integer is exact and the float operations are written out in order, so the
 // comparison is bit for bit. Also: the matmul gives the same bits for any thread count and token grouping, and views
@@ -98,6 +100,27 @@ float defined_dot_q4_k(const strata::BlockQ4_K* w, const strata::BlockQ8_K* a, i
     return acc;
 }
 
+// Q6_K (AVX2 only): per super-block acc = fma(float(S), d * d_a, acc), S the sum over the 16 sub-blocks of the int8
+// scale times the exact dot of (q - 32) with the activation quants, q the 6-bit value from ql's nibble and qh's 2 bits.
+float defined_dot_q6_k(const strata::BlockQ6_K* w, const strata::BlockQ8_K* a, int64_t n_blocks) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        int32_t scaled = 0;
+        for (int j = 0; j < 16; ++j) {
+            int32_t dot = 0;
+            for (int l = 0; l < 16; ++l) {
+                const int v = 16 * j + l, half = v / 128, quarter = (v % 128) / 32, pos = v % 32;
+                const int low = (w[b].ql[64 * half + 32 * (quarter % 2) + pos] >> (4 * (quarter / 2))) & 0xF;
+                const int high = (w[b].qh[32 * half + pos] >> (2 * quarter)) & 3;
+                dot += ((low | high << 4) - 32) * a[b].qs[v];
+            }
+            scaled += w[b].scales[j] * dot;
+        }
+        acc = std::fma(static_cast<float>(scaled), strata::f16_to_f32(w[b].d) * a[b].d, acc);
+    }
+    return acc;
+}
+
 std::vector<float> defined_matmul(const Tensor& w, const float* x, int64_t n_tokens) {
     const int64_t n = w.ne[0], rows = w.ne[1];
     const DType act = cpu::activation_type(w.type);
@@ -110,8 +133,11 @@ std::vector<float> defined_matmul(const Tensor& w, const float* x, int64_t n_tok
             if (w.type == DType::Q8_0) {
                 out = defined_dot_q8_0(reinterpret_cast<const strata::BlockQ8_0*>(w.row(r)),
                                        reinterpret_cast<const strata::BlockQ8_0*>(q.data()), n / 32);
-            } else {
+            } else if (w.type == DType::Q4_K) {
                 out = defined_dot_q4_k(reinterpret_cast<const strata::BlockQ4_K*>(w.row(r)),
+                                       reinterpret_cast<const strata::BlockQ8_K*>(q.data()), n / strata::kQK_K);
+            } else {
+                out = defined_dot_q6_k(reinterpret_cast<const strata::BlockQ6_K*>(w.row(r)),
                                        reinterpret_cast<const strata::BlockQ8_K*>(q.data()), n / strata::kQK_K);
             }
         }
@@ -285,15 +311,22 @@ TEST_P(PackedType, ScalarCodeReadsTheUnpackedRows) {
     EXPECT_TRUE(same_bits(got, want));
 }
 
+std::string packed_type_name(const ::testing::TestParamInfo<std::tuple<DType, cpu::Isa>>& param) {
+    std::string name =
+        std::string(strata::dtype_name(std::get<0>(param.param))) + "_" + cpu::isa_name(std::get<1>(param.param));
+    std::replace(name.begin(), name.end(), '-', '_');
+    return name;
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, PackedType,
                          ::testing::Combine(::testing::Values(DType::Q8_0, DType::Q4_K),
                                             ::testing::Values(cpu::Isa::Avx2, cpu::Isa::Avx2Vnni, cpu::Isa::Avx512)),
-                         [](const ::testing::TestParamInfo<std::tuple<DType, cpu::Isa>>& param) {
-                             std::string name = std::string(strata::dtype_name(std::get<0>(param.param))) + "_" +
-                                                cpu::isa_name(std::get<1>(param.param));
-                             std::replace(name.begin(), name.end(), '-', '_');
-                             return name;
-                         });
+                         packed_type_name);
+// Types packed for the AVX2 class only.
+INSTANTIATE_TEST_SUITE_P(Avx2Types, PackedType,
+                         ::testing::Combine(::testing::Values(DType::Q6_K),
+                                            ::testing::Values(cpu::Isa::Avx2, cpu::Isa::Avx2Vnni)),
+                         packed_type_name);
 
 TEST(PackedGemm, Q8KSumsAreTheReferenceQuantsAndTheirSubBlockSums) {
     std::mt19937 rng(5);

@@ -47,6 +47,12 @@ void gemm_q8_0_packed_avx2(const PackedGemm& g);
 void gemm_q4_k_packed_avx2(const PackedGemm& g);
 void gemm_q8_0_packed_avxvnni(const PackedGemm& g);
 void gemm_q4_k_packed_avxvnni(const PackedGemm& g);
+// Q6_K, AVX2 only (gemm_packed_q6_k_avx2_kernels.inc), over activations biased by 128 (kBiasedQ8KBlockBytes per 256,
+// quantize_q8_k_biased_avx2): acc = fma(float(S_b), d_w * d_a, acc), S_b the sum over sub-blocks j of scale_j times
+// the exact dot of (q - 32) with the Q8_K quants. The same bits with and without AVX-VNNI.
+constexpr int kPackedColsQ6_K = 8;
+void gemm_q6_k_packed_avx2(const PackedGemm& g);     // n_cols <= 8
+void gemm_q6_k_packed_avxvnni(const PackedGemm& g);  // n_cols <= 8
 
 // Per 256 activations: llama.cpp's Q8_K quants (the reference quantizer's), its f32 scale, then the 8 sums of each
 // 32 quants (a sub-block) as int16.

@@ -1,4 +1,5 @@
-// The packed GEMMs with AVX2 alone (vpmaddubsw sums): gemm_packed_avx2_kernels.inc with kVnni = false.
+// The packed GEMMs with AVX2 alone (vpmaddubsw sums): gemm_packed_avx2_kernels.inc and
+// gemm_packed_q6_k_avx2_kernels.inc with kVnni = false.
 #include <immintrin.h>
 
 #include <cstring>
@@ -12,6 +13,7 @@ namespace strata::cpu {
 namespace {
 constexpr bool kVnni = false;
 #include "backend/cpu/gemm_packed_avx2_kernels.inc"
+#include "backend/cpu/gemm_packed_q6_k_avx2_kernels.inc"
 }  // namespace
 
 void gemm_q8_0_packed_avx2(const PackedGemm& g) {
@@ -19,6 +21,9 @@ void gemm_q8_0_packed_avx2(const PackedGemm& g) {
 }
 void gemm_q4_k_packed_avx2(const PackedGemm& g) {
     q4_k_any(g);
+}
+void gemm_q6_k_packed_avx2(const PackedGemm& g) {
+    q6_k_any(g);
 }
 
 }  // namespace strata::cpu

@@ -1,5 +1,6 @@
 // The packed GEMMs with AVX2 and AVX-VNNI (VEX vpdpbusd / vpdpwssd; compiled with -mavxvnni, called only when CPUID
-// reports it): gemm_packed_avx2_kernels.inc with kVnni = true.
+// reports it): gemm_packed_avx2_kernels.inc and
+// gemm_packed_q6_k_avx2_kernels.inc with kVnni = true.
 #include <immintrin.h>
 
 #include <cstring>
@@ -13,6 +14,7 @@ namespace strata::cpu {
 namespace {
 constexpr bool kVnni = true;
 #include "backend/cpu/gemm_packed_avx2_kernels.inc"
+#include "backend/cpu/gemm_packed_q6_k_avx2_kernels.inc"
 }  // namespace
 
 void gemm_q8_0_packed_avxvnni(const PackedGemm& g) {
@@ -20,6 +22,9 @@ void gemm_q8_0_packed_avxvnni(const PackedGemm& g) {
 }
 void gemm_q4_k_packed_avxvnni(const PackedGemm& g) {
     q4_k_any(g);
+}
+void gemm_q6_k_packed_avxvnni(const PackedGemm& g) {
+    q6_k_any(g);
 }
 
 }  // namespace strata::cpu

@@ -86,8 +86,7 @@ void run_packed_unit(const MatmulRowsPlan& j, const uint8_t* act, float* y, int6
     const Tensor& w = *j.w;
     const int64_t out = w.ne[1];
     const size_t group_bytes = packed_group_bytes(w);
-    const bool q8_0 = w.type == DType::Q8_0;
-    const int64_t cols = q8_0 ? kPackedCols : kPackedColsQ4_K;
+    const int64_t cols = j.cols;
     for (int64_t t0 = 0; t0 < j.n_tokens; t0 += kTokenBlock) {
         const int64_t t_end = std::min(j.n_tokens, t0 + kTokenBlock);
         for (int64_t r = row_begin; r < row_end; r += kPackRows) {
@@ -193,7 +192,7 @@ void run_rows8_unit(const MatmulRowsPlan& j, const uint8_t* act, float* y, int64
 MatmulRowsPlan plan_for(const Tensor& w, int64_t n_tokens, Isa isa) {
     STRATA_ASSERT(w.ne[2] == 1 && w.ne[3] == 1);
     const int64_t in = w.ne[0];
-    const bool packed = w.packed != nullptr && static_cast<int>(isa) >= static_cast<int>(Isa::Avx2);
+    const bool packed = w.packed != nullptr && has_packed_gemm(w.type, isa);
     ActLayout layout = ActLayout::Kernel;
     MatmulRowsPlan p{.w = &w,
                      .n_tokens = n_tokens,
@@ -219,11 +218,18 @@ MatmulRowsPlan plan_for(const Tensor& w, int64_t n_tokens, Isa isa) {
     } else if (w.type == DType::Q8_0) {
         layout = isa == Isa::Avx2 ? ActLayout::SignedQ8_0 : ActLayout::BiasedQ8_0;
         p.act_stride = static_cast<size_t>(in / 32) * kBiasedBlockBytes;
+        p.cols = kPackedCols;
         p.gemm = isa == Isa::Avx512     ? gemm_q8_0_packed
                  : isa == Isa::Avx2Vnni ? gemm_q8_0_packed_avxvnni
                                         : gemm_q8_0_packed_avx2;
+    } else if (w.type == DType::Q6_K) {
+        layout = ActLayout::BiasedQ8_K;
+        p.act_stride = static_cast<size_t>(in / kQK_K) * kBiasedQ8KBlockBytes;
+        p.cols = kPackedColsQ6_K;
+        p.gemm = isa == Isa::Avx2Vnni ? gemm_q6_k_packed_avxvnni : gemm_q6_k_packed_avx2;
     } else {
         layout = ActLayout::Q8_KSums;
+        p.cols = kPackedColsQ4_K;
         p.act_stride = static_cast<size_t>(in / kQK_K) * kQ8KSumsBlockBytes;
         p.gemm = isa == Isa::Avx512     ? gemm_q4_k_packed
                  : isa == Isa::Avx2Vnni ? gemm_q4_k_packed_avxvnni

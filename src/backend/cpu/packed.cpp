@@ -14,7 +14,15 @@ namespace strata::cpu {
 namespace {
 
 size_t packed_block_bytes(DType t) {
-    return t == DType::Q8_0 ? kPackedQ8_0BlockBytes : kPackedQ4_KBlockBytes;
+    switch (t) {
+        case DType::Q8_0:
+            return kPackedQ8_0BlockBytes;
+        case DType::Q4_K:
+            return kPackedQ4_KBlockBytes;
+        default:
+            STRATA_ASSERT(t == DType::Q6_K);
+            return kPackedQ6_KBlockBytes;
+    }
 }
 
 void pack_q8_0_row(const BlockQ8_0* row, int64_t nb, int lane, uint8_t* group) {
@@ -48,12 +56,62 @@ void pack_q4_k_row(const BlockQ4_K* row, int64_t nb, int lane, uint8_t* group) {
     }
 }
 
+// Value v (< 256) of a Q6_K super-block, 0..63: in half v / 128, quarter q = (v % 128) / 32 and position l = v % 32,
+// the low nibble of ql[64 half + 32 (q % 2) + l] (the high one for q >= 2) and bits 2q, 2q+1 of qh[32 half + l].
+int q6_k_value(const BlockQ6_K& b, int v) {
+    const int half = v / 128, quarter = (v % 128) / 32, l = v % 32;
+    const int low = (b.ql[64 * half + 32 * (quarter % 2) + l] >> (4 * (quarter / 2))) & 0xF;
+    const int high = (b.qh[32 * half + l] >> (2 * quarter)) & 3;
+    return low | (high << 4);
+}
+
+void pack_q6_k_row(const BlockQ6_K* row, int64_t nb, int lane, uint8_t* group) {
+    for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* block = group + static_cast<size_t>(b) * kPackedQ6_KBlockBytes;
+        std::memcpy(block + 2 * lane, &row[b].d, 2);
+        int values[kQK_K];
+        for (int v = 0; v < kQK_K; ++v) values[v] = q6_k_value(row[b], v);
+        int32_t weight_sums = 0;
+        for (int j = 0; j < 16; ++j) {
+            block[32 + 16 * j + lane] = static_cast<uint8_t>(row[b].scales[j]);
+            int32_t sum = 0;
+            uint8_t* units = block + 352 + 192 * j + 4 * lane;
+            for (int i = 0; i < 4; ++i) {
+                int q[4];
+                for (int k = 0; k < 4; ++k) {
+                    q[k] = values[16 * j + 4 * k + i];
+                    sum += q[k] - 32;
+                }
+                units[i] = static_cast<uint8_t>(q[0] | (q[2] >> 4) << 6);
+                units[64 + i] = static_cast<uint8_t>(q[1] | (q[3] >> 4) << 6);
+                units[128 + i] = static_cast<uint8_t>((q[2] & 15) | (q[3] & 15) << 4);
+            }
+            weight_sums += row[b].scales[j] * sum;
+        }
+        const int32_t start = -128 * weight_sums;
+        std::memcpy(block + 288 + 4 * lane, &start, 4);
+    }
+}
+
 }  // namespace
+
+bool has_packed_gemm(DType t, Isa isa) {
+    const bool avx2_class = isa == Isa::Avx2 || isa == Isa::Avx2Vnni;
+    switch (t) {
+        case DType::Q8_0:
+        case DType::Q4_K:
+            return avx2_class || isa == Isa::Avx512;
+        case DType::Q6_K:
+            return avx2_class;
+        default:
+            return false;
+    }
+}
 
 bool packable(const Tensor& w) {
     const int64_t block = w.type == DType::Q8_0 ? 32 : kQK_K;
-    return (w.type == DType::Q8_0 || w.type == DType::Q4_K) && w.ne[3] == 1 && w.ne[0] % block == 0 && w.ne[1] >= 1 &&
-           w.data != nullptr && static_cast<int>(active_isa()) >= static_cast<int>(Isa::Avx2);
+    return has_packed_gemm(w.type, active_isa()) && w.ne[3] == 1 && w.ne[0] % block == 0 && w.ne[1] >= 1 &&
+           w.data != nullptr;
 }
 
 size_t packed_group_bytes(const Tensor& w) {
@@ -69,7 +127,7 @@ size_t packed_bytes(const Tensor& w) {
 }
 
 void pack_rows(const Tensor& w, uint8_t* dst) {
-    STRATA_ASSERT((w.type == DType::Q8_0 || w.type == DType::Q4_K) && w.ne[0] % traits(w.type).block_size == 0);
+    STRATA_ASSERT(has_packed_gemm(w.type, Isa::Avx2) && w.ne[0] % traits(w.type).block_size == 0);
     const int64_t nb = w.ne[0] / traits(w.type).block_size, rows = w.ne[1];
     std::memset(dst, 0, packed_bytes(w));
     for (int64_t slice = 0; slice < w.ne[2]; ++slice) {
@@ -79,10 +137,16 @@ void pack_rows(const Tensor& w, uint8_t* dst) {
             const uint8_t* row = base + w.nb[1] * static_cast<size_t>(r);
             uint8_t* group = out_slice + packed_group_bytes(w) * static_cast<size_t>(r / kPackRows);
             const int lane = static_cast<int>(r % kPackRows);
-            if (w.type == DType::Q8_0) {
-                pack_q8_0_row(reinterpret_cast<const BlockQ8_0*>(row), nb, lane, group);
-            } else {
-                pack_q4_k_row(reinterpret_cast<const BlockQ4_K*>(row), nb, lane, group);
+            switch (w.type) {
+                case DType::Q8_0:
+                    pack_q8_0_row(reinterpret_cast<const BlockQ8_0*>(row), nb, lane, group);
+                    break;
+                case DType::Q4_K:
+                    pack_q4_k_row(reinterpret_cast<const BlockQ4_K*>(row), nb, lane, group);
+                    break;
+                default:
+                    pack_q6_k_row(reinterpret_cast<const BlockQ6_K*>(row), nb, lane, group);
+                    break;
             }
         }
     }

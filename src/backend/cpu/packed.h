@@ -7,6 +7,10 @@
 //   Q4_K (256 values, 2,496 bytes): f16 d, f16 dmin, the 8 sub-block scales as bytes (16 per sub-block), the mins
 //     as int16 pairs (sub-blocks 2p, 2p+1; 64 bytes per pair), then per pair p the nibble bytes 4 at a time: low
 //     nibbles are sub-block 2p, high nibbles 2p+1, as in the format.
+//   Q6_K (256 values, 3,424 bytes; AVX2 only): f16 d, the 16 sub-block scales as int8 (16 per sub-block), the int32
+//     -128 x sum over sub-blocks of scale x the sum of (q - 32) (what biased activations add, taken back out), then per
+//     sub-block j three 64-byte units of its 16 6-bit values q, 4 per row: of values 4k+i (k < 4), unit 0 byte i is
+//     q_0 | (q_2 >> 4) << 6, unit 1 q_1 | (q_3 >> 4) << 6, unit 2 (q_2 & 15) | (q_3 & 15) << 4.
 //
 // Every output keeps the numerics of one fixed order over the blocks (gemm_packed.h), so a token's result is the same
 // whichever other tokens share the call (the matmul contract).
@@ -17,6 +21,7 @@
 #include <memory>
 #include <vector>
 
+#include "backend/cpu/quant_dot.h"
 #include "core/tensor.h"
 
 namespace strata::cpu {
@@ -24,10 +29,14 @@ namespace strata::cpu {
 constexpr int64_t kPackRows = 16;
 constexpr size_t kPackedQ8_0BlockBytes = 32 + 32 + 16 * 32;
 constexpr size_t kPackedQ4_KBlockBytes = 32 + 32 + 128 + 256 + 16 * 128;
+constexpr size_t kPackedQ6_KBlockBytes = 32 + 256 + 64 + 16 * 192;
 
-// Whether w (2-D, or 3-D with one matrix per ne[2] slice) gets a packed form: Q8_0 or Q4_K, and the matmuls run
-// AVX2 or more (active_isa(); with scalar code the copy would never be read).
+// Whether w (2-D, or 3-D with one matrix per ne[2] slice) gets a packed form: Q8_0 or Q4_K with the matmuls on AVX2
+// or more (active_isa(); with scalar code the copy would never be read), Q6_K on the AVX2 class only (AVX-512 has no
+// GEMM for it and keeps its row kernel).
 bool packable(const Tensor& w);
+// Whether instruction set isa has a GEMM over packed weights of type t (otherwise a packed copy is ignored).
+bool has_packed_gemm(DType t, Isa isa);
 // Bytes of one group of 16 rows (ne[0] / 32 blocks), of one slice, and of the whole packed tensor.
 size_t packed_group_bytes(const Tensor& w);
 size_t packed_slice_bytes(const Tensor& w);

@@ -5,6 +5,7 @@
 //   Q4_K: per super-block, acc = fma(float(S), d * d_a, acc) then acc = fma(-float(M), dmin * d_a, acc), S the sum of
 //         each sub-block's 6-bit scale times its exact nibble dot, M the sum of each 6-bit min times the sub-block's
 //         activation quant sum;
+//   Q5_K (AVX2 only): as Q4_K with 5-bit values;
 //   Q6_K (AVX2 only): acc = fma(float(S), d * d_a, acc), S the sum of each sub-block's int8 scale times its exact dot
 //         of (q - 32) with the activation quants;
 // where the activation quants are what llama.cpp's reference quantizers give (quantize_row, itself checked against
@@ -21,6 +22,7 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/gemm_packed.h"
@@ -78,7 +80,9 @@ float defined_dot_q8_0(const strata::BlockQ8_0* w, const strata::BlockQ8_0* a, i
     return acc;
 }
 
-float defined_dot_q4_k(const strata::BlockQ4_K* w, const strata::BlockQ8_K* a, int64_t n_blocks) {
+// Q4_K, and Q5_K (AVX2 only: the same with bit j of qh[l] as value l's fifth bit in sub-block j).
+template <typename Block>
+float defined_dot_q4_k(const Block* w, const strata::BlockQ8_K* a, int64_t n_blocks) {
     float acc = 0.0f;
     for (int64_t b = 0; b < n_blocks; ++b) {
         int32_t scaled = 0, mins = 0;
@@ -87,7 +91,8 @@ float defined_dot_q4_k(const strata::BlockQ4_K* w, const strata::BlockQ8_K* a, i
             strata::quant::unpack_scale_min_k4(w[b].scales, j, &scale, &min);
             int32_t dot = 0, sum = 0;
             for (int l = 0; l < 32; ++l) {
-                const int q = (w[b].qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0xF;
+                int q = (w[b].qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0xF;
+                if constexpr (std::is_same_v<Block, strata::BlockQ5_K>) q |= ((w[b].qh[l] >> j) & 1) << 4;
                 dot += q * a[b].qs[32 * j + l];
                 sum += a[b].qs[32 * j + l];
             }
@@ -135,6 +140,9 @@ std::vector<float> defined_matmul(const Tensor& w, const float* x, int64_t n_tok
                                        reinterpret_cast<const strata::BlockQ8_0*>(q.data()), n / 32);
             } else if (w.type == DType::Q4_K) {
                 out = defined_dot_q4_k(reinterpret_cast<const strata::BlockQ4_K*>(w.row(r)),
+                                       reinterpret_cast<const strata::BlockQ8_K*>(q.data()), n / strata::kQK_K);
+            } else if (w.type == DType::Q5_K) {
+                out = defined_dot_q4_k(reinterpret_cast<const strata::BlockQ5_K*>(w.row(r)),
                                        reinterpret_cast<const strata::BlockQ8_K*>(q.data()), n / strata::kQK_K);
             } else {
                 out = defined_dot_q6_k(reinterpret_cast<const strata::BlockQ6_K*>(w.row(r)),
@@ -324,7 +332,7 @@ INSTANTIATE_TEST_SUITE_P(Types, PackedType,
                          packed_type_name);
 // Types packed for the AVX2 class only.
 INSTANTIATE_TEST_SUITE_P(Avx2Types, PackedType,
-                         ::testing::Combine(::testing::Values(DType::Q6_K),
+                         ::testing::Combine(::testing::Values(DType::Q5_K, DType::Q6_K),
                                             ::testing::Values(cpu::Isa::Avx2, cpu::Isa::Avx2Vnni)),
                          packed_type_name);
 

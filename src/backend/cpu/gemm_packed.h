@@ -5,9 +5,9 @@
 //
 // Numerics, per output (row r, token t), over the weight's blocks b in order, acc starting at 0:
 //   Q8_0: acc = fma(float(s_b), d_w * d_a, acc), s_b the exact integer dot of the block's quants.
-//   Q4_K: acc = fma(float(S_b), d_w * d_a, acc); acc = fma(-float(M_b), dmin_w * d_a, acc), where S_b is the sum over
-//         sub-blocks j of scale_j times the exact nibble-activation dot, M_b the sum of min_j times the sub-block's
-//         activation sum (Q8_K's bsums), both exact int32.
+//   Q4_K (and Q5_K): acc = fma(float(S_b), d_w * d_a, acc); acc = fma(-float(M_b), dmin_w * d_a, acc), where S_b is
+//         the sum over sub-blocks j of scale_j times the exact value-activation dot, M_b the sum of min_j times the
+//         sub-block's activation sum (Q8_K's bsums), both exact int32.
 #pragma once
 
 #include <cstddef>
@@ -47,6 +47,9 @@ void gemm_q8_0_packed_avx2(const PackedGemm& g);
 void gemm_q4_k_packed_avx2(const PackedGemm& g);
 void gemm_q8_0_packed_avxvnni(const PackedGemm& g);
 void gemm_q4_k_packed_avxvnni(const PackedGemm& g);
+// Q5_K, AVX2 only: the numerics of Q4_K (the values 5 bits), over the same activations.
+void gemm_q5_k_packed_avx2(const PackedGemm& g);     // n_cols <= 4
+void gemm_q5_k_packed_avxvnni(const PackedGemm& g);  // n_cols <= 4
 // Q6_K, AVX2 only (gemm_packed_q6_k_avx2_kernels.inc), over activations biased by 128 (kBiasedQ8KBlockBytes per 256,
 // quantize_q8_k_biased_avx2): acc = fma(float(S_b), d_w * d_a, acc), S_b the sum over sub-blocks j of scale_j times
 // the exact dot of (q - 32) with the Q8_K quants. The same bits with and without AVX-VNNI.

@@ -20,7 +20,10 @@ void gemm_q8_0_packed_avx2(const PackedGemm& g) {
     q8_0_any(g);
 }
 void gemm_q4_k_packed_avx2(const PackedGemm& g) {
-    q4_k_any(g);
+    q4_k_any<false>(g);
+}
+void gemm_q5_k_packed_avx2(const PackedGemm& g) {
+    q4_k_any<true>(g);
 }
 void gemm_q6_k_packed_avx2(const PackedGemm& g) {
     q6_k_any(g);

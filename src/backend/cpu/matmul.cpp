@@ -227,6 +227,11 @@ MatmulRowsPlan plan_for(const Tensor& w, int64_t n_tokens, Isa isa) {
         p.act_stride = static_cast<size_t>(in / kQK_K) * kBiasedQ8KBlockBytes;
         p.cols = kPackedColsQ6_K;
         p.gemm = isa == Isa::Avx2Vnni ? gemm_q6_k_packed_avxvnni : gemm_q6_k_packed_avx2;
+    } else if (w.type == DType::Q5_K) {
+        layout = ActLayout::Q8_KSums;
+        p.cols = kPackedColsQ4_K;
+        p.act_stride = static_cast<size_t>(in / kQK_K) * kQ8KSumsBlockBytes;
+        p.gemm = isa == Isa::Avx2Vnni ? gemm_q5_k_packed_avxvnni : gemm_q5_k_packed_avx2;
     } else {
         layout = ActLayout::Q8_KSums;
         p.cols = kPackedColsQ4_K;

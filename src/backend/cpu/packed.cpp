@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <type_traits>
 
 #include "backend/cpu/gemm_packed.h"
 #include "backend/cpu/quant_dot.h"
@@ -19,6 +20,8 @@ size_t packed_block_bytes(DType t) {
             return kPackedQ8_0BlockBytes;
         case DType::Q4_K:
             return kPackedQ4_KBlockBytes;
+        case DType::Q5_K:
+            return kPackedQ5_KBlockBytes;
         default:
             STRATA_ASSERT(t == DType::Q6_K);
             return kPackedQ6_KBlockBytes;
@@ -37,9 +40,12 @@ void pack_q8_0_row(const BlockQ8_0* row, int64_t nb, int lane, uint8_t* group) {
     }
 }
 
-void pack_q4_k_row(const BlockQ4_K* row, int64_t nb, int lane, uint8_t* group) {
+// Q4_K, or Q5_K (BlockQ5_K: the same fields plus qh) with its fifth bits after the Q4_K part.
+template <typename Block>
+void pack_q4_k_row(const Block* row, int64_t nb, int lane, uint8_t* group) {
+    constexpr bool kFiveBits = std::is_same_v<Block, BlockQ5_K>;
     for (int64_t b = 0; b < nb; ++b) {
-        uint8_t* block = group + static_cast<size_t>(b) * kPackedQ4_KBlockBytes;
+        uint8_t* block = group + static_cast<size_t>(b) * (kFiveBits ? kPackedQ5_KBlockBytes : kPackedQ4_KBlockBytes);
         std::memcpy(block + 2 * lane, &row[b].d, 2);
         std::memcpy(block + 32 + 2 * lane, &row[b].dmin, 2);
         for (int j = 0; j < 8; ++j) {
@@ -53,6 +59,9 @@ void pack_q4_k_row(const BlockQ4_K* row, int64_t nb, int lane, uint8_t* group) {
         for (int p = 0; p < 4; ++p)
             for (int k = 0; k < 8; ++k)
                 std::memcpy(block + 448 + 512 * p + 64 * k + 4 * lane, row[b].qs + 32 * p + 4 * k, 4);
+        if constexpr (kFiveBits) {
+            for (int k = 0; k < 8; ++k) std::memcpy(block + 2496 + 64 * k + 4 * lane, row[b].qh + 4 * k, 4);
+        }
     }
 }
 
@@ -101,6 +110,7 @@ bool has_packed_gemm(DType t, Isa isa) {
         case DType::Q8_0:
         case DType::Q4_K:
             return avx2_class || isa == Isa::Avx512;
+        case DType::Q5_K:
         case DType::Q6_K:
             return avx2_class;
         default:
@@ -143,6 +153,9 @@ void pack_rows(const Tensor& w, uint8_t* dst) {
                     break;
                 case DType::Q4_K:
                     pack_q4_k_row(reinterpret_cast<const BlockQ4_K*>(row), nb, lane, group);
+                    break;
+                case DType::Q5_K:
+                    pack_q4_k_row(reinterpret_cast<const BlockQ5_K*>(row), nb, lane, group);
                     break;
                 default:
                     pack_q6_k_row(reinterpret_cast<const BlockQ6_K*>(row), nb, lane, group);

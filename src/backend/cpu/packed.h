@@ -7,6 +7,9 @@
 //   Q4_K (256 values, 2,496 bytes): f16 d, f16 dmin, the 8 sub-block scales as bytes (16 per sub-block), the mins
 //     as int16 pairs (sub-blocks 2p, 2p+1; 64 bytes per pair), then per pair p the nibble bytes 4 at a time: low
 //     nibbles are sub-block 2p, high nibbles 2p+1, as in the format.
+//   Q5_K (256 values, 3,008 bytes; AVX2 only): the Q4_K layout of its scales, mins and low nibbles, then the fifth
+//     bits: qh bytes 4k .. 4k+3 of lane l at 2496 + 64k + 4l (bit j of qh[e] is value e of sub-block j, as in the
+//     format).
 //   Q6_K (256 values, 3,424 bytes; AVX2 only): f16 d, the 16 sub-block scales as int8 (16 per sub-block), the int32
 //     -128 x sum over sub-blocks of scale x the sum of (q - 32) (what biased activations add, taken back out), then per
 //     sub-block j three 64-byte units of its 16 6-bit values q, 4 per row: of values 4k+i (k < 4), unit 0 byte i is
@@ -29,11 +32,12 @@ namespace strata::cpu {
 constexpr int64_t kPackRows = 16;
 constexpr size_t kPackedQ8_0BlockBytes = 32 + 32 + 16 * 32;
 constexpr size_t kPackedQ4_KBlockBytes = 32 + 32 + 128 + 256 + 16 * 128;
+constexpr size_t kPackedQ5_KBlockBytes = kPackedQ4_KBlockBytes + 16 * 32;
 constexpr size_t kPackedQ6_KBlockBytes = 32 + 256 + 64 + 16 * 192;
 
 // Whether w (2-D, or 3-D with one matrix per ne[2] slice) gets a packed form: Q8_0 or Q4_K with the matmuls on AVX2
-// or more (active_isa(); with scalar code the copy would never be read), Q6_K on the AVX2 class only (AVX-512 has no
-// GEMM for it and keeps its row kernel).
+// or more (active_isa(); with scalar code the copy would never be read), Q5_K and Q6_K on the AVX2 class only
+// (AVX-512 has no GEMM for them and keeps its row kernels).
 bool packable(const Tensor& w);
 // Whether instruction set isa has a GEMM over packed weights of type t (otherwise a packed copy is ignored).
 bool has_packed_gemm(DType t, Isa isa);

@@ -6,6 +6,8 @@
 //         each sub-block's 6-bit scale times its exact nibble dot, M the sum of each 6-bit min times the sub-block's
 //         activation quant sum;
 //   Q5_K (AVX2 only): as Q4_K with 5-bit values;
+//   IQ4_XS (AVX2 only): acc = fma(float(S), d * d_a, acc), S the sum of each sub-block's ls - 32 times the exact dot
+//         of its table values with the activation quants;
 //   Q6_K (AVX2 only): acc = fma(float(S), d * d_a, acc), S the sum of each sub-block's int8 scale times its exact dot
 //         of (q - 32) with the activation quants;
 // where the activation quants are what llama.cpp's reference quantizers give (quantize_row, itself checked against
@@ -126,6 +128,26 @@ float defined_dot_q6_k(const strata::BlockQ6_K* w, const strata::BlockQ8_K* a, i
     return acc;
 }
 
+// IQ4_XS (AVX2 only): per super-block acc = fma(float(S), d * d_a, acc), S the sum over the 8 sub-blocks of ls - 32
+// times the exact dot of the table values with the activation quants.
+float defined_dot_iq4_xs(const strata::BlockIQ4_XS* w, const strata::BlockQ8_K* a, int64_t n_blocks) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        int32_t scaled = 0;
+        for (int j = 0; j < 8; ++j) {
+            const int ls = ((w[b].scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | (((w[b].scales_h >> (2 * j)) & 3) << 4);
+            int32_t dot = 0;
+            for (int l = 0; l < 32; ++l) {
+                const int nibble = (w[b].qs[16 * j + l % 16] >> (4 * (l / 16))) & 0xF;
+                dot += strata::quant::kIQ4NLValues[nibble] * a[b].qs[32 * j + l];
+            }
+            scaled += (ls - 32) * dot;
+        }
+        acc = std::fma(static_cast<float>(scaled), strata::f16_to_f32(w[b].d) * a[b].d, acc);
+    }
+    return acc;
+}
+
 std::vector<float> defined_matmul(const Tensor& w, const float* x, int64_t n_tokens) {
     const int64_t n = w.ne[0], rows = w.ne[1];
     const DType act = cpu::activation_type(w.type);
@@ -141,6 +163,9 @@ std::vector<float> defined_matmul(const Tensor& w, const float* x, int64_t n_tok
             } else if (w.type == DType::Q4_K) {
                 out = defined_dot_q4_k(reinterpret_cast<const strata::BlockQ4_K*>(w.row(r)),
                                        reinterpret_cast<const strata::BlockQ8_K*>(q.data()), n / strata::kQK_K);
+            } else if (w.type == DType::IQ4_XS) {
+                out = defined_dot_iq4_xs(reinterpret_cast<const strata::BlockIQ4_XS*>(w.row(r)),
+                                         reinterpret_cast<const strata::BlockQ8_K*>(q.data()), n / strata::kQK_K);
             } else if (w.type == DType::Q5_K) {
                 out = defined_dot_q4_k(reinterpret_cast<const strata::BlockQ5_K*>(w.row(r)),
                                        reinterpret_cast<const strata::BlockQ8_K*>(q.data()), n / strata::kQK_K);
@@ -332,7 +357,7 @@ INSTANTIATE_TEST_SUITE_P(Types, PackedType,
                          packed_type_name);
 // Types packed for the AVX2 class only.
 INSTANTIATE_TEST_SUITE_P(Avx2Types, PackedType,
-                         ::testing::Combine(::testing::Values(DType::Q5_K, DType::Q6_K),
+                         ::testing::Combine(::testing::Values(DType::Q5_K, DType::Q6_K, DType::IQ4_XS),
                                             ::testing::Values(cpu::Isa::Avx2, cpu::Isa::Avx2Vnni)),
                          packed_type_name);
 

@@ -56,6 +56,12 @@ void gemm_q5_k_packed_avxvnni(const PackedGemm& g);  // n_cols <= 4
 constexpr int kPackedColsQ6_K = 8;
 void gemm_q6_k_packed_avx2(const PackedGemm& g);     // n_cols <= 8
 void gemm_q6_k_packed_avxvnni(const PackedGemm& g);  // n_cols <= 8
+// IQ4_XS, AVX2 only (gemm_packed_iq4_xs_avx2_kernels.inc): acc = fma(float(S_b), d_w * d_a, acc), S_b the sum over
+// sub-blocks j of (ls_j - 32) times the exact dot of the table values with the Q8_K quants. With AVX-VNNI over
+// activations biased by 128 (kBiasedQ8KBlockBytes per 256), without over the signed ones (kQ8KSumsBlockBytes).
+constexpr int kPackedColsIQ4_XS = 8;
+void gemm_iq4_xs_packed_avx2(const PackedGemm& g);     // n_cols <= 8
+void gemm_iq4_xs_packed_avxvnni(const PackedGemm& g);  // n_cols <= 8
 
 // Per 256 activations: llama.cpp's Q8_K quants (the reference quantizer's), its f32 scale, then the 8 sums of each
 // 32 quants (a sub-block) as int16.

@@ -1,5 +1,5 @@
 // The packed GEMMs with AVX2 alone (vpmaddubsw sums): gemm_packed_avx2_kernels.inc and
-// gemm_packed_q6_k_avx2_kernels.inc with kVnni = false.
+// gemm_packed_q6_k_avx2_kernels.inc and gemm_packed_iq4_xs_avx2_kernels.inc with kVnni = false.
 #include <immintrin.h>
 
 #include <cstring>
@@ -7,12 +7,14 @@
 #include "backend/cpu/gemm_packed.h"
 #include "backend/cpu/packed.h"
 #include "core/quant_blocks.h"
+#include "core/quant_tables.h"
 
 namespace strata::cpu {
 
 namespace {
 constexpr bool kVnni = false;
 #include "backend/cpu/gemm_packed_avx2_kernels.inc"
+#include "backend/cpu/gemm_packed_iq4_xs_avx2_kernels.inc"
 #include "backend/cpu/gemm_packed_q6_k_avx2_kernels.inc"
 }  // namespace
 
@@ -27,6 +29,9 @@ void gemm_q5_k_packed_avx2(const PackedGemm& g) {
 }
 void gemm_q6_k_packed_avx2(const PackedGemm& g) {
     q6_k_any(g);
+}
+void gemm_iq4_xs_packed_avx2(const PackedGemm& g) {
+    iq4_xs_any(g);
 }
 
 }  // namespace strata::cpu

@@ -1,6 +1,6 @@
 // The packed GEMMs with AVX2 and AVX-VNNI (VEX vpdpbusd / vpdpwssd; compiled with -mavxvnni, called only when CPUID
 // reports it): gemm_packed_avx2_kernels.inc and
-// gemm_packed_q6_k_avx2_kernels.inc with kVnni = true.
+// gemm_packed_q6_k_avx2_kernels.inc and gemm_packed_iq4_xs_avx2_kernels.inc with kVnni = true.
 #include <immintrin.h>
 
 #include <cstring>
@@ -8,12 +8,14 @@
 #include "backend/cpu/gemm_packed.h"
 #include "backend/cpu/packed.h"
 #include "core/quant_blocks.h"
+#include "core/quant_tables.h"
 
 namespace strata::cpu {
 
 namespace {
 constexpr bool kVnni = true;
 #include "backend/cpu/gemm_packed_avx2_kernels.inc"
+#include "backend/cpu/gemm_packed_iq4_xs_avx2_kernels.inc"
 #include "backend/cpu/gemm_packed_q6_k_avx2_kernels.inc"
 }  // namespace
 
@@ -28,6 +30,9 @@ void gemm_q5_k_packed_avxvnni(const PackedGemm& g) {
 }
 void gemm_q6_k_packed_avxvnni(const PackedGemm& g) {
     q6_k_any(g);
+}
+void gemm_iq4_xs_packed_avxvnni(const PackedGemm& g) {
+    iq4_xs_any(g);
 }
 
 }  // namespace strata::cpu

@@ -227,6 +227,12 @@ MatmulRowsPlan plan_for(const Tensor& w, int64_t n_tokens, Isa isa) {
         p.act_stride = static_cast<size_t>(in / kQK_K) * kBiasedQ8KBlockBytes;
         p.cols = kPackedColsQ6_K;
         p.gemm = isa == Isa::Avx2Vnni ? gemm_q6_k_packed_avxvnni : gemm_q6_k_packed_avx2;
+    } else if (w.type == DType::IQ4_XS) {
+        const bool biased = isa == Isa::Avx2Vnni;
+        layout = biased ? ActLayout::BiasedQ8_K : ActLayout::Q8_KSums;
+        p.act_stride = static_cast<size_t>(in / kQK_K) * (biased ? kBiasedQ8KBlockBytes : kQ8KSumsBlockBytes);
+        p.cols = kPackedColsIQ4_XS;
+        p.gemm = biased ? gemm_iq4_xs_packed_avxvnni : gemm_iq4_xs_packed_avx2;
     } else if (w.type == DType::Q5_K) {
         layout = ActLayout::Q8_KSums;
         p.cols = kPackedColsQ4_K;

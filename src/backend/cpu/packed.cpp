@@ -9,6 +9,7 @@
 #include "backend/cpu/quant_dot.h"
 #include "core/error.h"
 #include "core/quant_blocks.h"
+#include "core/quant_tables.h"
 
 namespace strata::cpu {
 
@@ -22,6 +23,8 @@ size_t packed_block_bytes(DType t) {
             return kPackedQ4_KBlockBytes;
         case DType::Q5_K:
             return kPackedQ5_KBlockBytes;
+        case DType::IQ4_XS:
+            return kPackedIQ4_XSBlockBytes;
         default:
             STRATA_ASSERT(t == DType::Q6_K);
             return kPackedQ6_KBlockBytes;
@@ -102,6 +105,28 @@ void pack_q6_k_row(const BlockQ6_K* row, int64_t nb, int lane, uint8_t* group) {
     }
 }
 
+void pack_iq4_xs_row(const BlockIQ4_XS* row, int64_t nb, int lane, uint8_t* group) {
+    for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* block = group + static_cast<size_t>(b) * kPackedIQ4_XSBlockBytes;
+        std::memcpy(block + 2 * lane, &row[b].d, 2);
+        int32_t value_sums = 0;
+        for (int j = 0; j < 8; ++j) {
+            const int ls =
+                ((row[b].scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | (((row[b].scales_h >> (2 * j)) & 3) << 4);
+            block[32 + 16 * j + lane] = static_cast<uint8_t>(static_cast<int8_t>(ls - 32));
+            int32_t sum = 0;
+            for (int l = 0; l < 16; ++l)
+                sum +=
+                    quant::kIQ4NLValues[row[b].qs[16 * j + l] & 0xF] + quant::kIQ4NLValues[row[b].qs[16 * j + l] >> 4];
+            value_sums += (ls - 32) * sum;
+            for (int k = 0; k < 4; ++k)
+                std::memcpy(block + 224 + 256 * j + 64 * k + 4 * lane, row[b].qs + 16 * j + 4 * k, 4);
+        }
+        const int32_t start = -128 * value_sums;
+        std::memcpy(block + 160 + 4 * lane, &start, 4);
+    }
+}
+
 }  // namespace
 
 bool has_packed_gemm(DType t, Isa isa) {
@@ -112,6 +137,7 @@ bool has_packed_gemm(DType t, Isa isa) {
             return avx2_class || isa == Isa::Avx512;
         case DType::Q5_K:
         case DType::Q6_K:
+        case DType::IQ4_XS:
             return avx2_class;
         default:
             return false;
@@ -156,6 +182,9 @@ void pack_rows(const Tensor& w, uint8_t* dst) {
                     break;
                 case DType::Q5_K:
                     pack_q4_k_row(reinterpret_cast<const BlockQ5_K*>(row), nb, lane, group);
+                    break;
+                case DType::IQ4_XS:
+                    pack_iq4_xs_row(reinterpret_cast<const BlockIQ4_XS*>(row), nb, lane, group);
                     break;
                 default:
                     pack_q6_k_row(reinterpret_cast<const BlockQ6_K*>(row), nb, lane, group);

@@ -14,6 +14,10 @@
 //     -128 x sum over sub-blocks of scale x the sum of (q - 32) (what biased activations add, taken back out), then per
 //     sub-block j three 64-byte units of its 16 6-bit values q, 4 per row: of values 4k+i (k < 4), unit 0 byte i is
 //     q_0 | (q_2 >> 4) << 6, unit 1 q_1 | (q_3 >> 4) << 6, unit 2 (q_2 & 15) | (q_3 & 15) << 4.
+//   IQ4_XS (256 values, 2,272 bytes; AVX2 only): f16 d, the 8 sub-block scales ls - 32 as int8 (16 per sub-block),
+//     the int32 -128 x sum over sub-blocks of scale x the sum of its table values, then per sub-block j the 16 nibble
+//     bytes of each row 4 at a time: bytes 16j + 4k .. +3 of lane l at 224 + 256j + 64k + 4l (low nibbles are values
+//     4k.., high nibbles 16 + 4k.., as in the format).
 //
 // Every output keeps the numerics of one fixed order over the blocks (gemm_packed.h), so a token's result is the same
 // whichever other tokens share the call (the matmul contract).
@@ -34,9 +38,10 @@ constexpr size_t kPackedQ8_0BlockBytes = 32 + 32 + 16 * 32;
 constexpr size_t kPackedQ4_KBlockBytes = 32 + 32 + 128 + 256 + 16 * 128;
 constexpr size_t kPackedQ5_KBlockBytes = kPackedQ4_KBlockBytes + 16 * 32;
 constexpr size_t kPackedQ6_KBlockBytes = 32 + 256 + 64 + 16 * 192;
+constexpr size_t kPackedIQ4_XSBlockBytes = 32 + 128 + 64 + 16 * 128;
 
 // Whether w (2-D, or 3-D with one matrix per ne[2] slice) gets a packed form: Q8_0 or Q4_K with the matmuls on AVX2
-// or more (active_isa(); with scalar code the copy would never be read), Q5_K and Q6_K on the AVX2 class only
+// or more (active_isa(); with scalar code the copy would never be read), Q5_K, Q6_K and IQ4_XS on the AVX2 class only
 // (AVX-512 has no GEMM for them and keeps its row kernels).
 bool packable(const Tensor& w);
 // Whether instruction set isa has a GEMM over packed weights of type t (otherwise a packed copy is ignored).

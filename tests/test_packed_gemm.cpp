@@ -344,6 +344,28 @@ TEST_P(PackedType, ScalarCodeReadsTheUnpackedRows) {
     EXPECT_TRUE(same_bits(got, want));
 }
 
+// A type packed for the AVX2 class only (no AVX-512 GEMM): with the matmul on AVX-512 the packed copy is ignored and
+// the row kernel reads the format's rows, so the outputs are those of the same weight never packed.
+TEST_P(PackedType, Avx512WithoutAGemmReadsTheUnpackedRows) {
+    if (cpu::has_packed_gemm(type(), cpu::Isa::Avx512)) GTEST_SKIP() << "AVX-512 has a GEMM for this type";
+    if (!cpu::supports_isa(cpu::Isa::Avx512)) GTEST_SKIP() << "this CPU has no AVX-512";
+    std::mt19937 rng(8);
+    const int64_t n = 2 * block(), rows = 33;
+    const std::vector<uint8_t> bytes = weights(type(), n, rows, 1, rng);
+    const int64_t ne[2] = {n, rows};
+    Tensor w = strata::make_tensor("w", type(), 2, ne, bytes.data());
+    Tensor plain = w;
+    cpu::PackedWeights packer;
+    ASSERT_TRUE(packer.pack(w));  // packed on this test's AVX2 flavour
+    const std::vector<float> x = gaussian(n * 5, rng);
+    std::vector<float> got(static_cast<size_t>(rows * 5)), want(got.size());
+    cpu::override_active_isa(cpu::Isa::Avx512);
+    cpu::matmul({.w = w, .x = x.data(), .y = got.data(), .n_tokens = 5});
+    cpu::matmul({.w = plain, .x = x.data(), .y = want.data(), .n_tokens = 5});
+    cpu::override_active_isa(isa());
+    EXPECT_TRUE(same_bits(got, want));
+}
+
 std::string packed_type_name(const ::testing::TestParamInfo<std::tuple<DType, cpu::Isa>>& param) {
     std::string name =
         std::string(strata::dtype_name(std::get<0>(param.param))) + "_" + cpu::isa_name(std::get<1>(param.param));

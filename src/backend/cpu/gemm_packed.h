@@ -1,7 +1,7 @@
 // Private to the CPU backend: the kernels over packed weights (packed.h) and the activation layouts they read.
 // AVX-512: gemm_packed_avx512.cpp and quantize_avx512.cpp, called only when active_isa() is AVX-512; AVX2 (with and
-// without AVX-VNNI): gemm_packed_avx2.cpp, gemm_packed_avxvnni.cpp (the same bits as AVX-512's) and the portable
-// quantizers in packed.cpp.
+// without AVX-VNNI): gemm_packed_avx2.cpp, gemm_packed_avxvnni.cpp (for Q8_0 and Q4_K the same bits as AVX-512's;
+// Q5_K, Q6_K and IQ4_XS are packed for the AVX2 class only) and the portable quantizers in packed.cpp.
 //
 // Numerics, per output (row r, token t), over the weight's blocks b in order, acc starting at 0:
 //   Q8_0: acc = fma(float(s_b), d_w * d_a, acc), s_b the exact integer dot of the block's quants.

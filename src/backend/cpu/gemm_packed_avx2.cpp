@@ -1,5 +1,5 @@
 // The packed GEMMs with AVX2 alone (vpmaddubsw sums): gemm_packed_avx2_kernels.inc and
-// gemm_packed_q6_k_avx2_kernels.inc and gemm_packed_iq4_xs_avx2_kernels.inc with kVnni = false.
+// the per-type gemm_packed_*_avx2_kernels.inc with kVnni = false.
 #include <immintrin.h>
 
 #include <cstring>
@@ -14,6 +14,7 @@ namespace strata::cpu {
 namespace {
 constexpr bool kVnni = false;
 #include "backend/cpu/gemm_packed_avx2_kernels.inc"
+#include "backend/cpu/gemm_packed_iq3_xxs_avx2_kernels.inc"
 #include "backend/cpu/gemm_packed_iq4_xs_avx2_kernels.inc"
 #include "backend/cpu/gemm_packed_q6_k_avx2_kernels.inc"
 }  // namespace
@@ -32,6 +33,9 @@ void gemm_q6_k_packed_avx2(const PackedGemm& g) {
 }
 void gemm_iq4_xs_packed_avx2(const PackedGemm& g) {
     iq4_xs_any(g);
+}
+void gemm_iq3_xxs_packed_avx2(const PackedGemm& g) {
+    iq3_xxs_any(g);
 }
 
 }  // namespace strata::cpu

@@ -1,6 +1,6 @@
 // The packed GEMMs with AVX2 and AVX-VNNI (VEX vpdpbusd / vpdpwssd; compiled with -mavxvnni, called only when CPUID
 // reports it): gemm_packed_avx2_kernels.inc and
-// gemm_packed_q6_k_avx2_kernels.inc and gemm_packed_iq4_xs_avx2_kernels.inc with kVnni = true.
+// the per-type gemm_packed_*_avx2_kernels.inc with kVnni = true.
 #include <immintrin.h>
 
 #include <cstring>
@@ -15,6 +15,7 @@ namespace strata::cpu {
 namespace {
 constexpr bool kVnni = true;
 #include "backend/cpu/gemm_packed_avx2_kernels.inc"
+#include "backend/cpu/gemm_packed_iq3_xxs_avx2_kernels.inc"
 #include "backend/cpu/gemm_packed_iq4_xs_avx2_kernels.inc"
 #include "backend/cpu/gemm_packed_q6_k_avx2_kernels.inc"
 }  // namespace
@@ -33,6 +34,9 @@ void gemm_q6_k_packed_avxvnni(const PackedGemm& g) {
 }
 void gemm_iq4_xs_packed_avxvnni(const PackedGemm& g) {
     iq4_xs_any(g);
+}
+void gemm_iq3_xxs_packed_avxvnni(const PackedGemm& g) {
+    iq3_xxs_any(g);
 }
 
 }  // namespace strata::cpu

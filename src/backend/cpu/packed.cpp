@@ -25,6 +25,8 @@ size_t packed_block_bytes(DType t) {
             return kPackedQ5_KBlockBytes;
         case DType::IQ4_XS:
             return kPackedIQ4_XSBlockBytes;
+        case DType::IQ3_XXS:
+            return kPackedIQ3_XXSBlockBytes;
         default:
             STRATA_ASSERT(t == DType::Q6_K);
             return kPackedQ6_KBlockBytes;
@@ -127,6 +129,35 @@ void pack_iq4_xs_row(const BlockIQ4_XS* row, int64_t nb, int lane, uint8_t* grou
     }
 }
 
+void pack_iq3_xxs_row(const BlockIQ3_XXS* row, int64_t nb, int lane, uint8_t* group) {
+    for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* block = group + static_cast<size_t>(b) * kPackedIQ3_XXSBlockBytes;
+        std::memcpy(block + 2 * lane, &row[b].d, 2);
+        int32_t value_sums = 0;
+        for (int j = 0; j < 8; ++j) {
+            uint32_t aux;
+            std::memcpy(&aux, row[b].qs + kQK_K / 4 + 4 * j, 4);
+            const int odd_scale = 2 * static_cast<int>(aux >> 28) + 1;
+            block[32 + 16 * j + lane] = static_cast<uint8_t>(odd_scale);
+            uint32_t signs = 0;
+            for (int l = 0; l < 4; ++l) signs |= static_cast<uint32_t>(quant::even_signs(aux >> (7 * l))) << (8 * l);
+            std::memcpy(block + 1248 + 64 * j + 4 * lane, &signs, 4);
+            int32_t sum = 0;
+            for (int k = 0; k < 8; ++k) {
+                const uint8_t index = row[b].qs[8 * j + k];
+                block[224 + 128 * j + 16 * k + lane] = index;
+                for (int i = 0; i < 4; ++i) {
+                    const int magnitude = static_cast<int>((quant::kIQ3XXSGrid[index] >> (8 * i)) & 0xFF);
+                    sum += (signs >> (4 * k + i)) & 1 ? -magnitude : magnitude;
+                }
+            }
+            value_sums += odd_scale * sum;
+        }
+        const int32_t start = -128 * value_sums;
+        std::memcpy(block + 160 + 4 * lane, &start, 4);
+    }
+}
+
 }  // namespace
 
 bool has_packed_gemm(DType t, Isa isa) {
@@ -138,6 +169,7 @@ bool has_packed_gemm(DType t, Isa isa) {
         case DType::Q5_K:
         case DType::Q6_K:
         case DType::IQ4_XS:
+        case DType::IQ3_XXS:
             return avx2_class;
         default:
             return false;
@@ -185,6 +217,9 @@ void pack_rows(const Tensor& w, uint8_t* dst) {
                     break;
                 case DType::IQ4_XS:
                     pack_iq4_xs_row(reinterpret_cast<const BlockIQ4_XS*>(row), nb, lane, group);
+                    break;
+                case DType::IQ3_XXS:
+                    pack_iq3_xxs_row(reinterpret_cast<const BlockIQ3_XXS*>(row), nb, lane, group);
                     break;
                 default:
                     pack_q6_k_row(reinterpret_cast<const BlockQ6_K*>(row), nb, lane, group);

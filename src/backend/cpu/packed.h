@@ -18,6 +18,11 @@
 //     the int32 -128 x sum over sub-blocks of scale x the sum of its table values, then per sub-block j the 16 nibble
 //     bytes of each row 4 at a time: bytes 16j + 4k .. +3 of lane l at 224 + 256j + 64k + 4l (low nibbles are values
 //     4k.., high nibbles 16 + 4k.., as in the format).
+//   IQ3_XXS (256 values, 1,760 bytes; AVX2 only): f16 d, the 8 odd scales 2 ls + 1 as int8 (16 per sub-block), the
+//     int32 -128 x sum over sub-blocks of scale x the sum of its signed grid values, then per sub-block j the grid
+//     index bytes (index k covers values 4k..4k+3; lane l's at 224 + 128j + 16k + l), then per sub-block j each
+//     row's 32 sign bits (bit e is value e's, the format's 7 stored bits and even parity per 8 values) at
+//     1248 + 64j + 4l.
 //
 // Every output keeps the numerics of one fixed order over the blocks (gemm_packed.h), so a token's result is the same
 // whichever other tokens share the call (the matmul contract).
@@ -39,10 +44,11 @@ constexpr size_t kPackedQ4_KBlockBytes = 32 + 32 + 128 + 256 + 16 * 128;
 constexpr size_t kPackedQ5_KBlockBytes = kPackedQ4_KBlockBytes + 16 * 32;
 constexpr size_t kPackedQ6_KBlockBytes = 32 + 256 + 64 + 16 * 192;
 constexpr size_t kPackedIQ4_XSBlockBytes = 32 + 128 + 64 + 16 * 128;
+constexpr size_t kPackedIQ3_XXSBlockBytes = 32 + 128 + 64 + 16 * 64 + 16 * 32;
 
 // Whether w (2-D, or 3-D with one matrix per ne[2] slice) gets a packed form: Q8_0 or Q4_K with the matmuls on AVX2
-// or more (active_isa(); with scalar code the copy would never be read), Q5_K, Q6_K and IQ4_XS on the AVX2 class only
-// (AVX-512 has no GEMM for them and keeps its row kernels).
+// or more (active_isa(); with scalar code the copy would never be read), Q5_K, Q6_K, IQ4_XS and IQ3_XXS on the AVX2
+// class only (AVX-512 has no GEMM for them and keeps its row kernels).
 bool packable(const Tensor& w);
 // Whether instruction set isa has a GEMM over packed weights of type t (otherwise a packed copy is ignored).
 bool has_packed_gemm(DType t, Isa isa);

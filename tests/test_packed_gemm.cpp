@@ -10,6 +10,7 @@
 //         of its table values with the activation quants;
 //   IQ3_XXS (AVX2 only): 0.25 x (acc = fma(float(S), d * d_a, acc)), S the sum of each sub-block's 2 ls + 1 times the
 //         exact dot of its signed grid magnitudes with the activation quants;
+//   IQ3_S (AVX2 only): as IQ3_XXS with 9-bit grid indices, stored sign bits and without the 0.25;
 //   Q6_K (AVX2 only): acc = fma(float(S), d * d_a, acc), S the sum of each sub-block's int8 scale times its exact dot
 //         of (q - 32) with the activation quants;
 // where the activation quants are what llama.cpp's reference quantizers give (quantize_row, itself checked against
@@ -173,6 +174,27 @@ float defined_dot_iq3_xxs(const strata::BlockIQ3_XXS* w, const strata::BlockQ8_K
     return 0.25f * acc;
 }
 
+// IQ3_S (AVX2 only): as IQ3_XXS with the 9-bit index qs | qh bit << 8, the stored sign bits and no 0.25.
+float defined_dot_iq3_s(const strata::BlockIQ3_S* w, const strata::BlockQ8_K* a, int64_t n_blocks) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        int32_t scaled = 0;
+        for (int j = 0; j < 8; ++j) {
+            int32_t dot = 0;
+            for (int l = 0; l < 32; ++l) {
+                const int k = l / 4;
+                const uint32_t grid = strata::quant::kIQ3SGrid[w[b].qs[8 * j + k] | (((w[b].qh[j] >> k) & 1) << 8)];
+                const int magnitude = static_cast<int>((grid >> (8 * (l % 4))) & 0xFF);
+                const bool negative = (w[b].signs[4 * j + l / 8] >> (l % 8)) & 1;
+                dot += (negative ? -magnitude : magnitude) * a[b].qs[32 * j + l];
+            }
+            scaled += (2 * ((w[b].scales[j / 2] >> (4 * (j % 2))) & 0xF) + 1) * dot;
+        }
+        acc = std::fma(static_cast<float>(scaled), strata::f16_to_f32(w[b].d) * a[b].d, acc);
+    }
+    return acc;
+}
+
 std::vector<float> defined_matmul(const Tensor& w, const float* x, int64_t n_tokens) {
     const int64_t n = w.ne[0], rows = w.ne[1];
     const DType act = cpu::activation_type(w.type);
@@ -188,6 +210,9 @@ std::vector<float> defined_matmul(const Tensor& w, const float* x, int64_t n_tok
             } else if (w.type == DType::Q4_K) {
                 out = defined_dot_q4_k(reinterpret_cast<const strata::BlockQ4_K*>(w.row(r)),
                                        reinterpret_cast<const strata::BlockQ8_K*>(q.data()), n / strata::kQK_K);
+            } else if (w.type == DType::IQ3_S) {
+                out = defined_dot_iq3_s(reinterpret_cast<const strata::BlockIQ3_S*>(w.row(r)),
+                                        reinterpret_cast<const strata::BlockQ8_K*>(q.data()), n / strata::kQK_K);
             } else if (w.type == DType::IQ3_XXS) {
                 out = defined_dot_iq3_xxs(reinterpret_cast<const strata::BlockIQ3_XXS*>(w.row(r)),
                                           reinterpret_cast<const strata::BlockQ8_K*>(q.data()), n / strata::kQK_K);
@@ -407,7 +432,8 @@ INSTANTIATE_TEST_SUITE_P(Types, PackedType,
                          packed_type_name);
 // Types packed for the AVX2 class only.
 INSTANTIATE_TEST_SUITE_P(Avx2Types, PackedType,
-                         ::testing::Combine(::testing::Values(DType::Q5_K, DType::Q6_K, DType::IQ4_XS, DType::IQ3_XXS),
+                         ::testing::Combine(::testing::Values(DType::Q5_K, DType::Q6_K, DType::IQ4_XS, DType::IQ3_XXS,
+                                                              DType::IQ3_S),
                                             ::testing::Values(cpu::Isa::Avx2, cpu::Isa::Avx2Vnni)),
                          packed_type_name);
 

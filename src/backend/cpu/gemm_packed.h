@@ -1,7 +1,7 @@
 // Private to the CPU backend: the kernels over packed weights (packed.h) and the activation layouts they read.
 // AVX-512: gemm_packed_avx512.cpp and quantize_avx512.cpp, called only when active_isa() is AVX-512; AVX2 (with and
 // without AVX-VNNI): gemm_packed_avx2.cpp, gemm_packed_avxvnni.cpp (for Q8_0 and Q4_K the same bits as AVX-512's;
-// Q5_K, Q6_K, IQ4_XS and IQ3_XXS are packed for the AVX2 class only) and the portable quantizers in packed.cpp.
+// Q5_K, Q6_K, IQ4_XS, IQ3_XXS and IQ3_S are packed for the AVX2 class only) and the portable quantizers in packed.cpp.
 //
 // Numerics, per output (row r, token t), over the weight's blocks b in order, acc starting at 0:
 //   Q8_0: acc = fma(float(s_b), d_w * d_a, acc), s_b the exact integer dot of the block's quants.
@@ -62,12 +62,15 @@ void gemm_q6_k_packed_avxvnni(const PackedGemm& g);  // n_cols <= 8
 constexpr int kPackedColsIQ4_XS = 8;
 void gemm_iq4_xs_packed_avx2(const PackedGemm& g);     // n_cols <= 8
 void gemm_iq4_xs_packed_avxvnni(const PackedGemm& g);  // n_cols <= 8
-// IQ3_XXS, AVX2 only (gemm_packed_iq3_xxs_avx2_kernels.inc), over activations biased by 128 (kBiasedQ8KBlockBytes
+// IQ3_XXS, AVX2 only (gemm_packed_iq3_avx2_kernels.inc), over activations biased by 128 (kBiasedQ8KBlockBytes
 // per 256): acc = fma(float(S_b), d_w * d_a, acc), S_b the sum over sub-blocks j of (2 ls_j + 1) times the exact dot of
 // the signed grid values with the Q8_K quants, then y = 0.25 x acc. The same bits with and without AVX-VNNI.
 constexpr int kPackedColsIQ3_XXS = 8;
 void gemm_iq3_xxs_packed_avx2(const PackedGemm& g);     // n_cols <= 8
 void gemm_iq3_xxs_packed_avxvnni(const PackedGemm& g);  // n_cols <= 8
+// IQ3_S, AVX2 only: the same with its 9-bit indices and grid, and no 0.25 (its scale is 2 ls + 1).
+void gemm_iq3_s_packed_avx2(const PackedGemm& g);     // n_cols <= 8
+void gemm_iq3_s_packed_avxvnni(const PackedGemm& g);  // n_cols <= 8
 
 // Per 256 activations: llama.cpp's Q8_K quants (the reference quantizer's), its f32 scale, then the 8 sums of each
 // 32 quants (a sub-block) as int16.

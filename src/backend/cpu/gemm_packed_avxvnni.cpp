@@ -15,7 +15,7 @@ namespace strata::cpu {
 namespace {
 constexpr bool kVnni = true;
 #include "backend/cpu/gemm_packed_avx2_kernels.inc"
-#include "backend/cpu/gemm_packed_iq3_xxs_avx2_kernels.inc"
+#include "backend/cpu/gemm_packed_iq3_avx2_kernels.inc"
 #include "backend/cpu/gemm_packed_iq4_xs_avx2_kernels.inc"
 #include "backend/cpu/gemm_packed_q6_k_avx2_kernels.inc"
 }  // namespace
@@ -36,7 +36,10 @@ void gemm_iq4_xs_packed_avxvnni(const PackedGemm& g) {
     iq4_xs_any(g);
 }
 void gemm_iq3_xxs_packed_avxvnni(const PackedGemm& g) {
-    iq3_xxs_any(g);
+    iq3_any<false>(g);
+}
+void gemm_iq3_s_packed_avxvnni(const PackedGemm& g) {
+    iq3_any<true>(g);
 }
 
 }  // namespace strata::cpu

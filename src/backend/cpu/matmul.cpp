@@ -227,11 +227,13 @@ MatmulRowsPlan plan_for(const Tensor& w, int64_t n_tokens, Isa isa) {
         p.act_stride = static_cast<size_t>(in / kQK_K) * kBiasedQ8KBlockBytes;
         p.cols = kPackedColsQ6_K;
         p.gemm = isa == Isa::Avx2Vnni ? gemm_q6_k_packed_avxvnni : gemm_q6_k_packed_avx2;
-    } else if (w.type == DType::IQ3_XXS) {
+    } else if (w.type == DType::IQ3_XXS || w.type == DType::IQ3_S) {
         layout = ActLayout::BiasedQ8_K;
         p.act_stride = static_cast<size_t>(in / kQK_K) * kBiasedQ8KBlockBytes;
         p.cols = kPackedColsIQ3_XXS;
-        p.gemm = isa == Isa::Avx2Vnni ? gemm_iq3_xxs_packed_avxvnni : gemm_iq3_xxs_packed_avx2;
+        const bool vnni = isa == Isa::Avx2Vnni;
+        p.gemm = w.type == DType::IQ3_S ? (vnni ? gemm_iq3_s_packed_avxvnni : gemm_iq3_s_packed_avx2)
+                                        : (vnni ? gemm_iq3_xxs_packed_avxvnni : gemm_iq3_xxs_packed_avx2);
     } else if (w.type == DType::IQ4_XS) {
         const bool biased = isa == Isa::Avx2Vnni;
         layout = biased ? ActLayout::BiasedQ8_K : ActLayout::Q8_KSums;

@@ -27,6 +27,8 @@ size_t packed_block_bytes(DType t) {
             return kPackedIQ4_XSBlockBytes;
         case DType::IQ3_XXS:
             return kPackedIQ3_XXSBlockBytes;
+        case DType::IQ3_S:
+            return kPackedIQ3_SBlockBytes;
         default:
             STRATA_ASSERT(t == DType::Q6_K);
             return kPackedQ6_KBlockBytes;
@@ -158,6 +160,34 @@ void pack_iq3_xxs_row(const BlockIQ3_XXS* row, int64_t nb, int lane, uint8_t* gr
     }
 }
 
+void pack_iq3_s_row(const BlockIQ3_S* row, int64_t nb, int lane, uint8_t* group) {
+    for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* block = group + static_cast<size_t>(b) * kPackedIQ3_SBlockBytes;
+        std::memcpy(block + 2 * lane, &row[b].d, 2);
+        int32_t value_sums = 0;
+        for (int j = 0; j < 8; ++j) {
+            const int odd_scale = 2 * ((row[b].scales[j / 2] >> (4 * (j % 2))) & 0xF) + 1;
+            block[32 + 16 * j + lane] = static_cast<uint8_t>(odd_scale);
+            uint32_t signs;
+            std::memcpy(&signs, row[b].signs + 4 * j, 4);
+            std::memcpy(block + 1248 + 64 * j + 4 * lane, &signs, 4);
+            block[1760 + 16 * j + lane] = row[b].qh[j];
+            int32_t sum = 0;
+            for (int k = 0; k < 8; ++k) {
+                block[224 + 128 * j + 16 * k + lane] = row[b].qs[8 * j + k];
+                const uint32_t entry = quant::kIQ3SGrid[row[b].qs[8 * j + k] | (((row[b].qh[j] >> k) & 1) << 8)];
+                for (int i = 0; i < 4; ++i) {
+                    const int magnitude = static_cast<int>((entry >> (8 * i)) & 0xFF);
+                    sum += (signs >> (4 * k + i)) & 1 ? -magnitude : magnitude;
+                }
+            }
+            value_sums += odd_scale * sum;
+        }
+        const int32_t start = -128 * value_sums;
+        std::memcpy(block + 160 + 4 * lane, &start, 4);
+    }
+}
+
 }  // namespace
 
 bool has_packed_gemm(DType t, Isa isa) {
@@ -170,6 +200,7 @@ bool has_packed_gemm(DType t, Isa isa) {
         case DType::Q6_K:
         case DType::IQ4_XS:
         case DType::IQ3_XXS:
+        case DType::IQ3_S:
             return avx2_class;
         default:
             return false;
@@ -220,6 +251,9 @@ void pack_rows(const Tensor& w, uint8_t* dst) {
                     break;
                 case DType::IQ3_XXS:
                     pack_iq3_xxs_row(reinterpret_cast<const BlockIQ3_XXS*>(row), nb, lane, group);
+                    break;
+                case DType::IQ3_S:
+                    pack_iq3_s_row(reinterpret_cast<const BlockIQ3_S*>(row), nb, lane, group);
                     break;
                 default:
                     pack_q6_k_row(reinterpret_cast<const BlockQ6_K*>(row), nb, lane, group);

@@ -23,6 +23,9 @@
 //     index bytes (index k covers values 4k..4k+3; lane l's at 224 + 128j + 16k + l), then per sub-block j each
 //     row's 32 sign bits (bit e is value e's, the format's 7 stored bits and even parity per 8 values) at
 //     1248 + 64j + 4l.
+//   IQ3_S (256 values, 1,888 bytes; AVX2 only): the IQ3_XXS layout with the low 8 bits of its 9-bit indices, the
+//     odd scales 2 ls + 1 and the format's own sign bits, then each row's qh byte of sub-block j (bit k: index k's
+//     ninth bit) at 1760 + 16j + l.
 //
 // Every output keeps the numerics of one fixed order over the blocks (gemm_packed.h), so a token's result is the same
 // whichever other tokens share the call (the matmul contract).
@@ -45,6 +48,7 @@ constexpr size_t kPackedQ5_KBlockBytes = kPackedQ4_KBlockBytes + 16 * 32;
 constexpr size_t kPackedQ6_KBlockBytes = 32 + 256 + 64 + 16 * 192;
 constexpr size_t kPackedIQ4_XSBlockBytes = 32 + 128 + 64 + 16 * 128;
 constexpr size_t kPackedIQ3_XXSBlockBytes = 32 + 128 + 64 + 16 * 64 + 16 * 32;
+constexpr size_t kPackedIQ3_SBlockBytes = kPackedIQ3_XXSBlockBytes + 16 * 8;
 
 // Whether w (2-D, or 3-D with one matrix per ne[2] slice) gets a packed form: Q8_0 or Q4_K with the matmuls on AVX2
 // or more (active_isa(); with scalar code the copy would never be read), Q5_K, Q6_K, IQ4_XS and IQ3_XXS on the AVX2

@@ -21,8 +21,8 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <ostream>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <string>
 #include <tuple>
@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu/packed.h"
 #include "backend/cpu/quant_dot.h"
 #include "core/dtype.h"
 #include "core/quant_blocks.h"
@@ -56,8 +57,8 @@ using strata::cpu::Isa;
 using strata::testing::gaussian_with_outliers;
 namespace cpu = strata::cpu;
 
-const DType kWeightTypes[] = {DType::F32,    DType::F16,    DType::BF16,   DType::Q8_0,  DType::Q4_0,   DType::Q2_K,
-                              DType::Q3_K,   DType::Q4_K,   DType::Q5_K,   DType::Q6_K,  DType::IQ4_NL, DType::IQ4_XS,
+const DType kWeightTypes[] = {DType::F32,    DType::F16,     DType::BF16,  DType::Q8_0, DType::Q4_0,   DType::Q2_K,
+                              DType::Q3_K,   DType::Q4_K,    DType::Q5_K,  DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS,
                               DType::IQ2_XS, DType::IQ3_XXS, DType::IQ3_S, DType::IQ1_M};
 const Isa kIsas[] = {Isa::Scalar, Isa::Avx2, Isa::Avx2Vnni, Isa::Avx512};
 
@@ -116,7 +117,7 @@ struct MatmulCall {
 };
 
 class Backend {
-public:
+  public:
     virtual ~Backend() = default;
     virtual std::string name() const = 0;
     // Why this backend cannot run `op` on weight type t on this machine (the test is skipped with these words), or
@@ -134,13 +135,13 @@ strata::ThreadPool* pool_of(int threads) {
 
 // The CPU dot-product kernels of one instruction set.
 class CpuBackend final : public Backend {
-public:
+  public:
     explicit CpuBackend(Isa isa) : isa_(isa) {}
     std::string name() const override { return std::string("cpu-") + cpu::isa_name(isa_); }
     std::string unsupported(Op op, DType t) const override {
         if (!cpu::supports_isa(isa_))
-            return std::string("this CPU has no ") + cpu::isa_name(isa_) + " (detected: " +
-                   cpu::isa_name(cpu::detected_isa()) + ")";
+            return std::string("this CPU has no ") + cpu::isa_name(isa_) +
+                   " (detected: " + cpu::isa_name(cpu::detected_isa()) + ")";
         if (op == Op::Dot && !cpu::has_native_dot(t, isa_))
             return std::string("no ") + cpu::isa_name(isa_) + " kernel registered for " + strata::dtype_name(t) +
                    " (dot_kernel falls back to a lower instruction set, tested under that one)";
@@ -155,7 +156,7 @@ public:
         cpu::override_active_isa(std::nullopt);
     }
 
-private:
+  private:
     Isa isa_;
 };
 
@@ -189,13 +190,20 @@ std::vector<float> activation_values(ActKind kind, int64_t n, std::mt19937& rng)
 // Byte offsets of the f16 scale fields of a block of t (format facts: quant_blocks.h).
 std::vector<size_t> f16_scale_offsets(DType t) {
     switch (t) {
-        case DType::Q2_K: return {offsetof(strata::BlockQ2_K, d), offsetof(strata::BlockQ2_K, dmin)};
-        case DType::Q3_K: return {offsetof(strata::BlockQ3_K, d)};
-        case DType::Q4_K: return {offsetof(strata::BlockQ4_K, d), offsetof(strata::BlockQ4_K, dmin)};
-        case DType::Q5_K: return {offsetof(strata::BlockQ5_K, d), offsetof(strata::BlockQ5_K, dmin)};
-        case DType::Q6_K: return {offsetof(strata::BlockQ6_K, d)};
-        case DType::IQ1_M: return {};  // d is spread over the top nibbles of scales: see random_blocks
-        default: return {0};  // Q8_0, Q4_0, IQ4_NL, IQ4_XS, IQ2_XS, IQ3_XXS, IQ3_S: d comes first
+        case DType::Q2_K:
+            return {offsetof(strata::BlockQ2_K, d), offsetof(strata::BlockQ2_K, dmin)};
+        case DType::Q3_K:
+            return {offsetof(strata::BlockQ3_K, d)};
+        case DType::Q4_K:
+            return {offsetof(strata::BlockQ4_K, d), offsetof(strata::BlockQ4_K, dmin)};
+        case DType::Q5_K:
+            return {offsetof(strata::BlockQ5_K, d), offsetof(strata::BlockQ5_K, dmin)};
+        case DType::Q6_K:
+            return {offsetof(strata::BlockQ6_K, d)};
+        case DType::IQ1_M:
+            return {};  // d is spread over the top nibbles of scales: see random_blocks
+        default:
+            return {0};  // Q8_0, Q4_0, IQ4_NL, IQ4_XS, IQ2_XS, IQ3_XXS, IQ3_S: d comes first
     }
 }
 
@@ -265,9 +273,9 @@ double dot_double(const float* a, const float* b, int64_t n) {
 
 struct OpCase {
     Op op;
-    int64_t n;        // Dot: elements per row; Matmul: the input width
-    int n_cols = 1;   // Dot: columns per kernel call (1..dot_columns)
-    size_t pad = 0;   // Dot: bytes between activation rows beyond the row itself
+    int64_t n;       // Dot: elements per row; Matmul: the input width
+    int n_cols = 1;  // Dot: columns per kernel call (1..dot_columns)
+    size_t pad = 0;  // Dot: bytes between activation rows beyond the row itself
     ActKind kind = ActKind::Gaussian;
     int64_t out = 0;  // Matmul: output rows
 };
@@ -326,15 +334,20 @@ DotResult run_dot_case(const Backend& backend, DType t, const OpCase& c, uint32_
     const cpu::DotFn scalar = cpu::dot_kernel(t, Isa::Scalar);
     for (int row = 0; row < w.rows; ++row) {
         float* out = r.got.data() + row * c.n_cols;
-        backend.dot({.type = t, .n = c.n, .w = w.row(row), .a = a.data(), .a_stride = stride, .out = out,
-                     .n_cols = c.n_cols});
+        backend.dot(
+            {.type = t, .n = c.n, .w = w.row(row), .a = a.data(), .a_stride = stride, .out = out, .n_cols = c.n_cols});
         for (int col = 0; col < c.n_cols; col += cpu::kDotCols)  // every kernel takes kDotCols columns
             scalar(c.n, w.row(row), a.data() + col * stride, stride, r.scalar.data() + row * c.n_cols + col,
                    std::min(cpu::kDotCols, c.n_cols - col));
         for (int col = 0; col < c.n_cols; ++col) {
             // The stride of a one-column call is never read; a wrong one must not matter.
-            backend.dot({.type = t, .n = c.n, .w = w.row(row), .a = a.data() + col * stride, .a_stride = 1,
-                         .out = r.columns_alone.data() + row * c.n_cols + col, .n_cols = 1});
+            backend.dot({.type = t,
+                         .n = c.n,
+                         .w = w.row(row),
+                         .a = a.data() + col * stride,
+                         .a_stride = 1,
+                         .out = r.columns_alone.data() + row * c.n_cols + col,
+                         .n_cols = 1});
             r.exact.push_back(dot_double(w.row_values(row), x_rounded[static_cast<size_t>(col)].data(), c.n));
             r.unquantized.push_back(dot_double(w.row_values(row), x[static_cast<size_t>(col)].data(), c.n));
         }
@@ -344,8 +357,8 @@ DotResult run_dot_case(const Backend& backend, DType t, const OpCase& c, uint32_
 
 std::string case_name(const OpCase& c) {
     static const char* kinds[] = {"gaussian", "outliers", "saturating"};
-    return "n " + std::to_string(c.n) + ", " + std::to_string(c.n_cols) + " cols, pad " + std::to_string(c.pad) +
-           ", " + kinds[static_cast<int>(c.kind)];
+    return "n " + std::to_string(c.n) + ", " + std::to_string(c.n_cols) + " cols, pad " + std::to_string(c.pad) + ", " +
+           kinds[static_cast<int>(c.kind)];
 }
 
 // ---- (a), (c), (d): the dot kernels of every (type, instruction set) ------------------------------------------------
@@ -353,7 +366,8 @@ std::string case_name(const OpCase& c) {
 using TypeIsa = std::tuple<DType, Isa>;
 
 std::string type_isa_name(const ::testing::TestParamInfo<TypeIsa>& info) {
-    std::string name = std::string(strata::dtype_name(std::get<0>(info.param))) + "_" + cpu::isa_name(std::get<1>(info.param));
+    std::string name =
+        std::string(strata::dtype_name(std::get<0>(info.param))) + "_" + cpu::isa_name(std::get<1>(info.param));
     std::replace(name.begin(), name.end(), '-', '_');  // gtest names: letters, digits and underscores
     return name;
 }
@@ -378,7 +392,7 @@ const std::vector<CaseResult>& dot_results(DType t, Isa isa) {
 }
 
 class DotParity : public ::testing::TestWithParam<TypeIsa> {
-protected:
+  protected:
     void SetUp() override {
         type_ = std::get<0>(GetParam());
         backend_ = std::make_unique<CpuBackend>(std::get<1>(GetParam()));
@@ -402,8 +416,8 @@ TEST_P(DotParity, MatchesTheScalarKernel) {
         for (size_t i = 0; i < r.got.size(); ++i) by_length[c.n].add(r.got[i], r.scalar[i]);
     });
     for (const auto& [n, e] : by_length)
-        EXPECT_LE(e.value(), kReassociationNmse) << backend_->name() << " vs scalar, rows of " << n << " (" << e.n
-                                                 << " dots)";
+        EXPECT_LE(e.value(), kReassociationNmse)
+            << backend_->name() << " vs scalar, rows of " << n << " (" << e.n << " dots)";
 }
 
 TEST_P(DotParity, MatchesF32DotOfUnquantizedActivations) {
@@ -422,8 +436,8 @@ TEST_P(DotParity, MatchesF32DotOfUnquantizedActivations) {
         EXPECT_LE(e.value(), limit) << backend_->name() << ", activations " << strata::dtype_name(act) << ", rows of "
                                     << n << " (" << e.n << " dots)";
     }
-    std::printf("[backend-ops] %-8s %-11s activations %-4s NMSE vs f32: %.2e (limit %.0e)\n",
-                strata::dtype_name(type_), backend_->name().c_str(), strata::dtype_name(act), worst, limit);
+    std::printf("[backend-ops] %-8s %-11s activations %-4s NMSE vs f32: %.2e (limit %.0e)\n", strata::dtype_name(type_),
+                backend_->name().c_str(), strata::dtype_name(act), worst, limit);
 }
 
 TEST_P(DotParity, ColumnsAreBitIdenticalToOneColumnCalls) {
@@ -440,7 +454,8 @@ TEST_P(DotParity, ColumnsAreBitIdenticalToOneColumnCalls) {
     });
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, DotParity, ::testing::Combine(::testing::ValuesIn(kWeightTypes), ::testing::ValuesIn(kIsas)),
+INSTANTIATE_TEST_SUITE_P(Ops, DotParity,
+                         ::testing::Combine(::testing::ValuesIn(kWeightTypes), ::testing::ValuesIn(kIsas)),
                          type_isa_name);
 
 // ---- (b): the scalar kernels against the definition -----------------------------------------------------------------
@@ -509,8 +524,8 @@ TEST_P(MatmulParity, MatchesReferenceForAnyThreadsAndGrouping) {
         // Each token alone, no pool: the rows every other grouping must reproduce bit for bit.
         std::vector<float> alone(out * kMaxTokens);
         for (int64_t tok = 0; tok < kMaxTokens; ++tok)
-            backend.matmul({.w = w, .x = x.data() + tok * c.n, .y = alone.data() + tok * c.out, .n_tokens = 1,
-                            .threads = 1});
+            backend.matmul(
+                {.w = w, .x = x.data() + tok * c.n, .y = alone.data() + tok * c.out, .n_tokens = 1, .threads = 1});
         const std::vector<double> ref = reference_matmul(*rows, t, x.data(), kMaxTokens);
         Nmse e;
         for (size_t i = 0; i < alone.size(); ++i) e.add(alone[i], ref[i]);
@@ -519,8 +534,8 @@ TEST_P(MatmulParity, MatchesReferenceForAnyThreadsAndGrouping) {
 
         // Token counts below, at and above the columns per kernel call (4, or 16 for the grid i-quants); thread
         // counts 1 (no pool), 2, and 3 (more threads than this machine has cores, so ranges are claimed out of order).
-        const std::pair<int64_t, int> groupings[] = {{1, 2}, {3, 1}, {3, 3}, {kMaxTokens, 1}, {kMaxTokens, 2},
-                                                     {kMaxTokens, 3}};
+        const std::pair<int64_t, int> groupings[] = {{1, 2},          {3, 1},          {3, 3},
+                                                     {kMaxTokens, 1}, {kMaxTokens, 2}, {kMaxTokens, 3}};
         for (const auto& [n_tokens, threads] : groupings) {
             std::vector<float> y(out * static_cast<size_t>(n_tokens), -1.0f);
             backend.matmul({.w = w, .x = x.data(), .y = y.data(), .n_tokens = n_tokens, .threads = threads});
@@ -547,6 +562,48 @@ TEST_P(MatmulParity, MatchesReferenceForAnyThreadsAndGrouping) {
     }
 }
 
+// The same checks with the weights packed at load where this instruction set packs the type (packed.h: the GEMMs over
+// 16-row groups): the packed GEMM against the reference, and the same bits for any token grouping and thread count.
+TEST_P(MatmulParity, PackedMatchesReferenceForAnyThreadsAndGrouping) {
+    const DType t = std::get<0>(GetParam());
+    const Isa isa = std::get<1>(GetParam());
+    const CpuBackend backend(isa);
+    if (std::string why = backend.unsupported(Op::Matmul, t); !why.empty()) GTEST_SKIP() << why;
+    if (!cpu::has_packed_gemm(t, isa)) GTEST_SKIP() << "no packed GEMM for this type on " << cpu::isa_name(isa);
+    constexpr int64_t kMaxTokens = 17;
+    uint32_t seed = 7000;
+    for (const OpCase& c : op_cases(t)) {
+        if (c.op != Op::Matmul) continue;
+        SCOPED_TRACE("W {" + std::to_string(c.n) + ", " + std::to_string(c.out) + "}");
+        const auto rows = std::make_unique<WeightRows>(make_weight_rows(t, c.n, static_cast<int>(c.out), seed++));
+        const int64_t ne[2] = {c.n, c.out};
+        strata::Tensor w = strata::make_tensor("w", t, 2, ne, rows->bytes.data());
+        cpu::PackedWeights packer;
+        cpu::override_active_isa(isa);  // packable() asks the active instruction set
+        const bool packed = packer.pack(w);
+        cpu::override_active_isa(std::nullopt);
+        ASSERT_TRUE(packed);
+        std::mt19937 rng(seed++);
+        const std::vector<float> x = activation_values(ActKind::Gaussian, c.n * kMaxTokens, rng);
+        const size_t out = static_cast<size_t>(c.out);
+        std::vector<float> alone(out * kMaxTokens);
+        for (int64_t tok = 0; tok < kMaxTokens; ++tok)
+            backend.matmul(
+                {.w = w, .x = x.data() + tok * c.n, .y = alone.data() + tok * c.out, .n_tokens = 1, .threads = 1});
+        const std::vector<double> ref = reference_matmul(*rows, t, x.data(), kMaxTokens);
+        Nmse e;
+        for (size_t i = 0; i < alone.size(); ++i) e.add(alone[i], ref[i]);
+        EXPECT_LE(e.value(), kReassociationNmse) << "packed matmul vs reference";
+        for (const auto& [n_tokens, threads] :
+             {std::pair<int64_t, int>{3, 1}, {kMaxTokens, 1}, {kMaxTokens, 2}, {kMaxTokens, 3}}) {
+            std::vector<float> y(out * static_cast<size_t>(n_tokens), -1.0f);
+            backend.matmul({.w = w, .x = x.data(), .y = y.data(), .n_tokens = n_tokens, .threads = threads});
+            EXPECT_TRUE(same_bits(y.data(), alone.data(), y.size()))
+                << n_tokens << " tokens on " << threads << " threads differ from the tokens computed alone";
+        }
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ops, MatmulParity,
                          ::testing::Combine(::testing::ValuesIn(kWeightTypes), ::testing::ValuesIn(kIsas)),
                          type_isa_name);
@@ -556,47 +613,47 @@ INSTANTIATE_TEST_SUITE_P(Ops, MatmulParity,
 TEST(QuantizeActivations, EqualsQuantizeRowAndTheFormatsDefinition) {
     std::mt19937 rng(99);
     for (Isa isa : kIsas)
-    for (DType act : {DType::Q8_0, DType::Q8_K}) {
-        if (!cpu::supports_isa(isa)) continue;
-        struct Held {  // the quantizer of this instruction set, released however the checks end
-            explicit Held(Isa i) { cpu::override_active_isa(i); }
-            ~Held() { cpu::override_active_isa(std::nullopt); }
-        } held(isa);
-        SCOPED_TRACE(std::string(strata::dtype_name(act)) + " on " + cpu::isa_name(isa));
-        for (int64_t n : {block_of(act), 7 * block_of(act), int64_t{4096}})
-            for (ActKind kind : {ActKind::Gaussian, ActKind::Outliers, ActKind::Saturating}) {
-                const std::vector<float> x = activation_values(kind, n, rng);
-                std::vector<uint8_t> ours(strata::row_bytes(act, n)), row(ours.size());
-                cpu::quantize_activations(act, x.data(), ours.data(), n);
-                strata::quantize_row(act, x.data(), row.data(), n);
-                ASSERT_EQ(ours, row) << "n " << n;
-                // The definition: each value within half a step of x (plus, for Q8_0, the f16 rounding of the
-                // step times |q| <= 127: 2^-11 relative); Q8_K's bsums are the sums of each 16 values.
-                std::vector<float> back(static_cast<size_t>(n));
-                strata::dequantize_row(act, ours.data(), back.data(), n);
-                for (int64_t b = 0; b < n / block_of(act); ++b) {
-                    float d = 0;
-                    const uint8_t* block = ours.data() + static_cast<size_t>(b) * strata::traits(act).block_bytes;
-                    if (act == DType::Q8_0) {
-                        uint16_t h = 0;
-                        std::memcpy(&h, block, 2);
-                        d = strata::f16_to_f32(h);
-                    } else {
-                        const auto* q8k = reinterpret_cast<const strata::BlockQ8_K*>(block);
-                        d = q8k->d;
-                        for (int j = 0; j < 16; ++j) {
-                            int sum = 0;
-                            for (int k = 0; k < 16; ++k) sum += q8k->qs[16 * j + k];
-                            ASSERT_EQ(q8k->bsums[j], sum) << "block " << b << " bsum " << j;
+        for (DType act : {DType::Q8_0, DType::Q8_K}) {
+            if (!cpu::supports_isa(isa)) continue;
+            struct Held {  // the quantizer of this instruction set, released however the checks end
+                explicit Held(Isa i) { cpu::override_active_isa(i); }
+                ~Held() { cpu::override_active_isa(std::nullopt); }
+            } held(isa);
+            SCOPED_TRACE(std::string(strata::dtype_name(act)) + " on " + cpu::isa_name(isa));
+            for (int64_t n : {block_of(act), 7 * block_of(act), int64_t{4096}})
+                for (ActKind kind : {ActKind::Gaussian, ActKind::Outliers, ActKind::Saturating}) {
+                    const std::vector<float> x = activation_values(kind, n, rng);
+                    std::vector<uint8_t> ours(strata::row_bytes(act, n)), row(ours.size());
+                    cpu::quantize_activations(act, x.data(), ours.data(), n);
+                    strata::quantize_row(act, x.data(), row.data(), n);
+                    ASSERT_EQ(ours, row) << "n " << n;
+                    // The definition: each value within half a step of x (plus, for Q8_0, the f16 rounding of the
+                    // step times |q| <= 127: 2^-11 relative); Q8_K's bsums are the sums of each 16 values.
+                    std::vector<float> back(static_cast<size_t>(n));
+                    strata::dequantize_row(act, ours.data(), back.data(), n);
+                    for (int64_t b = 0; b < n / block_of(act); ++b) {
+                        float d = 0;
+                        const uint8_t* block = ours.data() + static_cast<size_t>(b) * strata::traits(act).block_bytes;
+                        if (act == DType::Q8_0) {
+                            uint16_t h = 0;
+                            std::memcpy(&h, block, 2);
+                            d = strata::f16_to_f32(h);
+                        } else {
+                            const auto* q8k = reinterpret_cast<const strata::BlockQ8_K*>(block);
+                            d = q8k->d;
+                            for (int j = 0; j < 16; ++j) {
+                                int sum = 0;
+                                for (int k = 0; k < 16; ++k) sum += q8k->qs[16 * j + k];
+                                ASSERT_EQ(q8k->bsums[j], sum) << "block " << b << " bsum " << j;
+                            }
                         }
+                        const double slack = act == DType::Q8_0 ? 0.5 + 127.0 / 2048.0 : 0.5 + 1e-4;
+                        for (int64_t i = b * block_of(act); i < (b + 1) * block_of(act); ++i)
+                            ASSERT_LE(std::fabs(static_cast<double>(back[i]) - x[i]), slack * std::fabs(d) + 1e-30)
+                                << "n " << n << " element " << i;
                     }
-                    const double slack = act == DType::Q8_0 ? 0.5 + 127.0 / 2048.0 : 0.5 + 1e-4;
-                    for (int64_t i = b * block_of(act); i < (b + 1) * block_of(act); ++i)
-                        ASSERT_LE(std::fabs(static_cast<double>(back[i]) - x[i]), slack * std::fabs(d) + 1e-30)
-                            << "n " << n << " element " << i;
                 }
-            }
-    }
+        }
     // F32 activations (float weights) are the values themselves.
     const std::vector<float> x = activation_values(ActKind::Gaussian, 83, rng);
     std::vector<float> copy(x.size());

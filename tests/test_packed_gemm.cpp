@@ -5,6 +5,14 @@
 //   Q4_K: per super-block, acc = fma(float(S), d * d_a, acc) then acc = fma(-float(M), dmin * d_a, acc), S the sum of
 //         each sub-block's 6-bit scale times its exact nibble dot, M the sum of each 6-bit min times the sub-block's
 //         activation quant sum;
+//   Q5_K (AVX2 only): as Q4_K with 5-bit values;
+//   IQ4_XS (AVX2 only): acc = fma(float(S), d * d_a, acc), S the sum of each sub-block's ls - 32 times the exact dot
+//         of its table values with the activation quants;
+//   IQ3_XXS (AVX2 only): 0.25 x (acc = fma(float(S), d * d_a, acc)), S the sum of each sub-block's 2 ls + 1 times the
+//         exact dot of its signed grid magnitudes with the activation quants;
+//   IQ3_S (AVX2 only): as IQ3_XXS with 9-bit grid indices, stored sign bits and without the 0.25;
+//   Q6_K (AVX2 only): acc = fma(float(S), d * d_a, acc), S the sum of each sub-block's int8 scale times its exact dot
+//         of (q - 32) with the activation quants;
 // where the activation quants are what llama.cpp's reference quantizers give (quantize_row, itself checked against
 // llama.cpp in test_quant_interop). Every integer is exact and the float operations are written out in order, so the
 // comparison is bit for bit. Also: the matmul gives the same bits for any thread count and token grouping, and views
@@ -15,22 +23,23 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <span>
 #include <random>
+#include <span>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/gemm_packed.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/packed.h"
 #include "backend/cpu/quant_dot.h"
+#include "convert/quantize.h"
 #include "core/dtype.h"
 #include "core/quant_blocks.h"
 #include "core/quant_tables.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
-#include "convert/quantize.h"
 #include "model/model.h"
 #include "test_util.h"
 
@@ -40,9 +49,9 @@ using strata::DType;
 using strata::Tensor;
 namespace cpu = strata::cpu;
 
-#define SKIP_WITHOUT_AVX512()                                                                                  \
-    if (cpu::detected_isa() != cpu::Isa::Avx512)                                                               \
-    GTEST_SKIP() << "this CPU has no AVX-512 VNNI (detected: " << cpu::isa_name(cpu::detected_isa())          \
+#define SKIP_WITHOUT_AVX512()                                                                        \
+    if (cpu::detected_isa() != cpu::Isa::Avx512)                                                     \
+    GTEST_SKIP() << "this CPU has no AVX-512 VNNI (detected: " << cpu::isa_name(cpu::detected_isa()) \
                  << "): the packed GEMM is not used here"
 
 std::vector<float> gaussian(int64_t n, std::mt19937& rng, float scale = 1.0f) {
@@ -76,7 +85,9 @@ float defined_dot_q8_0(const strata::BlockQ8_0* w, const strata::BlockQ8_0* a, i
     return acc;
 }
 
-float defined_dot_q4_k(const strata::BlockQ4_K* w, const strata::BlockQ8_K* a, int64_t n_blocks) {
+// Q4_K, and Q5_K (AVX2 only: the same with bit j of qh[l] as value l's fifth bit in sub-block j).
+template <typename Block>
+float defined_dot_q4_k(const Block* w, const strata::BlockQ8_K* a, int64_t n_blocks) {
     float acc = 0.0f;
     for (int64_t b = 0; b < n_blocks; ++b) {
         int32_t scaled = 0, mins = 0;
@@ -85,7 +96,8 @@ float defined_dot_q4_k(const strata::BlockQ4_K* w, const strata::BlockQ8_K* a, i
             strata::quant::unpack_scale_min_k4(w[b].scales, j, &scale, &min);
             int32_t dot = 0, sum = 0;
             for (int l = 0; l < 32; ++l) {
-                const int q = (w[b].qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0xF;
+                int q = (w[b].qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0xF;
+                if constexpr (std::is_same_v<Block, strata::BlockQ5_K>) q |= ((w[b].qh[l] >> j) & 1) << 4;
                 dot += q * a[b].qs[32 * j + l];
                 sum += a[b].qs[32 * j + l];
             }
@@ -94,6 +106,91 @@ float defined_dot_q4_k(const strata::BlockQ4_K* w, const strata::BlockQ8_K* a, i
         }
         acc = std::fma(static_cast<float>(scaled), strata::f16_to_f32(w[b].d) * a[b].d, acc);
         acc = std::fma(-static_cast<float>(mins), strata::f16_to_f32(w[b].dmin) * a[b].d, acc);
+    }
+    return acc;
+}
+
+// Q6_K (AVX2 only): per super-block acc = fma(float(S), d * d_a, acc), S the sum over the 16 sub-blocks of the int8
+// scale times the exact dot of (q - 32) with the activation quants, q the 6-bit value from ql's nibble and qh's 2 bits.
+float defined_dot_q6_k(const strata::BlockQ6_K* w, const strata::BlockQ8_K* a, int64_t n_blocks) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        int32_t scaled = 0;
+        for (int j = 0; j < 16; ++j) {
+            int32_t dot = 0;
+            for (int l = 0; l < 16; ++l) {
+                const int v = 16 * j + l, half = v / 128, quarter = (v % 128) / 32, pos = v % 32;
+                const int low = (w[b].ql[64 * half + 32 * (quarter % 2) + pos] >> (4 * (quarter / 2))) & 0xF;
+                const int high = (w[b].qh[32 * half + pos] >> (2 * quarter)) & 3;
+                dot += ((low | high << 4) - 32) * a[b].qs[v];
+            }
+            scaled += w[b].scales[j] * dot;
+        }
+        acc = std::fma(static_cast<float>(scaled), strata::f16_to_f32(w[b].d) * a[b].d, acc);
+    }
+    return acc;
+}
+
+// IQ4_XS (AVX2 only): per super-block acc = fma(float(S), d * d_a, acc), S the sum over the 8 sub-blocks of ls - 32
+// times the exact dot of the table values with the activation quants.
+float defined_dot_iq4_xs(const strata::BlockIQ4_XS* w, const strata::BlockQ8_K* a, int64_t n_blocks) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        int32_t scaled = 0;
+        for (int j = 0; j < 8; ++j) {
+            const int ls = ((w[b].scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | (((w[b].scales_h >> (2 * j)) & 3) << 4);
+            int32_t dot = 0;
+            for (int l = 0; l < 32; ++l) {
+                const int nibble = (w[b].qs[16 * j + l % 16] >> (4 * (l / 16))) & 0xF;
+                dot += strata::quant::kIQ4NLValues[nibble] * a[b].qs[32 * j + l];
+            }
+            scaled += (ls - 32) * dot;
+        }
+        acc = std::fma(static_cast<float>(scaled), strata::f16_to_f32(w[b].d) * a[b].d, acc);
+    }
+    return acc;
+}
+
+// IQ3_XXS (AVX2 only): per super-block acc = fma(float(S), d * d_a, acc), S the sum over the 8 sub-blocks of
+// 2 ls + 1 times the exact dot of the signed grid magnitudes with the activation quants; the result 0.25 x acc.
+float defined_dot_iq3_xxs(const strata::BlockIQ3_XXS* w, const strata::BlockQ8_K* a, int64_t n_blocks) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        int32_t scaled = 0;
+        for (int j = 0; j < 8; ++j) {
+            uint32_t aux;
+            std::memcpy(&aux, w[b].qs + strata::kQK_K / 4 + 4 * j, 4);
+            int32_t dot = 0;
+            for (int l = 0; l < 32; ++l) {
+                const uint32_t grid = strata::quant::kIQ3XXSGrid[w[b].qs[8 * j + l / 4]];
+                const int magnitude = static_cast<int>((grid >> (8 * (l % 4))) & 0xFF);
+                const bool negative = (strata::quant::even_signs(aux >> (7 * (l / 8))) >> (l % 8)) & 1;
+                dot += (negative ? -magnitude : magnitude) * a[b].qs[32 * j + l];
+            }
+            scaled += static_cast<int32_t>(2 * (aux >> 28) + 1) * dot;
+        }
+        acc = std::fma(static_cast<float>(scaled), strata::f16_to_f32(w[b].d) * a[b].d, acc);
+    }
+    return 0.25f * acc;
+}
+
+// IQ3_S (AVX2 only): as IQ3_XXS with the 9-bit index qs | qh bit << 8, the stored sign bits and no 0.25.
+float defined_dot_iq3_s(const strata::BlockIQ3_S* w, const strata::BlockQ8_K* a, int64_t n_blocks) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        int32_t scaled = 0;
+        for (int j = 0; j < 8; ++j) {
+            int32_t dot = 0;
+            for (int l = 0; l < 32; ++l) {
+                const int k = l / 4;
+                const uint32_t grid = strata::quant::kIQ3SGrid[w[b].qs[8 * j + k] | (((w[b].qh[j] >> k) & 1) << 8)];
+                const int magnitude = static_cast<int>((grid >> (8 * (l % 4))) & 0xFF);
+                const bool negative = (w[b].signs[4 * j + l / 8] >> (l % 8)) & 1;
+                dot += (negative ? -magnitude : magnitude) * a[b].qs[32 * j + l];
+            }
+            scaled += (2 * ((w[b].scales[j / 2] >> (4 * (j % 2))) & 0xF) + 1) * dot;
+        }
+        acc = std::fma(static_cast<float>(scaled), strata::f16_to_f32(w[b].d) * a[b].d, acc);
     }
     return acc;
 }
@@ -110,8 +207,23 @@ std::vector<float> defined_matmul(const Tensor& w, const float* x, int64_t n_tok
             if (w.type == DType::Q8_0) {
                 out = defined_dot_q8_0(reinterpret_cast<const strata::BlockQ8_0*>(w.row(r)),
                                        reinterpret_cast<const strata::BlockQ8_0*>(q.data()), n / 32);
-            } else {
+            } else if (w.type == DType::Q4_K) {
                 out = defined_dot_q4_k(reinterpret_cast<const strata::BlockQ4_K*>(w.row(r)),
+                                       reinterpret_cast<const strata::BlockQ8_K*>(q.data()), n / strata::kQK_K);
+            } else if (w.type == DType::IQ3_S) {
+                out = defined_dot_iq3_s(reinterpret_cast<const strata::BlockIQ3_S*>(w.row(r)),
+                                        reinterpret_cast<const strata::BlockQ8_K*>(q.data()), n / strata::kQK_K);
+            } else if (w.type == DType::IQ3_XXS) {
+                out = defined_dot_iq3_xxs(reinterpret_cast<const strata::BlockIQ3_XXS*>(w.row(r)),
+                                          reinterpret_cast<const strata::BlockQ8_K*>(q.data()), n / strata::kQK_K);
+            } else if (w.type == DType::IQ4_XS) {
+                out = defined_dot_iq4_xs(reinterpret_cast<const strata::BlockIQ4_XS*>(w.row(r)),
+                                         reinterpret_cast<const strata::BlockQ8_K*>(q.data()), n / strata::kQK_K);
+            } else if (w.type == DType::Q5_K) {
+                out = defined_dot_q4_k(reinterpret_cast<const strata::BlockQ5_K*>(w.row(r)),
+                                       reinterpret_cast<const strata::BlockQ8_K*>(q.data()), n / strata::kQK_K);
+            } else {
+                out = defined_dot_q6_k(reinterpret_cast<const strata::BlockQ6_K*>(w.row(r)),
                                        reinterpret_cast<const strata::BlockQ8_K*>(q.data()), n / strata::kQK_K);
             }
         }
@@ -143,26 +255,28 @@ std::vector<Fn> quantizers(Fn avx512, Fn avx2, Fn portable) {
 
 TEST(PackedGemm, BiasedActivationsAreTheReferenceQuantsPlus128) {
     std::mt19937 rng(1);
-    for (auto quantize : quantizers(cpu::quantize_q8_0_biased, cpu::quantize_q8_0_biased_avx2, cpu::quantize_q8_0_biased_portable))
-    for (int64_t n : {32, 96, 4096}) {
-        std::vector<float> x = gaussian(n, rng);
-        x[static_cast<size_t>(n / 3)] = 40.0f;  // an outlier block
-        for (int64_t i = 0; i < 32 && i < n; ++i) x[static_cast<size_t>(i)] = (i % 2 ? 1.0f : -1.0f) * 0.5f;  // ties
-        if (n > 64) std::fill(x.begin() + 32, x.begin() + 64, 0.0f);  // a zero block
-        std::vector<uint8_t> ref(strata::row_bytes(DType::Q8_0, n));
-        strata::quantize_row(DType::Q8_0, x.data(), ref.data(), n);
-        std::vector<uint8_t> biased(static_cast<size_t>(n / 32) * cpu::kBiasedBlockBytes);
-        quantize(x.data(), biased.data(), n);
-        const auto* blocks = reinterpret_cast<const strata::BlockQ8_0*>(ref.data());
-        for (int64_t b = 0; b < n / 32; ++b) {
-            const uint8_t* got = biased.data() + static_cast<size_t>(b) * cpu::kBiasedBlockBytes;
-            for (int j = 0; j < 32; ++j)
-                ASSERT_EQ(got[j], static_cast<uint8_t>(blocks[b].qs[j] + 128)) << "n " << n << " block " << b;
-            float d;
-            std::memcpy(&d, got + 32, 4);
-            ASSERT_EQ(d, strata::f16_to_f32(blocks[b].d)) << "n " << n << " block " << b;
+    for (auto quantize :
+         quantizers(cpu::quantize_q8_0_biased, cpu::quantize_q8_0_biased_avx2, cpu::quantize_q8_0_biased_portable))
+        for (int64_t n : {32, 96, 4096}) {
+            std::vector<float> x = gaussian(n, rng);
+            x[static_cast<size_t>(n / 3)] = 40.0f;  // an outlier block
+            for (int64_t i = 0; i < 32 && i < n; ++i)
+                x[static_cast<size_t>(i)] = (i % 2 ? 1.0f : -1.0f) * 0.5f;  // ties
+            if (n > 64) std::fill(x.begin() + 32, x.begin() + 64, 0.0f);    // a zero block
+            std::vector<uint8_t> ref(strata::row_bytes(DType::Q8_0, n));
+            strata::quantize_row(DType::Q8_0, x.data(), ref.data(), n);
+            std::vector<uint8_t> biased(static_cast<size_t>(n / 32) * cpu::kBiasedBlockBytes);
+            quantize(x.data(), biased.data(), n);
+            const auto* blocks = reinterpret_cast<const strata::BlockQ8_0*>(ref.data());
+            for (int64_t b = 0; b < n / 32; ++b) {
+                const uint8_t* got = biased.data() + static_cast<size_t>(b) * cpu::kBiasedBlockBytes;
+                for (int j = 0; j < 32; ++j)
+                    ASSERT_EQ(got[j], static_cast<uint8_t>(blocks[b].qs[j] + 128)) << "n " << n << " block " << b;
+                float d;
+                std::memcpy(&d, got + 32, 4);
+                ASSERT_EQ(d, strata::f16_to_f32(blocks[b].d)) << "n " << n << " block " << b;
+            }
         }
-    }
 }
 
 // Every packed GEMM: each type on each instruction set that has one (AVX2 alone, AVX2 + AVX-VNNI, AVX-512), the
@@ -193,8 +307,8 @@ class PackedType : public ::testing::TestWithParam<std::tuple<DType, cpu::Isa>> 
   protected:
     void SetUp() override {
         if (!cpu::supports_isa(isa()))
-            GTEST_SKIP() << "this CPU has no " << cpu::isa_name(isa()) << " (detected: "
-                         << cpu::isa_name(cpu::detected_isa()) << ")";
+            GTEST_SKIP() << "this CPU has no " << cpu::isa_name(isa())
+                         << " (detected: " << cpu::isa_name(cpu::detected_isa()) << ")";
         cpu::override_active_isa(isa());
     }
     void TearDown() override { cpu::override_active_isa(std::nullopt); }
@@ -220,12 +334,13 @@ TEST_P(PackedType, MatmulEqualsTheDefinitionForAnyThreadsAndGrouping) {
         constexpr int64_t kTokens = 45;  // five full 8-token tiles and a ragged one; also 1 and 3 per call
         const std::vector<float> x = gaussian(n * kTokens, rng);
         const std::vector<float> want = defined_matmul(w, x.data(), kTokens);
-        for (const auto& [tokens, threads] : {std::pair{kTokens, 1}, {kTokens, 2}, {kTokens, 3}, {int64_t{1}, 1}, {int64_t{3}, 2}}) {
+        for (const auto& [tokens, threads] :
+             {std::pair{kTokens, 1}, {kTokens, 2}, {kTokens, 3}, {int64_t{1}, 1}, {int64_t{3}, 2}}) {
             std::vector<float> got;
             for (int64_t t0 = 0; t0 < kTokens; t0 += tokens) {
                 std::vector<float> y(static_cast<size_t>(rows * tokens));
-                cpu::matmul({.w = w, .x = x.data() + t0 * n, .y = y.data(), .n_tokens = tokens,
-                             .pool = pool_of(threads)});
+                cpu::matmul(
+                    {.w = w, .x = x.data() + t0 * n, .y = y.data(), .n_tokens = tokens, .pool = pool_of(threads)});
                 got.insert(got.end(), y.begin(), y.end());
             }
             EXPECT_TRUE(same_bits(got, want)) << tokens << " tokens per call on " << threads << " threads";
@@ -282,39 +397,70 @@ TEST_P(PackedType, ScalarCodeReadsTheUnpackedRows) {
     EXPECT_TRUE(same_bits(got, want));
 }
 
+// A type packed for the AVX2 class only (no AVX-512 GEMM): with the matmul on AVX-512 the packed copy is ignored and
+// the row kernel reads the format's rows, so the outputs are those of the same weight never packed.
+TEST_P(PackedType, Avx512WithoutAGemmReadsTheUnpackedRows) {
+    if (cpu::has_packed_gemm(type(), cpu::Isa::Avx512)) GTEST_SKIP() << "AVX-512 has a GEMM for this type";
+    if (!cpu::supports_isa(cpu::Isa::Avx512)) GTEST_SKIP() << "this CPU has no AVX-512";
+    std::mt19937 rng(8);
+    const int64_t n = 2 * block(), rows = 33;
+    const std::vector<uint8_t> bytes = weights(type(), n, rows, 1, rng);
+    const int64_t ne[2] = {n, rows};
+    Tensor w = strata::make_tensor("w", type(), 2, ne, bytes.data());
+    Tensor plain = w;
+    cpu::PackedWeights packer;
+    ASSERT_TRUE(packer.pack(w));  // packed on this test's AVX2 flavour
+    const std::vector<float> x = gaussian(n * 5, rng);
+    std::vector<float> got(static_cast<size_t>(rows * 5)), want(got.size());
+    cpu::override_active_isa(cpu::Isa::Avx512);
+    cpu::matmul({.w = w, .x = x.data(), .y = got.data(), .n_tokens = 5});
+    cpu::matmul({.w = plain, .x = x.data(), .y = want.data(), .n_tokens = 5});
+    cpu::override_active_isa(isa());
+    EXPECT_TRUE(same_bits(got, want));
+}
+
+std::string packed_type_name(const ::testing::TestParamInfo<std::tuple<DType, cpu::Isa>>& param) {
+    std::string name =
+        std::string(strata::dtype_name(std::get<0>(param.param))) + "_" + cpu::isa_name(std::get<1>(param.param));
+    std::replace(name.begin(), name.end(), '-', '_');
+    return name;
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, PackedType,
                          ::testing::Combine(::testing::Values(DType::Q8_0, DType::Q4_K),
                                             ::testing::Values(cpu::Isa::Avx2, cpu::Isa::Avx2Vnni, cpu::Isa::Avx512)),
-                         [](const ::testing::TestParamInfo<std::tuple<DType, cpu::Isa>>& param) {
-                             std::string name = std::string(strata::dtype_name(std::get<0>(param.param))) + "_" +
-                                                cpu::isa_name(std::get<1>(param.param));
-                             std::replace(name.begin(), name.end(), '-', '_');
-                             return name;
-                         });
+                         packed_type_name);
+// Types packed for the AVX2 class only.
+INSTANTIATE_TEST_SUITE_P(Avx2Types, PackedType,
+                         ::testing::Combine(::testing::Values(DType::Q5_K, DType::Q6_K, DType::IQ4_XS, DType::IQ3_XXS,
+                                                              DType::IQ3_S),
+                                            ::testing::Values(cpu::Isa::Avx2, cpu::Isa::Avx2Vnni)),
+                         packed_type_name);
 
 TEST(PackedGemm, Q8KSumsAreTheReferenceQuantsAndTheirSubBlockSums) {
     std::mt19937 rng(5);
-    for (auto quantize : quantizers(cpu::quantize_q8_k_sums, cpu::quantize_q8_k_sums_avx2, cpu::quantize_q8_k_sums_portable)) {
-    const int64_t n = 3 * strata::kQK_K;
-    const std::vector<float> x = gaussian(n, rng);
-    std::vector<strata::BlockQ8_K> ref(static_cast<size_t>(n / strata::kQK_K));
-    strata::quantize_row(DType::Q8_K, x.data(), ref.data(), n);
-    std::vector<uint8_t> got(static_cast<size_t>(n / strata::kQK_K) * cpu::kQ8KSumsBlockBytes);
-    quantize(x.data(), got.data(), n);
-    for (size_t b = 0; b < ref.size(); ++b) {
-        const uint8_t* block = got.data() + b * cpu::kQ8KSumsBlockBytes;
-        ASSERT_EQ(std::memcmp(block, ref[b].qs, strata::kQK_K), 0) << "block " << b;
-        float d;
-        std::memcpy(&d, block + strata::kQK_K, 4);
-        ASSERT_EQ(d, ref[b].d);
-        for (int j = 0; j < 8; ++j) {
-            int16_t sum;
-            std::memcpy(&sum, block + strata::kQK_K + 4 + 2 * j, 2);
-            int want = 0;
-            for (int l = 0; l < 32; ++l) want += ref[b].qs[32 * j + l];
-            ASSERT_EQ(sum, want) << "block " << b << " sub-block " << j;
+    for (auto quantize :
+         quantizers(cpu::quantize_q8_k_sums, cpu::quantize_q8_k_sums_avx2, cpu::quantize_q8_k_sums_portable)) {
+        const int64_t n = 3 * strata::kQK_K;
+        const std::vector<float> x = gaussian(n, rng);
+        std::vector<strata::BlockQ8_K> ref(static_cast<size_t>(n / strata::kQK_K));
+        strata::quantize_row(DType::Q8_K, x.data(), ref.data(), n);
+        std::vector<uint8_t> got(static_cast<size_t>(n / strata::kQK_K) * cpu::kQ8KSumsBlockBytes);
+        quantize(x.data(), got.data(), n);
+        for (size_t b = 0; b < ref.size(); ++b) {
+            const uint8_t* block = got.data() + b * cpu::kQ8KSumsBlockBytes;
+            ASSERT_EQ(std::memcmp(block, ref[b].qs, strata::kQK_K), 0) << "block " << b;
+            float d;
+            std::memcpy(&d, block + strata::kQK_K, 4);
+            ASSERT_EQ(d, ref[b].d);
+            for (int j = 0; j < 8; ++j) {
+                int16_t sum;
+                std::memcpy(&sum, block + strata::kQK_K + 4 + 2 * j, 2);
+                int want = 0;
+                for (int l = 0; l < 32; ++l) want += ref[b].qs[32 * j + l];
+                ASSERT_EQ(sum, want) << "block " << b << " sub-block " << j;
+            }
         }
-    }
     }
 }
 
@@ -370,14 +516,18 @@ TEST(PackedGemm, Iq2XsByGroupEqualsItsDefinitionForAnyThreadsAndGrouping) {
                 want[static_cast<size_t>(t * rows + r)] = defined_dot_iq2_xs(
                     reinterpret_cast<const strata::BlockIQ2_XS*>(w.row(r)), q.data(), n / strata::kQK_K);
         }
-        for (const auto& [tokens, threads] :
-             {std::pair{kTokens, 1}, {kTokens, 3}, {int64_t{1}, 2}, {int64_t{5}, 1}, {int64_t{9}, 2}, {int64_t{16}, 1}}) {
+        for (const auto& [tokens, threads] : {std::pair{kTokens, 1},
+                                              {kTokens, 3},
+                                              {int64_t{1}, 2},
+                                              {int64_t{5}, 1},
+                                              {int64_t{9}, 2},
+                                              {int64_t{16}, 1}}) {
             std::vector<float> got;
             for (int64_t t0 = 0; t0 < kTokens; t0 += tokens) {
                 const int64_t count = std::min(tokens, kTokens - t0);
                 std::vector<float> y(static_cast<size_t>(rows * count));
-                cpu::matmul({.w = w, .x = x.data() + t0 * n, .y = y.data(), .n_tokens = count,
-                             .pool = pool_of(threads)});
+                cpu::matmul(
+                    {.w = w, .x = x.data() + t0 * n, .y = y.data(), .n_tokens = count, .pool = pool_of(threads)});
                 got.insert(got.end(), y.begin(), y.end());
             }
             EXPECT_TRUE(same_bits(got, want)) << tokens << " tokens per call on " << threads << " threads";
@@ -427,7 +577,8 @@ TEST(PackedGemm, ModelLogitsMatchTheRowKernelsAndDoNotDependOnChunking) {
         nmse_sum += err / ref;
         const auto argmax = [&](const std::vector<float>& l) {
             return std::max_element(l.begin() + static_cast<std::ptrdiff_t>(t * V),
-                                    l.begin() + static_cast<std::ptrdiff_t>((t + 1) * V)) - l.begin();
+                                    l.begin() + static_cast<std::ptrdiff_t>((t + 1) * V)) -
+                   l.begin();
         };
         same_argmax += argmax(packed) == argmax(rows);
     }

@@ -73,7 +73,8 @@ void run(benchmark::State& state, DType type, cpu::Isa isa, int64_t tokens) {
 }
 
 const auto registered = [] {
-    for (DType type : {DType::Q4_K, DType::IQ2_XS, DType::Q8_0})
+    for (DType type : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS, DType::IQ2_XS, DType::IQ3_XXS,
+                       DType::IQ3_S, DType::Q8_0})
         for (cpu::Isa isa : {cpu::Isa::Avx2, cpu::Isa::Avx2Vnni, cpu::Isa::Avx512})
             for (int64_t tokens : {1, 64}) {
                 const std::string name = std::string(strata::dtype_name(type)) + "/" + cpu::isa_name(isa) + "/" +

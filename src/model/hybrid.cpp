@@ -91,7 +91,7 @@ bool packed_copies_fit(const gguf::File& file) {
     const std::optional<uint64_t> available = available_ram_bytes();
     if (available && total + kMargin > *available) {
         std::fprintf(stderr,
-                     "strata: not repacking %.1f GiB of Q8_0/Q4_K weights for the packed GEMMs: %.1f GiB of memory "
+                     "strata: not repacking %.1f GiB of weights for the packed GEMMs: %.1f GiB of memory "
                      "is free; using the row kernels on the mapped file\n",
                      static_cast<double>(total) / (1 << 30), static_cast<double>(*available) / (1 << 30));
         return false;
@@ -168,9 +168,9 @@ std::unique_ptr<SequenceState> HybridModel::new_sequence(int64_t max_tokens) con
     for (const MemoryPlanItem& item : plan_memory(*file_, max_tokens))
         if (item.what.rfind("sequence", 0) == 0) planned += item.bytes;
     if (const uint64_t ram = physical_ram_bytes(); ram > 0 && planned > ram)
-        throw Error("a sequence of " + std::to_string(max_tokens) + " tokens needs " +
-                    std::to_string(planned >> 20) + " MiB of state, more than this machine's " +
-                    std::to_string(ram >> 20) + " MiB of RAM; ask for a smaller context");
+        throw Error("a sequence of " + std::to_string(max_tokens) + " tokens needs " + std::to_string(planned >> 20) +
+                    " MiB of state, more than this machine's " + std::to_string(ram >> 20) +
+                    " MiB of RAM; ask for a smaller context");
     try {
         return std::make_unique<HybridSequence>(
             this, max_tokens,

@@ -1,13 +1,13 @@
 // Private to the CPU backend: the kernels over packed weights (packed.h) and the activation layouts they read.
 // AVX-512: gemm_packed_avx512.cpp and quantize_avx512.cpp, called only when active_isa() is AVX-512; AVX2 (with and
-// without AVX-VNNI): gemm_packed_avx2.cpp, gemm_packed_avxvnni.cpp (the same bits as AVX-512's) and the portable
-// quantizers in packed.cpp.
+// without AVX-VNNI): gemm_packed_avx2.cpp, gemm_packed_avxvnni.cpp (for Q8_0 and Q4_K the same bits as AVX-512's;
+// Q5_K, Q6_K, IQ4_XS, IQ3_XXS and IQ3_S are packed for the AVX2 class only) and the portable quantizers in packed.cpp.
 //
 // Numerics, per output (row r, token t), over the weight's blocks b in order, acc starting at 0:
 //   Q8_0: acc = fma(float(s_b), d_w * d_a, acc), s_b the exact integer dot of the block's quants.
-//   Q4_K: acc = fma(float(S_b), d_w * d_a, acc); acc = fma(-float(M_b), dmin_w * d_a, acc), where S_b is the sum over
-//         sub-blocks j of scale_j times the exact nibble-activation dot, M_b the sum of min_j times the sub-block's
-//         activation sum (Q8_K's bsums), both exact int32.
+//   Q4_K (and Q5_K): acc = fma(float(S_b), d_w * d_a, acc); acc = fma(-float(M_b), dmin_w * d_a, acc), where S_b is
+//         the sum over sub-blocks j of scale_j times the exact value-activation dot, M_b the sum of min_j times the
+//         sub-block's activation sum (Q8_K's bsums), both exact int32.
 #pragma once
 
 #include <cstddef>
@@ -47,6 +47,30 @@ void gemm_q8_0_packed_avx2(const PackedGemm& g);
 void gemm_q4_k_packed_avx2(const PackedGemm& g);
 void gemm_q8_0_packed_avxvnni(const PackedGemm& g);
 void gemm_q4_k_packed_avxvnni(const PackedGemm& g);
+// Q5_K, AVX2 only: the numerics of Q4_K (the values 5 bits), over the same activations.
+void gemm_q5_k_packed_avx2(const PackedGemm& g);     // n_cols <= 4
+void gemm_q5_k_packed_avxvnni(const PackedGemm& g);  // n_cols <= 4
+// Q6_K, AVX2 only (gemm_packed_q6_k_avx2_kernels.inc), over activations biased by 128 (kBiasedQ8KBlockBytes per 256,
+// quantize_q8_k_biased_avx2): acc = fma(float(S_b), d_w * d_a, acc), S_b the sum over sub-blocks j of scale_j times
+// the exact dot of (q - 32) with the Q8_K quants. The same bits with and without AVX-VNNI.
+constexpr int kPackedColsQ6_K = 8;
+void gemm_q6_k_packed_avx2(const PackedGemm& g);     // n_cols <= 8
+void gemm_q6_k_packed_avxvnni(const PackedGemm& g);  // n_cols <= 8
+// IQ4_XS, AVX2 only (gemm_packed_iq4_xs_avx2_kernels.inc): acc = fma(float(S_b), d_w * d_a, acc), S_b the sum over
+// sub-blocks j of (ls_j - 32) times the exact dot of the table values with the Q8_K quants. With AVX-VNNI over
+// activations biased by 128 (kBiasedQ8KBlockBytes per 256), without over the signed ones (kQ8KSumsBlockBytes).
+constexpr int kPackedColsIQ4_XS = 8;
+void gemm_iq4_xs_packed_avx2(const PackedGemm& g);     // n_cols <= 8
+void gemm_iq4_xs_packed_avxvnni(const PackedGemm& g);  // n_cols <= 8
+// IQ3_XXS, AVX2 only (gemm_packed_iq3_avx2_kernels.inc), over activations biased by 128 (kBiasedQ8KBlockBytes
+// per 256): acc = fma(float(S_b), d_w * d_a, acc), S_b the sum over sub-blocks j of (2 ls_j + 1) times the exact dot of
+// the signed grid values with the Q8_K quants, then y = 0.25 x acc. The same bits with and without AVX-VNNI.
+constexpr int kPackedColsIQ3_XXS = 8;
+void gemm_iq3_xxs_packed_avx2(const PackedGemm& g);     // n_cols <= 8
+void gemm_iq3_xxs_packed_avxvnni(const PackedGemm& g);  // n_cols <= 8
+// IQ3_S, AVX2 only: the same with its 9-bit indices and grid, and no 0.25 (its scale is 2 ls + 1).
+void gemm_iq3_s_packed_avx2(const PackedGemm& g);     // n_cols <= 8
+void gemm_iq3_s_packed_avxvnni(const PackedGemm& g);  // n_cols <= 8
 
 // Per 256 activations: llama.cpp's Q8_K quants (the reference quantizer's), its f32 scale, then the 8 sums of each
 // 32 quants (a sub-block) as int16.

@@ -86,8 +86,7 @@ void run_packed_unit(const MatmulRowsPlan& j, const uint8_t* act, float* y, int6
     const Tensor& w = *j.w;
     const int64_t out = w.ne[1];
     const size_t group_bytes = packed_group_bytes(w);
-    const bool q8_0 = w.type == DType::Q8_0;
-    const int64_t cols = q8_0 ? kPackedCols : kPackedColsQ4_K;
+    const int64_t cols = j.cols;
     for (int64_t t0 = 0; t0 < j.n_tokens; t0 += kTokenBlock) {
         const int64_t t_end = std::min(j.n_tokens, t0 + kTokenBlock);
         for (int64_t r = row_begin; r < row_end; r += kPackRows) {
@@ -141,9 +140,14 @@ void run_decoded_unit(const MatmulRowsPlan& j, const uint8_t* act, float* y, int
         int64_t r = row_begin;
         for (; r + 1 < row_end; r += 2) {
             const uint8_t* row0 = decoded + row_bytes * static_cast<size_t>(r - row_begin);
-            dot_iq2_xs_decoded_pair({.n = in, .row0 = row0, .row1 = row0 + row_bytes, .act = a,
-                                     .act_stride = j.act_stride, .y = y + t * out + r,
-                                     .y_stride = static_cast<size_t>(out), .n_cols = cols});
+            dot_iq2_xs_decoded_pair({.n = in,
+                                     .row0 = row0,
+                                     .row1 = row0 + row_bytes,
+                                     .act = a,
+                                     .act_stride = j.act_stride,
+                                     .y = y + t * out + r,
+                                     .y_stride = static_cast<size_t>(out),
+                                     .n_cols = cols});
         }
         if (r < row_end) {  // an odd last row: the kernel that decodes as it goes (the same bits)
             dot_iq2_xs_groups(in, w.row(r), a, j.act_stride, tile, cols);
@@ -173,13 +177,13 @@ void run_rows8_unit(const MatmulRowsPlan& j, const uint8_t* act, float* y, int64
         for (int64_t g = 0; g < n_groups; ++g) {
             const int64_t first = row_begin + 8 * g;
             rows8_gemm({.n = in,
-                                       .decoded = decoded + group_bytes * static_cast<size_t>(g),
-                                       .act = act + static_cast<size_t>(t) * j.act_stride,
-                                       .act_stride = j.act_stride,
-                                       .n_cols = cols,
-                                       .y = y + t * out + first,
-                                       .y_stride = static_cast<size_t>(out),
-                                       .n_rows = static_cast<int>(std::min<int64_t>(8, row_end - first))});
+                        .decoded = decoded + group_bytes * static_cast<size_t>(g),
+                        .act = act + static_cast<size_t>(t) * j.act_stride,
+                        .act_stride = j.act_stride,
+                        .n_cols = cols,
+                        .y = y + t * out + first,
+                        .y_stride = static_cast<size_t>(out),
+                        .n_rows = static_cast<int>(std::min<int64_t>(8, row_end - first))});
         }
     }
 }
@@ -188,7 +192,7 @@ void run_rows8_unit(const MatmulRowsPlan& j, const uint8_t* act, float* y, int64
 MatmulRowsPlan plan_for(const Tensor& w, int64_t n_tokens, Isa isa) {
     STRATA_ASSERT(w.ne[2] == 1 && w.ne[3] == 1);
     const int64_t in = w.ne[0];
-    const bool packed = w.packed != nullptr && static_cast<int>(isa) >= static_cast<int>(Isa::Avx2);
+    const bool packed = w.packed != nullptr && has_packed_gemm(w.type, isa);
     ActLayout layout = ActLayout::Kernel;
     MatmulRowsPlan p{.w = &w,
                      .n_tokens = n_tokens,
@@ -214,11 +218,36 @@ MatmulRowsPlan plan_for(const Tensor& w, int64_t n_tokens, Isa isa) {
     } else if (w.type == DType::Q8_0) {
         layout = isa == Isa::Avx2 ? ActLayout::SignedQ8_0 : ActLayout::BiasedQ8_0;
         p.act_stride = static_cast<size_t>(in / 32) * kBiasedBlockBytes;
+        p.cols = kPackedCols;
         p.gemm = isa == Isa::Avx512     ? gemm_q8_0_packed
                  : isa == Isa::Avx2Vnni ? gemm_q8_0_packed_avxvnni
                                         : gemm_q8_0_packed_avx2;
+    } else if (w.type == DType::Q6_K) {
+        layout = ActLayout::BiasedQ8_K;
+        p.act_stride = static_cast<size_t>(in / kQK_K) * kBiasedQ8KBlockBytes;
+        p.cols = kPackedColsQ6_K;
+        p.gemm = isa == Isa::Avx2Vnni ? gemm_q6_k_packed_avxvnni : gemm_q6_k_packed_avx2;
+    } else if (w.type == DType::IQ3_XXS || w.type == DType::IQ3_S) {
+        layout = ActLayout::BiasedQ8_K;
+        p.act_stride = static_cast<size_t>(in / kQK_K) * kBiasedQ8KBlockBytes;
+        p.cols = kPackedColsIQ3_XXS;
+        const bool vnni = isa == Isa::Avx2Vnni;
+        p.gemm = w.type == DType::IQ3_S ? (vnni ? gemm_iq3_s_packed_avxvnni : gemm_iq3_s_packed_avx2)
+                                        : (vnni ? gemm_iq3_xxs_packed_avxvnni : gemm_iq3_xxs_packed_avx2);
+    } else if (w.type == DType::IQ4_XS) {
+        const bool biased = isa == Isa::Avx2Vnni;
+        layout = biased ? ActLayout::BiasedQ8_K : ActLayout::Q8_KSums;
+        p.act_stride = static_cast<size_t>(in / kQK_K) * (biased ? kBiasedQ8KBlockBytes : kQ8KSumsBlockBytes);
+        p.cols = kPackedColsIQ4_XS;
+        p.gemm = biased ? gemm_iq4_xs_packed_avxvnni : gemm_iq4_xs_packed_avx2;
+    } else if (w.type == DType::Q5_K) {
+        layout = ActLayout::Q8_KSums;
+        p.cols = kPackedColsQ4_K;
+        p.act_stride = static_cast<size_t>(in / kQK_K) * kQ8KSumsBlockBytes;
+        p.gemm = isa == Isa::Avx2Vnni ? gemm_q5_k_packed_avxvnni : gemm_q5_k_packed_avx2;
     } else {
         layout = ActLayout::Q8_KSums;
+        p.cols = kPackedColsQ4_K;
         p.act_stride = static_cast<size_t>(in / kQK_K) * kQ8KSumsBlockBytes;
         p.gemm = isa == Isa::Avx512     ? gemm_q4_k_packed
                  : isa == Isa::Avx2Vnni ? gemm_q4_k_packed_avxvnni
@@ -236,15 +265,21 @@ void quantize_into(ActLayout layout, DType act, Isa isa, const float* x, uint8_t
              : avx2 ? quantize_q8_0_biased_avx2
                     : quantize_q8_0_biased_portable)(x, dst, in);
             break;
-        case ActLayout::SignedQ8_0: quantize_q8_0_signed_avx2(x, dst, in); break;
-        case ActLayout::Q8_KSums:
-            (avx512 ? quantize_q8_k_sums
-             : avx2 ? quantize_q8_k_sums_avx2
-                    : quantize_q8_k_sums_portable)(x, dst, in);
+        case ActLayout::SignedQ8_0:
+            quantize_q8_0_signed_avx2(x, dst, in);
             break;
-        case ActLayout::Q8_KGroups: quantize_q8_k_groups(x, dst, in); break;
-        case ActLayout::BiasedQ8_K: quantize_q8_k_biased_avx2(x, dst, in); break;
-        case ActLayout::Kernel: quantize_activations(act, x, dst, in); break;
+        case ActLayout::Q8_KSums:
+            (avx512 ? quantize_q8_k_sums : avx2 ? quantize_q8_k_sums_avx2 : quantize_q8_k_sums_portable)(x, dst, in);
+            break;
+        case ActLayout::Q8_KGroups:
+            quantize_q8_k_groups(x, dst, in);
+            break;
+        case ActLayout::BiasedQ8_K:
+            quantize_q8_k_biased_avx2(x, dst, in);
+            break;
+        case ActLayout::Kernel:
+            quantize_activations(act, x, dst, in);
+            break;
     }
 }
 
@@ -359,8 +394,7 @@ void matmul_many(std::span<const MatmulJob> jobs, ThreadPool* pool) {
     if (b.jobs.empty()) return;
     // 64-byte aligned: the by-group layout's blocks start cache lines.
     if (b.activations.size() < act_bytes + 64) b.activations.resize(act_bytes + 64);
-    uint8_t* activations =
-        b.activations.data() + (64 - reinterpret_cast<uintptr_t>(b.activations.data()) % 64) % 64;
+    uint8_t* activations = b.activations.data() + (64 - reinterpret_cast<uintptr_t>(b.activations.data()) % 64) % 64;
     const bool parallel = pool && pool->size() > 1 && work >= 65536.0;
 
     // Quantize the activations: one item per (task, token).

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <ostream>
@@ -505,6 +506,32 @@ bool same_bits(const float* a, const float* b, size_t n) {
     return std::memcmp(a, b, n * sizeof(float)) == 0;
 }
 
+// Each of max_tokens tokens alone, no pool (the rows every other grouping must reproduce bit for bit), against the
+// reference: the same integer products summed in another order. Then each (tokens, threads) grouping must give those
+// bits. Returns the tokens computed alone.
+std::vector<float> expect_reference_in_any_grouping(const CpuBackend& backend, const strata::Tensor& w,
+                                                    const WeightRows& rows, DType t, const OpCase& c,
+                                                    const std::vector<float>& x, int64_t max_tokens,
+                                                    std::initializer_list<std::pair<int64_t, int>> groupings,
+                                                    const char* what) {
+    const size_t out = static_cast<size_t>(c.out);
+    std::vector<float> alone(out * static_cast<size_t>(max_tokens));
+    for (int64_t tok = 0; tok < max_tokens; ++tok)
+        backend.matmul(
+            {.w = w, .x = x.data() + tok * c.n, .y = alone.data() + tok * c.out, .n_tokens = 1, .threads = 1});
+    const std::vector<double> ref = reference_matmul(rows, t, x.data(), max_tokens);
+    Nmse e;
+    for (size_t i = 0; i < alone.size(); ++i) e.add(alone[i], ref[i]);
+    EXPECT_LE(e.value(), kReassociationNmse) << what << " vs reference";
+    for (const auto& [n_tokens, threads] : groupings) {
+        std::vector<float> y(out * static_cast<size_t>(n_tokens), -1.0f);
+        backend.matmul({.w = w, .x = x.data(), .y = y.data(), .n_tokens = n_tokens, .threads = threads});
+        EXPECT_TRUE(same_bits(y.data(), alone.data(), y.size()))
+            << what << ": " << n_tokens << " tokens on " << threads << " threads differ from the tokens computed alone";
+    }
+    return alone;
+}
+
 TEST_P(MatmulParity, MatchesReferenceForAnyThreadsAndGrouping) {
     const DType t = std::get<0>(GetParam());
     const CpuBackend backend(std::get<1>(GetParam()));
@@ -521,27 +548,12 @@ TEST_P(MatmulParity, MatchesReferenceForAnyThreadsAndGrouping) {
         const std::vector<float> x = activation_values(ActKind::Gaussian, c.n * kMaxTokens, rng);
         const size_t out = static_cast<size_t>(c.out);
 
-        // Each token alone, no pool: the rows every other grouping must reproduce bit for bit.
-        std::vector<float> alone(out * kMaxTokens);
-        for (int64_t tok = 0; tok < kMaxTokens; ++tok)
-            backend.matmul(
-                {.w = w, .x = x.data() + tok * c.n, .y = alone.data() + tok * c.out, .n_tokens = 1, .threads = 1});
-        const std::vector<double> ref = reference_matmul(*rows, t, x.data(), kMaxTokens);
-        Nmse e;
-        for (size_t i = 0; i < alone.size(); ++i) e.add(alone[i], ref[i]);
-        // As (a)/(b): the same integer products as the reference, summed in another order.
-        EXPECT_LE(e.value(), kReassociationNmse) << "matmul vs reference";
-
-        // Token counts below, at and above the columns per kernel call (4, or 16 for the grid i-quants); thread
-        // counts 1 (no pool), 2, and 3 (more threads than this machine has cores, so ranges are claimed out of order).
-        const std::pair<int64_t, int> groupings[] = {{1, 2},          {3, 1},          {3, 3},
-                                                     {kMaxTokens, 1}, {kMaxTokens, 2}, {kMaxTokens, 3}};
-        for (const auto& [n_tokens, threads] : groupings) {
-            std::vector<float> y(out * static_cast<size_t>(n_tokens), -1.0f);
-            backend.matmul({.w = w, .x = x.data(), .y = y.data(), .n_tokens = n_tokens, .threads = threads});
-            EXPECT_TRUE(same_bits(y.data(), alone.data(), y.size()))
-                << n_tokens << " tokens on " << threads << " threads differ from the tokens computed alone";
-        }
+        // As (a)/(b). Token counts below, at and above the columns per kernel call (4, or 16 for the grid i-quants);
+        // thread counts 1 (no pool), 2, and 3 (more threads than this machine has cores, so ranges are claimed out of
+        // order).
+        const std::vector<float> alone = expect_reference_in_any_grouping(
+            backend, w, *rows, t, c, x, kMaxTokens,
+            {{1, 2}, {3, 1}, {3, 3}, {kMaxTokens, 1}, {kMaxTokens, 2}, {kMaxTokens, 3}}, "matmul");
 
         // matmul_many: two weights reading the same x (gate and up) plus a shorter job on that x share one quantized
         // copy; each must still give exactly what it gives alone.
@@ -585,22 +597,8 @@ TEST_P(MatmulParity, PackedMatchesReferenceForAnyThreadsAndGrouping) {
         ASSERT_TRUE(packed);
         std::mt19937 rng(seed++);
         const std::vector<float> x = activation_values(ActKind::Gaussian, c.n * kMaxTokens, rng);
-        const size_t out = static_cast<size_t>(c.out);
-        std::vector<float> alone(out * kMaxTokens);
-        for (int64_t tok = 0; tok < kMaxTokens; ++tok)
-            backend.matmul(
-                {.w = w, .x = x.data() + tok * c.n, .y = alone.data() + tok * c.out, .n_tokens = 1, .threads = 1});
-        const std::vector<double> ref = reference_matmul(*rows, t, x.data(), kMaxTokens);
-        Nmse e;
-        for (size_t i = 0; i < alone.size(); ++i) e.add(alone[i], ref[i]);
-        EXPECT_LE(e.value(), kReassociationNmse) << "packed matmul vs reference";
-        for (const auto& [n_tokens, threads] :
-             {std::pair<int64_t, int>{3, 1}, {kMaxTokens, 1}, {kMaxTokens, 2}, {kMaxTokens, 3}}) {
-            std::vector<float> y(out * static_cast<size_t>(n_tokens), -1.0f);
-            backend.matmul({.w = w, .x = x.data(), .y = y.data(), .n_tokens = n_tokens, .threads = threads});
-            EXPECT_TRUE(same_bits(y.data(), alone.data(), y.size()))
-                << n_tokens << " tokens on " << threads << " threads differ from the tokens computed alone";
-        }
+        expect_reference_in_any_grouping(backend, w, *rows, t, c, x, kMaxTokens,
+                                         {{3, 1}, {kMaxTokens, 1}, {kMaxTokens, 2}, {kMaxTokens, 3}}, "packed matmul");
     }
 }
 

@@ -110,89 +110,81 @@ float defined_dot_q4_k(const Block* w, const strata::BlockQ8_K* a, int64_t n_blo
     return acc;
 }
 
-// Q6_K (AVX2 only): per super-block acc = fma(float(S), d * d_a, acc), S the sum over the 16 sub-blocks of the int8
-// scale times the exact dot of (q - 32) with the activation quants, q the 6-bit value from ql's nibble and qh's 2 bits.
-float defined_dot_q6_k(const strata::BlockQ6_K* w, const strata::BlockQ8_K* a, int64_t n_blocks) {
+// The k-quant and i-quant GEMMs below (AVX2 only) share one definition: per super-block acc = fma(float(S), d * d_a,
+// acc), S the exact int32 sum over its n_sub sub-blocks j of sub_block(w, a, j) (the sub-block's scale times the exact
+// dot of its values with the activation quants).
+template <typename Block, typename SubBlock>
+float defined_superblock_dot(const Block* w, const strata::BlockQ8_K* a, int64_t n_blocks, int n_sub,
+                             SubBlock sub_block) {
     float acc = 0.0f;
     for (int64_t b = 0; b < n_blocks; ++b) {
         int32_t scaled = 0;
-        for (int j = 0; j < 16; ++j) {
+        for (int j = 0; j < n_sub; ++j) scaled += sub_block(w[b], a[b], j);
+        acc = std::fma(static_cast<float>(scaled), strata::f16_to_f32(w[b].d) * a[b].d, acc);
+    }
+    return acc;
+}
+
+// Q6_K: 16 sub-blocks, the int8 scale times the dot of (q - 32), q the 6-bit value from ql's nibble and qh's 2 bits.
+float defined_dot_q6_k(const strata::BlockQ6_K* w, const strata::BlockQ8_K* a, int64_t n_blocks) {
+    return defined_superblock_dot(
+        w, a, n_blocks, 16, [](const strata::BlockQ6_K& blk, const strata::BlockQ8_K& act, int j) {
             int32_t dot = 0;
             for (int l = 0; l < 16; ++l) {
                 const int v = 16 * j + l, half = v / 128, quarter = (v % 128) / 32, pos = v % 32;
-                const int low = (w[b].ql[64 * half + 32 * (quarter % 2) + pos] >> (4 * (quarter / 2))) & 0xF;
-                const int high = (w[b].qh[32 * half + pos] >> (2 * quarter)) & 3;
-                dot += ((low | high << 4) - 32) * a[b].qs[v];
+                const int low = (blk.ql[64 * half + 32 * (quarter % 2) + pos] >> (4 * (quarter / 2))) & 0xF;
+                const int high = (blk.qh[32 * half + pos] >> (2 * quarter)) & 3;
+                dot += ((low | high << 4) - 32) * act.qs[v];
             }
-            scaled += w[b].scales[j] * dot;
-        }
-        acc = std::fma(static_cast<float>(scaled), strata::f16_to_f32(w[b].d) * a[b].d, acc);
-    }
-    return acc;
+            return blk.scales[j] * dot;
+        });
 }
 
-// IQ4_XS (AVX2 only): per super-block acc = fma(float(S), d * d_a, acc), S the sum over the 8 sub-blocks of ls - 32
-// times the exact dot of the table values with the activation quants.
+// IQ4_XS: 8 sub-blocks, ls - 32 times the dot of the table values.
 float defined_dot_iq4_xs(const strata::BlockIQ4_XS* w, const strata::BlockQ8_K* a, int64_t n_blocks) {
-    float acc = 0.0f;
-    for (int64_t b = 0; b < n_blocks; ++b) {
-        int32_t scaled = 0;
-        for (int j = 0; j < 8; ++j) {
-            const int ls = ((w[b].scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | (((w[b].scales_h >> (2 * j)) & 3) << 4);
+    return defined_superblock_dot(
+        w, a, n_blocks, 8, [](const strata::BlockIQ4_XS& blk, const strata::BlockQ8_K& act, int j) {
+            const int ls = ((blk.scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | (((blk.scales_h >> (2 * j)) & 3) << 4);
             int32_t dot = 0;
             for (int l = 0; l < 32; ++l) {
-                const int nibble = (w[b].qs[16 * j + l % 16] >> (4 * (l / 16))) & 0xF;
-                dot += strata::quant::kIQ4NLValues[nibble] * a[b].qs[32 * j + l];
+                const int nibble = (blk.qs[16 * j + l % 16] >> (4 * (l / 16))) & 0xF;
+                dot += strata::quant::kIQ4NLValues[nibble] * act.qs[32 * j + l];
             }
-            scaled += (ls - 32) * dot;
-        }
-        acc = std::fma(static_cast<float>(scaled), strata::f16_to_f32(w[b].d) * a[b].d, acc);
-    }
-    return acc;
+            return (ls - 32) * dot;
+        });
 }
 
-// IQ3_XXS (AVX2 only): per super-block acc = fma(float(S), d * d_a, acc), S the sum over the 8 sub-blocks of
-// 2 ls + 1 times the exact dot of the signed grid magnitudes with the activation quants; the result 0.25 x acc.
+// IQ3_XXS: 8 sub-blocks, 2 ls + 1 times the dot of the signed grid magnitudes; the result 0.25 x acc.
 float defined_dot_iq3_xxs(const strata::BlockIQ3_XXS* w, const strata::BlockQ8_K* a, int64_t n_blocks) {
-    float acc = 0.0f;
-    for (int64_t b = 0; b < n_blocks; ++b) {
-        int32_t scaled = 0;
-        for (int j = 0; j < 8; ++j) {
-            uint32_t aux;
-            std::memcpy(&aux, w[b].qs + strata::kQK_K / 4 + 4 * j, 4);
-            int32_t dot = 0;
-            for (int l = 0; l < 32; ++l) {
-                const uint32_t grid = strata::quant::kIQ3XXSGrid[w[b].qs[8 * j + l / 4]];
-                const int magnitude = static_cast<int>((grid >> (8 * (l % 4))) & 0xFF);
-                const bool negative = (strata::quant::even_signs(aux >> (7 * (l / 8))) >> (l % 8)) & 1;
-                dot += (negative ? -magnitude : magnitude) * a[b].qs[32 * j + l];
-            }
-            scaled += static_cast<int32_t>(2 * (aux >> 28) + 1) * dot;
-        }
-        acc = std::fma(static_cast<float>(scaled), strata::f16_to_f32(w[b].d) * a[b].d, acc);
-    }
-    return 0.25f * acc;
+    return 0.25f * defined_superblock_dot(
+                       w, a, n_blocks, 8, [](const strata::BlockIQ3_XXS& blk, const strata::BlockQ8_K& act, int j) {
+                           uint32_t aux;
+                           std::memcpy(&aux, blk.qs + strata::kQK_K / 4 + 4 * j, 4);
+                           int32_t dot = 0;
+                           for (int l = 0; l < 32; ++l) {
+                               const uint32_t grid = strata::quant::kIQ3XXSGrid[blk.qs[8 * j + l / 4]];
+                               const int magnitude = static_cast<int>((grid >> (8 * (l % 4))) & 0xFF);
+                               const bool negative = (strata::quant::even_signs(aux >> (7 * (l / 8))) >> (l % 8)) & 1;
+                               dot += (negative ? -magnitude : magnitude) * act.qs[32 * j + l];
+                           }
+                           return static_cast<int32_t>(2 * (aux >> 28) + 1) * dot;
+                       });
 }
 
-// IQ3_S (AVX2 only): as IQ3_XXS with the 9-bit index qs | qh bit << 8, the stored sign bits and no 0.25.
+// IQ3_S: as IQ3_XXS with the 9-bit index qs | qh bit << 8, the stored sign bits and no 0.25.
 float defined_dot_iq3_s(const strata::BlockIQ3_S* w, const strata::BlockQ8_K* a, int64_t n_blocks) {
-    float acc = 0.0f;
-    for (int64_t b = 0; b < n_blocks; ++b) {
-        int32_t scaled = 0;
-        for (int j = 0; j < 8; ++j) {
+    return defined_superblock_dot(
+        w, a, n_blocks, 8, [](const strata::BlockIQ3_S& blk, const strata::BlockQ8_K& act, int j) {
             int32_t dot = 0;
             for (int l = 0; l < 32; ++l) {
                 const int k = l / 4;
-                const uint32_t grid = strata::quant::kIQ3SGrid[w[b].qs[8 * j + k] | (((w[b].qh[j] >> k) & 1) << 8)];
+                const uint32_t grid = strata::quant::kIQ3SGrid[blk.qs[8 * j + k] | (((blk.qh[j] >> k) & 1) << 8)];
                 const int magnitude = static_cast<int>((grid >> (8 * (l % 4))) & 0xFF);
-                const bool negative = (w[b].signs[4 * j + l / 8] >> (l % 8)) & 1;
-                dot += (negative ? -magnitude : magnitude) * a[b].qs[32 * j + l];
+                const bool negative = (blk.signs[4 * j + l / 8] >> (l % 8)) & 1;
+                dot += (negative ? -magnitude : magnitude) * act.qs[32 * j + l];
             }
-            scaled += (2 * ((w[b].scales[j / 2] >> (4 * (j % 2))) & 0xF) + 1) * dot;
-        }
-        acc = std::fma(static_cast<float>(scaled), strata::f16_to_f32(w[b].d) * a[b].d, acc);
-    }
-    return acc;
+            return (2 * ((blk.scales[j / 2] >> (4 * (j % 2))) & 0xF) + 1) * dot;
+        });
 }
 
 std::vector<float> defined_matmul(const Tensor& w, const float* x, int64_t n_tokens) {

@@ -118,8 +118,10 @@ size_t mismatches(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // Every placement against the all-in-VRAM run of the same file: a prompt in one call (prompt windows), then the same
-// tokens fed 1 and 3 a call (decode windows, graphs), 40 tokens each.
-void expect_placement_free(const std::string& path, const char* what) {
+// tokens fed 1 and 3 a call (decode windows, graphs), 40 tokens each. The streamed cases cut the prompt into
+// 16-token windows (the grouped path's least at these shapes) whose misses go through the ring; `grouped`: the
+// experts' type takes the grouped path, so those windows must have streamed.
+void expect_placement_free(const std::string& path, const char* what, bool grouped = false) {
     const int64_t n_expert = n_expert_of(path);
     auto reference = load_model(path, {.backend = Backend::Cuda});
     const int64_t V = reference->info().n_vocab, L = reference->info().n_layer;
@@ -137,15 +139,25 @@ void expect_placement_free(const std::string& path, const char* what) {
         int64_t slots;
         const std::vector<int32_t>* warm;
         bool churn;
+        int stream_ranges = 0, stream_buffers = 0;
     };
-    const Case cases[] = {{"no slots", 0, nullptr, false},
-                          {"half warm", n_expert / 2, &half, false},
-                          {"all warm", n_expert, &all, false},
-                          {"churn over a quarter", std::max<int64_t>(n_expert / 4, 1), nullptr, true}};
+    const int quarter = n_expert % 4 == 0 ? 4 : 1;
+    const Case cases[] = {
+        {"no slots", 0, nullptr, false},
+        {"half warm", n_expert / 2, &half, false},
+        {"all warm", n_expert, &all, false},
+        {"churn over a quarter", std::max<int64_t>(n_expert / 4, 1), nullptr, true},
+        {"streamed, no slots, 2 ranges in 4 buffers", 0, nullptr, false, 2, 4},
+        {"streamed, half warm, ranges of a quarter in 2 buffers", n_expert / 2, &half, false, quarter, 2},
+        {"streamed, churn over a quarter, 1 range in 1 buffer", std::max<int64_t>(n_expert / 4, 1), nullptr, true, 1,
+         1}};
     for (const Case& c : cases) {
         LoadOptions options{.backend = Backend::Cuda};
         options.experts.in_host = true;
         options.experts.cache_slots.assign(static_cast<size_t>(L), c.slots);
+        options.experts.stream_ranges = c.stream_ranges;
+        options.experts.stream_buffers = c.stream_buffers;
+        if (c.stream_ranges) options.prompt_chunk = 16;
         if (c.warm) options.experts.warm.assign(static_cast<size_t>(L), *c.warm);
         auto churn = std::make_shared<ChurnAdvisor>();
         if (c.churn) options.experts.advisor = churn;
@@ -157,7 +169,12 @@ void expect_placement_free(const std::string& path, const char* what) {
         if (c.churn) {
             EXPECT_GT(churn->observed, 0) << what << ": the policy was never asked";
         }
-        std::printf("[ offload %s ] %s: logits equal to all-in-VRAM\n", what, c.name);
+        const int64_t streamed = m->expert_offload_stats() ? m->expert_offload_stats()->streamed_windows : 0;
+        if (c.stream_ranges && grouped) {
+            EXPECT_GT(streamed, 0) << what << ", " << c.name << ": nothing streamed";
+        }
+        std::printf("[ offload %s ] %s: logits equal to all-in-VRAM (%lld streamed windows)\n", what, c.name,
+                    static_cast<long long>(streamed));
     }
 }
 
@@ -169,7 +186,7 @@ TEST(CudaOffload, PlacementDoesNotChangeTheBundledModel) {
 TEST(CudaOffload, PlacementDoesNotChangeQuantizedExperts) {
     SKIP_WITHOUT_CUDA_DEVICE();
     for (DType t : {DType::IQ2_XS, DType::Q4_K, DType::F32})
-        expect_placement_free(synthesized("small-k", t), dtype_name(t));
+        expect_placement_free(synthesized("small-k", t), dtype_name(t), t != DType::F32);
 }
 
 TEST(CudaOffload, PlacementDoesNotChangeTheSingleStreamArchitectures) {

@@ -130,14 +130,17 @@ bool has_line(const MemoryPlan& plan, const std::string& prefix) {
 
 // With the default prompt window fixed (the plan would otherwise lengthen it where every expert fits: see
 // PromptWindowGrowsOnlyIntoMemoryTheExpertsDoNotNeed), so that plans at different budgets share their workspaces.
+// Without the ring that streams prompt windows' misses unless asked (PromptWindowsStreamThroughARing checks it), so
+// that the slot arithmetic below stays the slots' alone.
 MemoryPlan plan_for(const std::string& path, uint64_t vram, uint64_t ram = 1024 * kGiB, int64_t ctx = 4096,
-                    KvCacheType kv = KvCacheType::F16) {
+                    KvCacheType kv = KvCacheType::F16, bool stream = false) {
     const auto f = gguf::File::open(path);
     return plan_device_memory(*f, {.vram_budget = vram,
                                    .ram_budget = ram,
                                    .n_ctx = ctx,
                                    .kv_cache = kv,
-                                   .prompt_chunk = strata::kDefaultPromptChunk});
+                                   .prompt_chunk = strata::kDefaultPromptChunk,
+                                   .stream_experts = stream});
 }
 
 // VRAM the plan takes besides the experts, at a budget where they all fit (measured once; the tests below check
@@ -283,6 +286,43 @@ TEST(MemoryPlan, LeftoverBecomesTheSameSlotCountInEveryLayer) {
     const MemoryPlan short_by_one = plan_for(mid_path(), base + r.all_experts() - 1);
     EXPECT_FALSE(short_by_one.experts_in_vram);
     for (int64_t slots : short_by_one.cache_slots) EXPECT_EQ(slots, 63);
+}
+
+// With experts pinned, prompt windows stream their misses through kStreamBuffers buffers, each one of a layer's
+// kStreamRanges ranges of gate and up (or down): the ring is booked before the slots, which get what is left.
+TEST(MemoryPlan, PromptWindowsStreamThroughARing) {
+    const auto f = gguf::File::open(mid_path());
+    const Roles r = roles(*f);
+    uint64_t pass[2] = {0, 0};  // one expert's gate and up, and its down, in the layer that has the most
+    for (int64_t b = 0; b < 16; ++b) {
+        uint64_t here[2] = {0, 0};
+        for (const char* name : {"gate", "up", "down"}) {
+            const gguf::TensorInfo* t = f->find_tensor("blk." + std::to_string(b) + ".ffn_" + name + "_exps.weight");
+            ASSERT_NE(t, nullptr) << name;
+            here[std::string(name) == "down"] += booked(shape_bytes(*t) / 64);
+        }
+        for (int i = 0; i < 2; ++i) pass[i] = std::max(pass[i], here[i]);
+    }
+    const uint64_t ring =
+        booked(static_cast<uint64_t>(kStreamBuffers) * (64 / kStreamRanges) * std::max(pass[0], pass[1]));
+    const uint64_t budget = non_expert_vram(mid_path()) + 16 * 3 * 64 * 8 + 256 * 16 + 9 * r.row() + r.row() / 2;
+    const MemoryPlan streamed = plan_for(mid_path(), budget + ring, 1024 * kGiB, 4096, KvCacheType::F16, true);
+    EXPECT_EQ(line(streamed, "expert stream ring (prompt windows)"), ring);
+    EXPECT_EQ(streamed.stream_ring_bytes, ring);
+    for (int64_t slots : streamed.cache_slots) EXPECT_EQ(slots, 9);
+    EXPECT_EQ(streamed.placement().stream_ranges, kStreamRanges);
+    EXPECT_EQ(streamed.placement().stream_buffers, kStreamBuffers);
+    EXPECT_LE(streamed.vram_total(), streamed.vram_budget);
+    // Without it (--no-expert-stream) the same budget buys the slots the ring took.
+    const MemoryPlan in_place = plan_for(mid_path(), budget + ring, 1024 * kGiB, 4096, KvCacheType::F16, false);
+    EXPECT_FALSE(has_line(in_place, "expert stream ring"));
+    EXPECT_EQ(in_place.placement().stream_ranges, 0);
+    EXPECT_GE(in_place.cache_slots[0], 9 + static_cast<int64_t>(ring / r.row()));
+    // Experts read from the mapped file are not pinned: nothing to stream from.
+    const MemoryPlan unpinned = plan_for(mid_path(), budget + ring, r.experts - 1, 4096, KvCacheType::F16, true);
+    EXPECT_FALSE(has_line(unpinned, "expert stream ring"));
+    // Experts all in VRAM: no ring.
+    EXPECT_FALSE(has_line(plan_for(mid_path(), 64 * kGiB, 1024 * kGiB, 4096, KvCacheType::F16, true), "expert stream"));
 }
 
 TEST(MemoryPlan, CheaperLayersGetTheSlotsTheRemainderAllows) {

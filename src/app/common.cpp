@@ -213,6 +213,9 @@ const std::vector<FlagSpec> kLoadFlags = {
      "strata info shows the plan)"},
     {"--no-cuda-blas", "",
      "cuda: dense products of prompt windows on strata's own GEMM instead of cuBLAS (for comparisons)"},
+    {"--no-expert-stream", "",
+     "cuda, experts in host RAM: prompt windows read missed experts over PCIe in place instead of streaming them "
+     "into VRAM through a ring of copies (for comparisons)"},
     {"--routing-trace", "FILE",
      "cpu: write the experts every token routes to at every MoE layer to FILE (replay: strata bench expert-cache)"},
 };
@@ -236,15 +239,16 @@ LoadOptions load_options(const Args& args, bool read_threads) {
     o.qsa_union = args.has("--qsa-union");
     o.prompt_chunk = args.get_int("--prompt-chunk", kMinPromptChunk, kMaxPromptChunk).value_or(0);
     o.cuda_blas = !args.has("--no-cuda-blas");
+    o.stream_experts = !args.has("--no-expert-stream");
     if (o.backend == Backend::Cpu &&
         (args.has("--vram-budget") || args.has("--ram-budget") || args.has("--prompt-chunk") ||
          args.has("--no-cuda-blas") || args.has("--no-cuda-graphs") || args.has("--gdn-recurrence") ||
          args.has("--kv-cache") || o.qsa_union || args.has("--expert-policy") || args.has("--expert-profile") ||
-         args.has("--cpu-experts") || args.has("--cpu-share") || o.ple_from_file))
+         args.has("--cpu-experts") || args.has("--cpu-share") || o.ple_from_file || !o.stream_experts))
         throw Error(
             "--vram-budget, --ram-budget, --prompt-chunk, --no-cuda-blas, --expert-policy, --expert-profile, "
-            "--cpu-experts, --cpu-share, --no-cuda-graphs, --gdn-recurrence, --kv-cache, --qsa-union and "
-            "--ple-from-file apply to --backend cuda only");
+            "--cpu-experts, --cpu-share, --no-expert-stream, --no-cuda-graphs, --gdn-recurrence, --kv-cache, "
+            "--qsa-union and --ple-from-file apply to --backend cuda only");
     (void)args.get_int("--cpu-experts", 0, 1024);
     if (auto text = args.get("--cpu-share")) {
         char* end = nullptr;
@@ -273,6 +277,7 @@ std::optional<MemoryPlan> plan_memory_for_load(const Args& args, const std::stri
                         .kv_cache = options.kv_cache,
                         .qsa_union = options.qsa_union,
                         .prompt_chunk = options.prompt_chunk,
+                        .stream_experts = options.stream_experts,
                         .device = cuda_device_memory(options.cuda_device)};
     // No budget and no device: loading says why there is no CUDA backend or device.
     if (in.vram_budget == 0 && !in.device) return std::nullopt;
@@ -282,6 +287,8 @@ std::optional<MemoryPlan> plan_memory_for_load(const Args& args, const std::stri
     options.prompt_chunk = plan.prompt_window;
     options.experts.in_host = plan.placement().in_host;
     options.experts.cache_slots = plan.placement().cache_slots;
+    options.experts.stream_ranges = plan.placement().stream_ranges;
+    options.experts.stream_buffers = plan.placement().stream_buffers;
     if (plan.has_ple && !plan.ple_pinned) {
         options.ple_from_file = true;
         options.ple_reader = ple_row_reader_factory(plan.ple_row_cache_bytes);

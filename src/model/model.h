@@ -122,6 +122,11 @@ struct ExpertPlacement {
     // With cpu_workers: the share of each layer's non-resident experts the workers compute (the rest the GPU reads
     // over PCIe). Negative: adapted while decoding, from measured window times.
     double cpu_share = -1;
+    // Prompt windows on the grouped MoE path stream every expert no slot holds into VRAM on a copy stream, through a
+    // ring of stream_buffers buffers, each holding one of a layer's stream_ranges ranges of experts for gate and up
+    // or for down (stream_ranges 0: such windows read their misses over PCIe in place, tile by tile).
+    int stream_ranges = 0;
+    int stream_buffers = 0;
 };
 
 // CUDA prompt windows (LoadOptions::prompt_chunk): the default and the range --prompt-chunk takes.
@@ -151,6 +156,9 @@ struct LoadOptions {
     // CUDA: dense products of prompt windows (cuda::kBlasMinTokens tokens or more) through cuBLAS on weights
     // dequantized to fp16 (false: the backend's own tensor-core GEMM; for parity checks and A/B benchmarks).
     bool cuda_blas = true;
+    // CUDA with experts in host RAM: the plan may stream prompt windows' misses into VRAM (ExpertPlacement::
+    // stream_ranges); false (--no-expert-stream): they are read over PCIe in place, for comparisons.
+    bool stream_experts = true;
     // CUDA: prompt windows' MoE through the grouped expert GEMM (fp16 operands on tensor cores; false: in slices on
     // the decode windows' kernels, for parity checks and A/B benchmarks).
     bool cuda_grouped_moe = true;
@@ -188,6 +196,7 @@ struct ExpertOffloadStats {
     double cpu_share = 0;           // the share of misses the CPU workers own now
     int64_t doorbell_timeouts = 0;  // waits for the CPU workers that hit their bound
     int64_t cache_slots = 0;        // VRAM slots, all layers together
+    int64_t streamed_windows = 0;   // prompt windows whose misses were streamed into VRAM (pcie_bytes counts them)
     std::vector<std::vector<uint64_t>> routing_counts;  // [block][expert]: routed since loading (a profile's counts)
 };
 

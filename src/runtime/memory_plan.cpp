@@ -415,7 +415,7 @@ uint64_t moe_prompt_workspace_bytes(const Shapes& s) {
                   FS = s.moe.n_ff_shared, pairs = P * K;
     const int64_t tiles = (pairs + 63) / 64 + std::min(E, pairs);
     const uint64_t sizes[] = {u(P * E) * 4,  u(pairs) * 4, u(pairs) * 4, u(pairs) * 4,
-                              u(1 + 3 * tiles) * 4, activation_bytes(DType::Q8_0, P * H), u(P * H) * 2, u(P) * 4,
+                              u(E + 1 + 3 * tiles) * 4, activation_bytes(DType::Q8_0, P * H), u(P * H) * 2, u(P) * 4,
                               u(pairs * 2 * F) * 4, activation_bytes(DType::Q8_0, pairs * F), u(pairs * F) * 2,
                               u(pairs) * 4, u(pairs * H) * 4, u(P * FS) * 4 * 3, u(P * H) * 4};
     uint64_t total = 0;
@@ -428,6 +428,8 @@ struct TensorTotals {
     uint64_t dense = 0, ple = 0, mtp = 0, experts = 0;
     uint64_t experts_uploaded = 0;       // every expert tensor uploaded whole (all in VRAM)
     std::vector<uint64_t> expert_bytes;  // per trunk block: one cache slot (one expert's gate, up and down)
+    std::vector<uint64_t>
+        pass_bytes[2];  // per trunk block: one expert's gate and up, and its down, as the ring holds them
     uint64_t matmul_scratch = 0;
     uint64_t moe_workspaces = 0;
     uint64_t moe_prompt = 0;  // the grouped MoE's prompt workspace (inside the window buffers)
@@ -437,6 +439,7 @@ struct TensorTotals {
 TensorTotals classify(const gguf::File& file, const Shapes& s) {
     TensorTotals t;
     t.expert_bytes.assign(u(s.n_layer), 0);
+    for (std::vector<uint64_t>& pass : t.pass_bytes) pass.assign(u(s.n_layer), 0);
     const int64_t E = std::max<int64_t>(s.moe.n_expert, 1);
     for (const gguf::TensorInfo& info : file.tensors()) {
         if (is_ple_table(info.name)) {
@@ -462,6 +465,8 @@ TensorTotals classify(const gguf::File& file, const Shapes& s) {
             t.experts_uploaded += booked(info.n_bytes);
             // model/cuda/expert_cache.cpp add_layer: a slot holds each expert tensor's slice at a 256-byte boundary.
             t.expert_bytes[static_cast<size_t>(block)] += round256(info.n_bytes / u(E));
+            const bool down = info.name.find("ffn_down_exps") != std::string::npos;
+            t.pass_bytes[down ? 1 : 0][static_cast<size_t>(block)] += round256(info.n_bytes / u(E));
             continue;
         }
         // model/cuda/device_weights.cpp: each bound file tensor is one upload (a DeviceBuffer).
@@ -538,6 +543,10 @@ ExpertPlacement MemoryPlan::placement() const {
     ExpertPlacement p;
     p.in_host = !experts_in_vram;
     if (p.in_host) p.cache_slots = cache_slots;
+    if (p.in_host && stream_ring_bytes > 0) {
+        p.stream_ranges = kStreamRanges;
+        p.stream_buffers = kStreamBuffers;
+    }
     return p;
 }
 
@@ -712,15 +721,27 @@ MemoryPlan plan_device_memory(const gguf::File& file, const MemoryPlanInputs& in
 
     // What is left goes to the experts: all of them, or the same number of slots in every layer (one expert: its
     // gate, up and down), the layers that cost less given one more slot each while the rest allows.
-    const uint64_t left = plan.vram_budget - minimum;
+    uint64_t left = plan.vram_budget - minimum;
     if (all_fit) {
         plan.experts_in_vram = true;
         vram("routed experts (all " + std::to_string(s.moe.n_expert) + " per layer)", t.experts_uploaded);
     } else {
         plan.experts_in_vram = false;
+        plan.experts_pinned = t.experts <= plan.ram_budget;
         uint64_t per_slot_row = 0;  // one slot in every layer
         for (uint64_t b : t.expert_bytes) per_slot_row += b;
         vram("expert address tables", tables);
+        // The ring that streams a prompt window's misses from pinned RAM (model/cuda/expert_cache.cpp make_ring): its
+        // buffers hold a range of one pass of the layer that needs the most; it comes out of what the slots get.
+        uint64_t ring_buffer = 0;
+        for (const std::vector<uint64_t>& pass : t.pass_bytes)
+            for (uint64_t b : pass) ring_buffer = std::max(ring_buffer, b * u(s.moe.n_expert / kStreamRanges));
+        if (in.stream_experts && plan.experts_pinned && s.moe.n_expert % kStreamRanges == 0 &&
+            booked(ring_buffer * kStreamBuffers) < left) {
+            plan.stream_ring_bytes = booked(ring_buffer * kStreamBuffers);
+            left -= plan.stream_ring_bytes;
+            vram("expert stream ring (prompt windows)", plan.stream_ring_bytes);
+        }
         // Each layer's cache is one allocation: its 256-byte rounding is held back first.
         const uint64_t rounding = 256 * u(t.n_moe_layers);
         const uint64_t usable = left > rounding ? left - rounding : 0;
@@ -757,7 +778,6 @@ MemoryPlan plan_device_memory(const gguf::File& file, const MemoryPlanInputs& in
         vram("expert cache (" + std::to_string(uniform) + (uneven ? "+" : "") + " of " +
                  std::to_string(s.moe.n_expert) + " per layer)",
              cache);
-        plan.experts_pinned = t.experts <= plan.ram_budget;
         plan.lines.push_back(
             {"routed experts", plan.experts_pinned ? PlanPlace::PinnedHost : PlanPlace::MappedFile, t.experts});
     }

@@ -50,6 +50,7 @@ struct MemoryPlanInputs {
     KvCacheType kv_cache = KvCacheType::F16;
     bool qsa_union = false;  // --qsa-union: each sequence also holds the union kernel's workspace
     int64_t prompt_chunk = 0;  // --prompt-chunk: tokens of a prompt window (0: the plan chooses)
+    bool stream_experts = true;  // false (--no-expert-stream): prompt windows read misses over PCIe in place
     std::optional<DeviceMemory> device;
     // One stage of a split over several GPUs (issue 29; runtime/stage_plan.h): the trunk blocks [first_block,
     // end_block) alone (end_block 0: to the last), the token table where block 0 is, the head and the MTP block
@@ -61,6 +62,13 @@ struct MemoryPlanInputs {
 // The row cache of PLE tables read from the file (all PLE blocks together, at most the tables' size): ~3M of
 // Flash-Next's ~320M rows, enough for the n-grams that recur in a conversation (each token needs 16 rows).
 inline constexpr uint64_t kPleRowCacheBytes = uint64_t{512} << 20;
+
+// With experts in pinned host RAM, prompt windows on the grouped MoE path stream every expert no slot holds into VRAM
+// (ExpertPlacement::stream_ranges): a layer's experts in kStreamRanges ranges, through kStreamBuffers buffers of
+// one range's gate and up, or down, each (Flash-Next IQ2_XS: 64 experts, 58 MB a buffer). With four, the copies run
+// up to four ranges ahead of the products that read them: the next layer's first ranges land during its attention.
+inline constexpr int kStreamRanges = 8;
+inline constexpr int kStreamBuffers = 4;
 
 enum class PlanPlace { Vram, PinnedHost, HostRam, MappedFile, NotLoaded };
 const char* plan_place_name(PlanPlace place);
@@ -86,6 +94,7 @@ struct MemoryPlan {
     bool experts_in_vram = true;         // every routed expert fits: no cache, nothing in host memory
     std::vector<int64_t> cache_slots;    // per trunk block, when !experts_in_vram
     bool experts_pinned = false;         // host side: pinned arena (else read from the mapped file)
+    uint64_t stream_ring_bytes = 0;      // the ring that streams prompt windows' misses (0: none)
     bool has_ple = false;
     bool ple_pinned = false;  // else rows read from the file with a row cache
     uint64_t ple_row_cache_bytes = 0;  // when !ple_pinned: each PLE block's row cache (LoadOptions::ple_reader)

@@ -296,8 +296,8 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_tensor_core_kernel(const
 // The grouped expert GEMM (moe_prompt.cu): block (x, y) multiplies row tile x % row_tiles of matrix x / row_tiles
 // (gate and up: two; down: one) of expert tile_expert[y] by the tile's pairs, sorted_pairs[tile_begin[y] ..
 // + tile_count[y]), whose activation rows are pair / x_div (the token for gate and up, the pair for down), and
-// writes pair p's sums to out[mat][p * ld_out + r]. Tiles past *n_tiles (the grid is sized for the most there can
-// be) return at once.
+// writes pair p's sums to out[mat][p * ld_out + r]. Block y takes tile *tile_first + y; tiles from *tile_end on (the
+// grid is sized for the most there can be) return at once, so one launch can cover a range of experts' tiles.
 struct GroupedGemmParams {
     const uint8_t* w[2];          // expert 0's slice of each matrix (experts expert_bytes apart), or
     const uint8_t* const* at[2];  // per-expert addresses (experts in host RAM: a VRAM slot or mapped host pages)
@@ -309,7 +309,8 @@ struct GroupedGemmParams {
     const __half* x;      // [x row][in]
     const float* x_scale;  // what x row r's sums are multiplied by
     int x_div;
-    const int32_t* n_tiles;
+    const int32_t* tile_first;
+    const int32_t* tile_end;
     const int32_t* tile_expert;
     const int32_t* tile_begin;
     const int32_t* tile_count;
@@ -321,8 +322,8 @@ struct GroupedGemmParams {
 template <typename F, int kTokens>
 __global__ void __launch_bounds__(kGemmThreads, 2) gemm_grouped_kernel(const GroupedGemmParams p) {
     __shared__ int32_t pairs[kTokens];
-    const int tile = static_cast<int>(blockIdx.y);
-    if (tile >= *p.n_tiles) return;
+    const int tile = *p.tile_first + static_cast<int>(blockIdx.y);
+    if (tile >= *p.tile_end) return;
     const int mat = static_cast<int>(blockIdx.x) / p.row_tiles;
     const int64_t row0 = static_cast<int64_t>(blockIdx.x % p.row_tiles) * kGemmRows;
     const int expert = p.tile_expert[tile], count = p.tile_count[tile];
@@ -353,7 +354,8 @@ void launch_grouped_gemm_tiles(const GroupedGemmLaunch& l) {
     const int row_tiles = static_cast<int>((l.rows + kGemmRows - 1) / kGemmRows);
     GroupedGemmParams p{.w = {l.w[0], l.w[1]}, .at = {l.at[0], l.at[1]}, .expert_bytes = l.expert_bytes,
                         .row_bytes = l.row_bytes, .rows = l.rows, .in = l.in, .row_tiles = row_tiles, .x = l.x,
-                        .x_scale = l.x_scale, .x_div = l.x_div, .n_tiles = l.n_tiles, .tile_expert = l.tile_expert,
+                        .x_scale = l.x_scale, .x_div = l.x_div, .tile_first = l.tile_first, .tile_end = l.tile_end,
+                        .tile_expert = l.tile_expert,
                         .tile_begin = l.tile_begin, .tile_count = l.tile_count, .sorted_pairs = l.sorted_pairs,
                         .out = {l.out[0], l.out[1]}, .ld_out = l.ld_out};
     const dim3 grid(static_cast<unsigned>(row_tiles * l.n_mats), static_cast<unsigned>(l.max_tiles));

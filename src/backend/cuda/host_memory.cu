@@ -175,6 +175,77 @@ void CopyStream::synchronize() {
     landed_ = issued_;
 }
 
+CopyRing::CopyRing(Context& ctx, int buffers, size_t buffer_bytes) : ctx_(ctx), buffer_bytes_(buffer_bytes) {
+    if (buffers < 1 || buffer_bytes == 0 || buffer_bytes % 256 != 0)
+        throw Error("CUDA copy ring: " + std::to_string(buffers) + " buffers of " + std::to_string(buffer_bytes) +
+                    " bytes (at least one, a multiple of 256 bytes)");
+    STRATA_CUDA_CHECK(cudaSetDevice(ctx.info().index));
+    memory_ = ctx.allocate(static_cast<size_t>(buffers) * buffer_bytes, "expert stream ring");
+    STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    ready_.assign(static_cast<size_t>(buffers), nullptr);
+    free_.assign(static_cast<size_t>(buffers), nullptr);
+    for (std::vector<CUevent_st*>* events : {&ready_, &free_})
+        for (CUevent_st*& e : *events) STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+}
+
+CopyRing::~CopyRing() {
+    if (stream_) (void)cudaStreamSynchronize(stream_);
+    for (std::vector<CUevent_st*>* events : {&ready_, &free_})
+        for (CUevent_st* e : *events)
+            if (e) (void)cudaEventDestroy(e);
+    if (stream_) (void)cudaStreamDestroy(stream_);
+    (void)cudaGetLastError();
+}
+
+void CopyRing::fill(int64_t chunk, const std::vector<Piece>& pieces) {
+    const int64_t n = buffers();
+    if (chunk != filled_ + 1 || chunk - n > released_)
+        throw Error("CUDA copy ring: chunk " + std::to_string(chunk) + " filled out of order (filled " +
+                    std::to_string(filled_) + ", released " + std::to_string(released_) + ")");
+    const size_t b = static_cast<size_t>(chunk % n);
+    // The buffer's last reader must be done; before the first round the event was never recorded (no wait).
+    if (chunk >= n) STRATA_CUDA_CHECK(cudaStreamWaitEvent(stream_, free_[b], 0));
+    uint8_t* base = buffer(static_cast<int>(b));
+    for (const Piece& p : pieces) {
+        const size_t pitch = p.rows > 1 ? p.pitch : p.bytes, source_pitch = p.rows > 1 ? p.source_pitch : p.bytes;
+        if (p.bytes == 0 || p.rows == 0) continue;
+        if (p.offset + (p.rows - 1) * pitch + p.bytes > buffer_bytes_ || pitch < p.bytes || source_pitch < p.bytes)
+            throw Error("CUDA copy ring: a piece of " + std::to_string(p.rows) + " x " + std::to_string(p.bytes) +
+                        " bytes at offset " + std::to_string(p.offset) + " does not fit a buffer of " +
+                        std::to_string(buffer_bytes_));
+        if (p.rows == 1)
+            STRATA_CUDA_CHECK(cudaMemcpyAsync(base + p.offset, p.source, p.bytes, cudaMemcpyDefault, stream_));
+        else
+            STRATA_CUDA_CHECK(cudaMemcpy2DAsync(base + p.offset, pitch, p.source, source_pitch, p.bytes, p.rows,
+                                                cudaMemcpyDefault, stream_));
+        bytes_copied_ += p.bytes * p.rows;
+    }
+    STRATA_CUDA_CHECK(cudaEventRecord(ready_[b], stream_));
+    filled_ = chunk;
+}
+
+void CopyRing::acquire(int64_t chunk) {
+    if (chunk != acquired_ + 1 || chunk > filled_)
+        throw Error("CUDA copy ring: chunk " + std::to_string(chunk) + " acquired out of order (filled " +
+                    std::to_string(filled_) + ", acquired " + std::to_string(acquired_) + ")");
+    STRATA_CUDA_CHECK(cudaStreamWaitEvent(ctx_.stream().handle(), ready_[static_cast<size_t>(chunk % buffers())], 0));
+    acquired_ = chunk;
+}
+
+void CopyRing::release(int64_t chunk) {
+    if (chunk != released_ + 1 || chunk > acquired_)
+        throw Error("CUDA copy ring: chunk " + std::to_string(chunk) + " released out of order (acquired " +
+                    std::to_string(acquired_) + ", released " + std::to_string(released_) + ")");
+    STRATA_CUDA_CHECK(cudaEventRecord(free_[static_cast<size_t>(chunk % buffers())], ctx_.stream().handle()));
+    released_ = chunk;
+}
+
+void CopyRing::reset() {
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    ctx_.synchronize();
+    filled_ = acquired_ = released_ = -1;
+}
+
 void copy_to_host_async(Context& ctx, void* pinned_host, const void* device, size_t bytes) {
     if (bytes)
         STRATA_CUDA_CHECK(cudaMemcpyAsync(pinned_host, device, bytes, cudaMemcpyDeviceToHost, ctx.stream().handle()));

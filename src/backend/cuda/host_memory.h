@@ -78,6 +78,51 @@ class CopyStream {
     uint64_t landed_ = 0;  // every ticket up to this one has landed
 };
 
+// Device buffers a copy stream fills while the context's stream computes from them, chunk after chunk (a prompt
+// window's experts streamed into VRAM, issue 25). Chunk c (numbered from 0, never reused) goes into buffer
+// c % buffers(). The host only queues, never waits: fill(c) copies after the context's stream has released chunk
+// c - buffers(), acquire(c) makes the context's stream wait for chunk c's bytes, release(c) frees its buffer. Calls
+// must come in that order (fill(c) after release(c - buffers()), acquire(c) after fill(c), chunks in order); one out
+// of order throws Error, since its wait would pair with the wrong copy. reset() waits for both streams and starts
+// the numbering again (after a window that stopped half way).
+class CopyRing {
+  public:
+    CopyRing(Context& ctx, int buffers, size_t buffer_bytes);
+    ~CopyRing();
+    CopyRing(const CopyRing&) = delete;
+    CopyRing& operator=(const CopyRing&) = delete;
+
+    // `rows` rows of `bytes`, source_pitch apart in pinned or device memory, to buffer offset `offset`, pitch apart.
+    struct Piece {
+        size_t offset;
+        const void* source;
+        size_t bytes;
+        size_t rows = 1;
+        size_t source_pitch = 0;
+        size_t pitch = 0;
+    };
+    int buffers() const { return static_cast<int>(ready_.size()); }
+    size_t buffer_bytes() const { return buffer_bytes_; }
+    uint8_t* buffer(int i) const { return memory_.as<uint8_t>() + static_cast<size_t>(i) * buffer_bytes_; }
+    void fill(int64_t chunk, const std::vector<Piece>& pieces);
+    void acquire(int64_t chunk);
+    void release(int64_t chunk);
+    void reset();
+    // Whether every chunk filled was acquired and released (a window that ran to its end).
+    bool drained() const { return acquired_ == filled_ && released_ == filled_; }
+    int64_t next_chunk() const { return filled_ + 1; }
+    uint64_t bytes_copied() const { return bytes_copied_; }
+
+  private:
+    Context& ctx_;
+    size_t buffer_bytes_ = 0;
+    DeviceBuffer memory_;
+    CUstream_st* stream_ = nullptr;
+    std::vector<CUevent_st*> ready_, free_;
+    int64_t filled_ = -1, acquired_ = -1, released_ = -1;
+    uint64_t bytes_copied_ = 0;
+};
+
 // Device bytes into page-locked host memory (allocate_pinned_floats, MappedHostBuffer), queued on the context's
 // stream: capturable, so a window's graph can hand its routing to the host.
 void copy_to_host_async(Context& ctx, void* pinned_host, const void* device, size_t bytes);

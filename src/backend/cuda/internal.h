@@ -176,7 +176,8 @@ struct GroupedGemmLaunch {
     const __half* x;
     const float* x_scale;
     int x_div;
-    const int32_t* n_tiles;
+    const int32_t* tile_first;  // device ints: the tiles [*tile_first, *tile_end) run
+    const int32_t* tile_end;
     const int32_t* tile_expert;
     const int32_t* tile_begin;
     const int32_t* tile_count;

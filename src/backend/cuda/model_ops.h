@@ -181,7 +181,7 @@ private:
     int32_t* ids_ = nullptr;
     float* weights_ = nullptr;
     int32_t* sorted_pairs_ = nullptr;
-    int32_t* n_tiles_ = nullptr;  // then tile_expert_, tile_begin_, tile_count_: max_tiles_ each
+    int32_t* expert_tiles_ = nullptr;  // [E + 1]; then tile_expert_, tile_begin_, tile_count_: max_tiles_ each
     int32_t* tile_expert_ = nullptr, *tile_begin_ = nullptr, *tile_count_ = nullptr;
     void* x_act_ = nullptr;          // x quantized for gate and up
     void* x_half_ = nullptr;         // fp16 [T][H]
@@ -198,6 +198,20 @@ private:
 // hold whole blocks, at most 4,096 experts. Else the window goes through moe_layer in slices.
 bool moe_prompt_supported(const MoeLayerShape& shape, const MoeLayerWeights& weights);
 
+// Experts streamed into VRAM while a prompt window computes (experts in host RAM, issue 25): a layer's experts in
+// ranges() equal ranges, and for each pass (0: gate and up, 1: down) a range's bytes in a buffer a copy stream fills
+// (the address tables already point there). moe_layer_prompt runs a range's grouped products between ready(pass,
+// range), which queues on the context's stream the wait for its bytes, and done(pass, range), which releases them.
+class MoeExpertStream {
+  public:
+    virtual int ranges() const = 0;
+    virtual void ready(int pass, int range) = 0;
+    virtual void done(int pass, int range) = 0;
+
+  protected:
+    ~MoeExpertStream() = default;
+};
+
 struct MoePromptArgs {
     const MoeLayerShape& shape;
     const MoeLayerWeights& weights;
@@ -205,6 +219,7 @@ struct MoePromptArgs {
     float* out;      // [n_tokens x H]
     int64_t n_tokens = 0;
     MoePromptWorkspace& workspace;
+    MoeExpertStream* stream = nullptr;  // null: every expert is where its weights or tables say
 };
 void moe_layer_prompt(Context& ctx, const MoePromptArgs& args);
 

@@ -23,10 +23,11 @@ constexpr int kMaxPromptExperts = kGroupThreads * kGroupExpertsPerThread;
 constexpr int kTileTokens = kGroupedGemmTokens;  // the smallest tile: the workspace's tile arrays are cut for it
 
 // One block: counts per expert, their prefix sums (where each expert's pairs start in the sorted list) and each
-// expert's tiles of up to tile_tokens pairs, then every pair to its expert's range.
+// expert's tiles of up to tile_tokens pairs (expert e's are [expert_tiles[e], expert_tiles[e + 1]); the last entry
+// is the count), then every pair to its expert's range.
 __global__ void __launch_bounds__(kGroupThreads)
     group_pairs_kernel(const int32_t* ids, int n_pairs, int n_expert, int tile_tokens, int32_t* sorted,
-                       int32_t* n_tiles, int32_t* tile_expert, int32_t* tile_begin, int32_t* tile_count) {
+                       int32_t* expert_tiles, int32_t* tile_expert, int32_t* tile_begin, int32_t* tile_count) {
     using Scan = cub::BlockScan<int, kGroupThreads>;
     __shared__ typename Scan::TempStorage scan_storage;
     __shared__ int count[kMaxPromptExperts];
@@ -53,6 +54,7 @@ __global__ void __launch_bounds__(kGroupThreads)
         const int e = tid * kGroupExpertsPerThread + j;
         if (e >= n_expert) break;
         cursor[e] = pair_base;
+        expert_tiles[e] = tile_base;
         for (int i = 0; i * tile_tokens < c[j]; ++i, ++tile_base) {
             tile_expert[tile_base] = e;
             tile_begin[tile_base] = pair_base + i * tile_tokens;
@@ -60,7 +62,7 @@ __global__ void __launch_bounds__(kGroupThreads)
         }
         pair_base += c[j];
     }
-    if (tid == 0) *n_tiles = total_tiles;
+    if (tid == 0) expert_tiles[n_expert] = total_tiles;
     __syncthreads();
     for (int p = tid; p < n_pairs; p += kGroupThreads) sorted[atomicAdd(&cursor[ids[p]], 1)] = p;
 }
@@ -88,7 +90,7 @@ std::vector<size_t> part_sizes(const MoeLayerShape& s, int64_t P) {
         static_cast<size_t>(pairs) * 4,                                  // ids
         static_cast<size_t>(pairs) * 4,                                  // weights
         static_cast<size_t>(pairs) * 4,                                  // sorted pairs
-        static_cast<size_t>(1 + 3 * tiles) * 4,                          // n_tiles, then the tile arrays
+        static_cast<size_t>(E + 1 + 3 * tiles) * 4,                      // expert_tiles, then the tile arrays
         quantized_activation_bytes(DType::Q8_0, P * H).total(),          // x quantized
         static_cast<size_t>(P * H) * 2,                                  // x in fp16
         static_cast<size_t>(P) * 4,                                      // x scale
@@ -157,8 +159,8 @@ void MoePromptWorkspace::carve(uint8_t* base) {
     ids_ = reinterpret_cast<int32_t*>(at[1]);
     weights_ = reinterpret_cast<float*>(at[2]);
     sorted_pairs_ = reinterpret_cast<int32_t*>(at[3]);
-    n_tiles_ = reinterpret_cast<int32_t*>(at[4]);
-    tile_expert_ = n_tiles_ + 1;
+    expert_tiles_ = reinterpret_cast<int32_t*>(at[4]);
+    tile_expert_ = expert_tiles_ + s.n_expert + 1;
     tile_begin_ = tile_expert_ + max_tiles_;
     tile_count_ = tile_begin_ + max_tiles_;
     x_act_ = at[5];
@@ -218,10 +220,42 @@ void moe_layer_prompt(Context& ctx, const MoePromptArgs& a) {
             ? kGroupedGemmWideTokens
             : kGroupedGemmTokens;
     group_pairs_kernel<<<1, kGroupThreads, 0, stream>>>(ws.ids_, static_cast<int>(pairs), static_cast<int>(E),
-                                                        tile_tokens, ws.sorted_pairs_, ws.n_tiles_, ws.tile_expert_,
+                                                        tile_tokens, ws.sorted_pairs_, ws.expert_tiles_, ws.tile_expert_,
                                                         ws.tile_begin_, ws.tile_count_);
     STRATA_CUDA_CHECK_LAUNCH("group_pairs_kernel");
+    // One launch over every expert's tiles, or, with experts streamed, one per range of experts between the waits
+    // for its bytes and their release.
+    MoeExpertStream* streamed = a.stream;
+    const int ranges = streamed ? streamed->ranges() : 1;
+    if (ranges < 1 || E % ranges != 0)
+        throw Error("CUDA MoE prompt: " + std::to_string(E) + " experts do not split into " + std::to_string(ranges) +
+                    " streamed ranges");
+    const int64_t per_range = E / ranges;
+    const int64_t range_tiles = std::min<int64_t>(
+        ws.max_tiles_, (T * std::min(K, per_range) + kTileTokens - 1) / kTileTokens + per_range);
+    auto run_grouped = [&](GroupedGemmLaunch l, int pass) {
+        for (int r = 0; r < ranges; ++r) {
+            if (streamed) streamed->ready(pass, r);
+            l.tile_first = ws.expert_tiles_ + r * per_range;
+            l.tile_end = ws.expert_tiles_ + (r + 1) * per_range;
+            l.max_tiles = streamed ? range_tiles : ws.max_tiles_;
+            STRATA_ASSERT(launch_grouped_gemm(l));
+            if (streamed) streamed->done(pass, r);
+        }
+    };
 
+    // The shared expert first (GEMMs through matmul: gate and up share x; SwiGLU; down): with experts streamed, it
+    // runs while the first ranges' bytes are on the bus.
+    if (FS > 0) {
+        if (!w.shared_gate || !w.shared_gate_proj || !w.shared_up || !w.shared_down)
+            throw Error("CUDA MoE prompt: the shape has a shared expert but its weights are missing");
+        matmul_shared_input(ctx, a.x, T, {{w.shared_gate_proj, ws.shared_g_}, {w.shared_up, ws.shared_u_}});
+        const int64_t n = T * FS;
+        silu_mul_kernel<<<static_cast<unsigned>((n + kSwiGluThreads - 1) / kSwiGluThreads), kSwiGluThreads, 0,
+                          stream>>>(ws.shared_g_, ws.shared_u_, ws.shared_h_, n);
+        STRATA_CUDA_CHECK_LAUNCH("silu_mul_kernel");
+        matmul(ctx, {.w = *w.shared_down, .x = ws.shared_h_, .y = ws.shared_out_, .n_tokens = T});
+    }
     // Gate and up: x quantized as the CPU multiplies it, in fp16; one grouped launch for both matrices.
     const QuantizedActivations x_act = quantized_activations_at(ws.x_act_, gt.type, T * H);
     quantize_activations(gt.type, a.x, H, T, x_act, stream);
@@ -231,7 +265,8 @@ void moe_layer_prompt(Context& ctx, const MoePromptArgs& a) {
     GroupedGemmLaunch gate_up{.type = gt.type, .n_mats = fused ? 1 : 2, .w = {nullptr, nullptr},
                               .at = {nullptr, nullptr}, .expert_bytes = gt.nb[2], .row_bytes = gt.nb[1],
                               .rows = fused ? 2 * F : F, .in = H, .x = x_half, .x_scale = ws.x_scale_,
-                              .x_div = static_cast<int>(K), .n_tiles = ws.n_tiles_, .tile_expert = ws.tile_expert_,
+                              .x_div = static_cast<int>(K), .tile_first = nullptr, .tile_end = nullptr,
+                              .tile_expert = ws.tile_expert_,
                               .tile_begin = ws.tile_begin_, .tile_count = ws.tile_count_,
                               .sorted_pairs = ws.sorted_pairs_, .max_tiles = ws.max_tiles_,
                               .out = {ws.gate_out_, ws.gate_out_ + pairs * F}, .ld_out = fused ? 2 * F : F,
@@ -247,7 +282,7 @@ void moe_layer_prompt(Context& ctx, const MoePromptArgs& a) {
     }
     if (tables && !(gate_up.at[0] && (fused || gate_up.at[1])))
         throw Error("CUDA MoE prompt: expert address tables for down but not for gate and up");
-    STRATA_ASSERT(launch_grouped_gemm(gate_up));
+    run_grouped(gate_up, 0);
 
     // SwiGLU into the down products' activations, in fp16; one grouped launch for down.
     const float* up_out = fused ? ws.gate_out_ + F : ws.gate_out_ + pairs * F;
@@ -257,27 +292,16 @@ void moe_layer_prompt(Context& ctx, const MoePromptArgs& a) {
                      .n_rows = pairs, .hidden = nullptr, .out = h_act, .stream = stream});
     auto* h_half = static_cast<__half*>(ws.hidden_half_);
     activations_to_half(h_act, F, pairs, h_half, ws.hidden_scale_, stream);
-    const GroupedGemmLaunch down{.type = dt, .n_mats = 1, .w = {static_cast<const uint8_t*>(w.down->data), nullptr},
+    GroupedGemmLaunch down{.type = dt, .n_mats = 1, .w = {static_cast<const uint8_t*>(w.down->data), nullptr},
                                  .at = {w.down_at, nullptr}, .expert_bytes = w.down->nb[2],
                                  .row_bytes = w.down->nb[1], .rows = H, .in = F, .x = h_half,
-                                 .x_scale = ws.hidden_scale_, .x_div = 1, .n_tiles = ws.n_tiles_,
+                                 .x_scale = ws.hidden_scale_, .x_div = 1, .tile_first = nullptr, .tile_end = nullptr,
                                  .tile_expert = ws.tile_expert_, .tile_begin = ws.tile_begin_,
                                  .tile_count = ws.tile_count_, .sorted_pairs = ws.sorted_pairs_,
                                  .max_tiles = ws.max_tiles_, .out = {ws.expert_out_, nullptr}, .ld_out = H,
                                  .stream = stream, .tile_tokens = tile_tokens};
-    STRATA_ASSERT(launch_grouped_gemm(down));
+    run_grouped(down, 1);
 
-    // The shared expert: GEMMs through matmul (gate and up share x), SwiGLU, down.
-    if (FS > 0) {
-        if (!w.shared_gate || !w.shared_gate_proj || !w.shared_up || !w.shared_down)
-            throw Error("CUDA MoE prompt: the shape has a shared expert but its weights are missing");
-        matmul_shared_input(ctx, a.x, T, {{w.shared_gate_proj, ws.shared_g_}, {w.shared_up, ws.shared_u_}});
-        const int64_t n = T * FS;
-        silu_mul_kernel<<<static_cast<unsigned>((n + kSwiGluThreads - 1) / kSwiGluThreads), kSwiGluThreads, 0,
-                          stream>>>(ws.shared_g_, ws.shared_u_, ws.shared_h_, n);
-        STRATA_CUDA_CHECK_LAUNCH("silu_mul_kernel");
-        matmul(ctx, {.w = *w.shared_down, .x = ws.shared_h_, .y = ws.shared_out_, .n_tokens = T});
-    }
     moe_combine(ctx, {.expert_out = ws.expert_out_,
                       .weights = ws.weights_,
                       .n_used = static_cast<int>(K),

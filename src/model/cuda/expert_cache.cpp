@@ -79,7 +79,10 @@ void ExpertCache::add_layer(int64_t block, const MoeWeights& host, const MoeShap
                            .host = static_cast<const uint8_t*>(registration_->device(t->data)),
                            .stride = t->nb[2],
                            .bytes = slice,
-                           .slot_offset = l.slot_bytes});
+                           .slot_offset = l.slot_bytes,
+                           .pass = t == &host.down ? 1 : 0,
+                           .ring_offset = 0,
+                           .ring_stride = (slice + 255) / 256 * 256});
         l.slot_bytes += (slice + 255) / 256 * 256;
         Tensor view = *t;  // types and strides for the products; the data is read through the tables
         view.device = Device::Host;
@@ -87,6 +90,14 @@ void ExpertCache::add_layer(int64_t block, const MoeWeights& host, const MoeShap
         l.views.push_back(view);
     }
     const int64_t E = l.n_expert;
+    // A ring buffer holds one range of one pass: each part's experts of the range one after another.
+    if (placement_.stream_ranges > 0 && E % placement_.stream_ranges == 0) {
+        size_t at[2] = {0, 0};
+        for (Part& part : l.parts) {
+            part.ring_offset = at[part.pass];
+            at[part.pass] += part.ring_stride * static_cast<size_t>(E / placement_.stream_ranges);
+        }
+    }
     l.shape = shape;
     l.cpu_owned.assign(static_cast<size_t>(E), 0);
     // The CPU workers read the experts from the pinned copy (the file's pages were handed back).
@@ -116,7 +127,8 @@ void ExpertCache::add_layer(int64_t block, const MoeWeights& host, const MoeShap
     }
     if (!tables_.size()) {  // the first layer sizes the tables of all (every layer has as many experts in practice)
         table_experts_ = E;
-        const size_t entries = 2 * layers_.size() * 3 * static_cast<size_t>(E);  // decode tables, then prompt ones
+        // Decode tables, then prompt ones, then streamed prompt ones.
+        const size_t entries = 3 * layers_.size() * 3 * static_cast<size_t>(E);
         tables_ = ctx_.allocate(entries * sizeof(void*), "expert tables");
         mirror_ = std::make_unique<cuda::MappedHostBuffer>(entries * sizeof(void*));
     }
@@ -176,12 +188,13 @@ void ExpertCache::point(Layer& l, int32_t expert, int64_t slot) {
                      : l.slots.as<const uint8_t>() + static_cast<size_t>(slot) * l.slot_bytes + part.slot_offset;
         l.mirror[p * E + static_cast<size_t>(expert)] = cpu ? nullptr : at;
         l.mirror[set + p * E + static_cast<size_t>(expert)] = at;
+        if (ring_) l.mirror[2 * set + p * E + static_cast<size_t>(expert)] = slot < 0 ? ring_address(l, p, expert) : at;
     }
     const int32_t before = l.slot_of[static_cast<size_t>(expert)];
     if (before >= 0) l.serving[static_cast<size_t>(before)] = -1;
     l.slot_of[static_cast<size_t>(expert)] = static_cast<int32_t>(slot);
     if (slot >= 0) l.serving[static_cast<size_t>(slot)] = expert;
-    dirty_[0] = dirty_[1] = true;
+    dirty_[0] = dirty_[1] = dirty_[2] = true;
 }
 
 // Which experts the CPU workers compute when they miss: a fixed pseudo-random `share` of each layer's ids (a hash, so
@@ -228,16 +241,110 @@ void ExpertCache::set_routing_sources(const std::vector<const int32_t*>& ids_by_
     std::vector<const int32_t*> sources(source_ids_);
     for (const int32_t*& p : sources) p = p ? p : any;  // blocks without experts copy something harmless
     routing_sources_ = ctx_.upload(sources.data(), sources.size() * sizeof(void*), "expert tables");
+    make_ring();
     if (doorbell_) set_cpu_share(share_);
     // Every table as the warm-up left it, then counting starts (the warm copies are not swaps).
     ctx_.copy_to_device(tables_.data(), mirror_->host(), tables_.size());
     ctx_.synchronize();
-    dirty_[0] = dirty_[1] = false;
+    dirty_[0] = dirty_[1] = dirty_[2] = false;
     std::lock_guard<std::mutex> lock(stats_mutex_);
     stats_ = {};
 }
 
-void ExpertCache::begin_window(bool decode) {
+// The ring, once every layer is known: a buffer holds the largest range of one pass of any layer. Every layer's
+// (pass, range) uses the same buffer in every window (2 x ranges chunks a layer, a multiple of the buffers), so the
+// streamed tables never change with the window, only with the slots.
+void ExpertCache::make_ring() {
+    const int ranges = placement_.stream_ranges, buffers = placement_.stream_buffers;
+    if (ranges <= 0) return;
+    if (buffers < 1 || (2 * ranges) % buffers != 0)
+        throw Error("CUDA expert cache: a ring of " + std::to_string(buffers) + " buffers does not divide the " +
+                    std::to_string(2 * ranges) + " chunks of a layer");
+    for (const Layer& l : layers_)
+        if (l.block >= 0 && l.n_expert % ranges != 0) {
+            std::fprintf(stderr,
+                         "strata: block %lld's %lld experts do not split into %d ranges: prompt windows read "
+                         "their misses over PCIe in place\n",
+                         static_cast<long long>(l.block), static_cast<long long>(l.n_expert), ranges);
+            return;
+        }
+    size_t buffer_bytes = 0;
+    for (const Layer& l : layers_) {
+        if (l.block < 0) continue;
+        for (const Part& part : l.parts)
+            buffer_bytes =
+                std::max(buffer_bytes, part.ring_offset + part.ring_stride * static_cast<size_t>(l.n_expert / ranges));
+        stream_blocks_.push_back(l.block);
+    }
+    if (stream_blocks_.empty()) return;
+    ring_ = std::make_unique<cuda::CopyRing>(ctx_, buffers, buffer_bytes);
+    stream_ranges_ = ranges;
+    for (size_t i = 0; i < stream_blocks_.size(); ++i) layer_streams_.emplace_back(*this, static_cast<int64_t>(i));
+    for (Layer& l : layers_)
+        for (int32_t e = 0; e < l.n_expert; ++e) point(l, e, l.slot_of[static_cast<size_t>(e)]);
+}
+
+const uint8_t* ExpertCache::ring_address(const Layer& l, size_t part, int32_t expert) const {
+    const Part& p = l.parts[part];
+    const int64_t per = l.n_expert / stream_ranges_, range = expert / per;
+    const int64_t chunk = p.pass * stream_ranges_ + range;  // within the layer; every layer starts at a buffer 0
+    return ring_->buffer(static_cast<int>(chunk % ring_->buffers())) + p.ring_offset +
+           static_cast<size_t>(expert - range * per) * p.ring_stride;
+}
+
+// The copies of the ring's next chunk: each part of the pass, its runs of experts no slot holds.
+void ExpertCache::fill_next_chunk() {
+    const int64_t chunk = ring_->next_chunk(), local = chunk - window_base_, per_layer = 2 * stream_ranges_;
+    const int64_t ordinal = local / per_layer;
+    if (ordinal >= static_cast<int64_t>(stream_blocks_.size())) return;
+    const Layer& l = layers_[static_cast<size_t>(stream_blocks_[static_cast<size_t>(ordinal)])];
+    const int pass = static_cast<int>(local % per_layer / stream_ranges_);
+    const int64_t range = local % stream_ranges_, per = l.n_expert / stream_ranges_;
+    std::vector<cuda::CopyRing::Piece> pieces;
+    for (const Part& part : l.parts) {
+        if (part.pass != pass) continue;
+        for (int64_t e = range * per, end = (range + 1) * per; e < end;) {
+            if (l.slot_of[static_cast<size_t>(e)] >= 0) {
+                ++e;
+                continue;
+            }
+            int64_t run = 1;
+            while (e + run < end && l.slot_of[static_cast<size_t>(e + run)] < 0) ++run;
+            pieces.push_back({.offset = part.ring_offset + static_cast<size_t>(e - range * per) * part.ring_stride,
+                              .source = part.cpu + static_cast<size_t>(e) * part.stride,
+                              .bytes = part.bytes,
+                              .rows = static_cast<size_t>(run),
+                              .source_pitch = part.stride,
+                              .pitch = part.ring_stride});
+            e += run;
+        }
+    }
+    const uint64_t before = ring_->bytes_copied();
+    ring_->fill(chunk, pieces);
+    window_ring_bytes_ += ring_->bytes_copied() - before;
+}
+
+int64_t ExpertCache::LayerStream::chunk(int pass, int range) const {
+    return cache_.window_base_ + ordinal_ * 2 * cache_.stream_ranges_ + pass * cache_.stream_ranges_ + range;
+}
+
+void ExpertCache::LayerStream::ready(int pass, int range) {
+    if (!cache_.streaming_) throw Error("CUDA expert cache: a streamed range asked for outside a streamed window");
+    cache_.ring_->acquire(chunk(pass, range));
+}
+
+void ExpertCache::LayerStream::done(int pass, int range) {
+    cache_.ring_->release(chunk(pass, range));
+    cache_.fill_next_chunk();
+}
+
+cuda::MoeExpertStream* ExpertCache::expert_stream(int64_t block) {
+    const auto it = std::find(stream_blocks_.begin(), stream_blocks_.end(), block);
+    if (!streaming_ || it == stream_blocks_.end()) return nullptr;
+    return &layer_streams_[static_cast<size_t>(it - stream_blocks_.begin())];
+}
+
+void ExpertCache::begin_window(bool decode, bool streamed) {
     for (Layer& l : layers_)
         for (int64_t s = 0; s < l.n_slots; ++s) {
             const int32_t e = l.pending[static_cast<size_t>(s)];
@@ -248,16 +355,24 @@ void ExpertCache::begin_window(bool decode) {
         }
     // Pinned source: the copy reads it when it runs, before the window, and the host changes it only after the window
     // has finished (end_window) or right here.
-    const size_t set = decode ? 0 : 1, half = tables_.size() / 2;
+    streamed = streamed && ring_ && !decode;
+    const size_t set = decode ? 0 : streamed ? 2 : 1, third = tables_.size() / 3;
     if (dirty_[set])
-        ctx_.copy_to_device(static_cast<uint8_t*>(tables_.data()) + set * half,
-                            static_cast<const uint8_t*>(mirror_->host()) + set * half, half);
+        ctx_.copy_to_device(static_cast<uint8_t*>(tables_.data()) + set * third,
+                            static_cast<const uint8_t*>(mirror_->host()) + set * third, third);
     dirty_[set] = false;
+    streaming_ = streamed;
+    window_ring_bytes_ = 0;
+    if (!streamed) return;
+    // A window that stopped half way left chunks unread: start the numbering again once both streams are idle.
+    if (!ring_->drained() || ring_->next_chunk() % ring_->buffers() != 0) ring_->reset();
+    window_base_ = ring_->next_chunk();
+    for (int i = 0; i < ring_->buffers(); ++i) fill_next_chunk();
 }
 
-cuda::MoeLayerWeights ExpertCache::prompt_weights(const cuda::MoeLayerWeights& decode) const {
+cuda::MoeLayerWeights ExpertCache::prompt_weights(const cuda::MoeLayerWeights& decode, bool streamed) const {
     cuda::MoeLayerWeights w = decode;
-    const size_t set = layers_.size() * 3 * static_cast<size_t>(table_experts_);
+    const size_t set = layers_.size() * 3 * static_cast<size_t>(table_experts_) * (streamed && ring_ ? 2 : 1);
     for (const uint8_t* const** at : {&w.gate_up_at, &w.gate_at, &w.up_at, &w.down_at})
         if (*at) *at += set;
     return w;
@@ -376,11 +491,20 @@ void ExpertCache::copy_routing(int64_t block, int64_t first, int64_t n_tokens, c
 
 void ExpertCache::end_window(int64_t n_tokens) {
     const bool decode_share = doorbell_ && n_tokens <= cuda::kMaxMatvecTokens;
+    const bool streamed = streaming_;
+    streaming_ = false;
+    if (streamed && !ring_->drained())
+        throw Error("CUDA expert cache: a streamed window ended with ring chunks unread (a layer skipped its ranges)");
     {
         std::lock_guard<std::mutex> lock(stats_mutex_);
         if (routing_counts_.empty()) routing_counts_.resize(layers_.size());
         ++stats_.windows;
         stats_.tokens += n_tokens;
+        // A streamed window's misses crossed the bus as the ring's copies: every expert no slot held, once.
+        if (streamed) {
+            ++stats_.streamed_windows;
+            stats_.miss_bytes += static_cast<int64_t>(window_ring_bytes_);
+        }
     }
     const int64_t stride = max_window_tokens_ * max_k_;
     const auto* host = static_cast<const int32_t*>(routing_->host());
@@ -406,7 +530,7 @@ void ExpertCache::end_window(int64_t n_tokens) {
                 ++stats_.hits;
             } else if (decode_share && l.cpu_owned[static_cast<size_t>(e)]) {
                 // the CPU workers' (counted by serve)
-            } else if (std::find(seen.begin(), seen.end(), e) == seen.end()) {
+            } else if (!streamed && std::find(seen.begin(), seen.end(), e) == seen.end()) {
                 seen.push_back(e);
                 stats_.miss_bytes += slice_bytes;
             }
@@ -443,6 +567,7 @@ ExpertOffloadStats ExpertCache::snapshot() const {
             .cpu_share = doorbell_ ? share_ : 0.0,
             .doorbell_timeouts = doorbell_ ? doorbell_->timeouts_total() : 0,
             .cache_slots = slots,
+            .streamed_windows = s.streamed_windows,
             .routing_counts = routing_counts_};
 }
 
@@ -454,13 +579,14 @@ std::string ExpertCache::report() const {
     std::snprintf(line, sizeof line,
                   "strata: experts in host RAM over %lld tokens: %.1f%% hits, %.2f misses a token (%.2f on the CPU "
                   "workers), %.1f MB a token read over PCIe by misses, %.1f MB by the CPU workers (share %.2f), %.2f "
-                  "swaps a token (%.1f MB), %.2f GiB of VRAM slots\n",
+                  "swaps a token (%.1f MB), %.2f GiB of VRAM slots; %lld of %lld windows streamed their misses\n",
                   static_cast<long long>(s.tokens),
                   100.0 * static_cast<double>(s.hits) / static_cast<double>(std::max<int64_t>(s.lookups, 1)),
                   static_cast<double>(s.lookups - s.hits) / tokens, static_cast<double>(s.cpu_pairs) / tokens,
                   static_cast<double>(s.miss_bytes) / tokens / 1e6, static_cast<double>(s.cpu_bytes) / tokens / 1e6,
                   share_, static_cast<double>(s.swaps) / tokens, static_cast<double>(s.swap_bytes) / tokens / 1e6,
-                  static_cast<double>(slot_bytes_total_) / (1 << 30));
+                  static_cast<double>(slot_bytes_total_) / (1 << 30), static_cast<long long>(s.streamed_windows),
+                  static_cast<long long>(s.windows));
     return line;
 }
 

@@ -9,6 +9,11 @@
 // (the table upload is queued before the next window on the same stream), and the admitted expert's copy goes on
 // the copy stream. Its table entry flips to the slot only at the start of a window after the copy has landed. A slot
 // whose copy is still in flight and is chosen again drops the first admission.
+//
+// Long prompt windows (ExpertPlacement::stream_ranges) do not read their misses over PCIe in place: every expert no
+// slot holds is copied into VRAM through a ring of buffers (cuda::CopyRing) while the window computes, a layer's
+// experts in ranges, gate and up first, then down; the streamed tables point each such expert into the ring buffer
+// its range and pass use (the same in every layer), and the grouped products of a range wait for its copy.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +44,7 @@ struct ExpertCacheStats {
     int64_t miss_bytes = 0;  // expert bytes the GPU's misses read over PCIe (each missed expert once per window)
     int64_t cpu_bytes = 0;   // expert bytes the CPU workers read from host RAM
     int64_t windows = 0;
+    int64_t streamed_windows = 0;  // prompt windows whose misses went through the ring
 };
 
 class ExpertCache {
@@ -57,10 +63,16 @@ class ExpertCache {
 
     // Before a window is queued: landed copies flip their experts to their slots; changed tables are uploaded (queued
     // on the context's stream ahead of the window). A decode window (`decode`) gets the tables in which the CPU
-    // workers' experts are null; a prompt window, those in which every miss is read over PCIe.
-    void begin_window(bool decode);
-    // The address tables of a prompt window for a block's device weights (which hold the decode ones).
-    cuda::MoeLayerWeights prompt_weights(const cuda::MoeLayerWeights& decode) const;
+    // workers' experts are null; a prompt window, those in which every miss is read over PCIe, or with `streamed`
+    // those that point the misses into the ring, whose first buffers start filling now.
+    void begin_window(bool decode, bool streamed = false);
+    // The address tables of a prompt window (streamed or not) for a block's device weights (which hold the decode
+    // ones).
+    cuda::MoeLayerWeights prompt_weights(const cuda::MoeLayerWeights& decode, bool streamed = false) const;
+    // Whether long prompt windows may stream (the placement asked for it and every layer's experts split evenly).
+    bool streams() const { return ring_ != nullptr; }
+    // In a streamed window: block `block`'s side of the ring for moe_layer_prompt (layers in block order, each once).
+    cuda::MoeExpertStream* expert_stream(int64_t block);
 
     // ---- the CPU workers' share (ExpertPlacement::cpu_workers; decode windows only) ----
     bool cpu_share() const { return doorbell_ != nullptr && !stalled_; }
@@ -94,6 +106,9 @@ class ExpertCache {
         size_t stride;        // bytes from one expert to the next (nb[2])
         size_t bytes;         // one expert's slice
         size_t slot_offset;   // where it lies within a slot
+        int pass;             // streamed windows: 0 (gate and up) or 1 (down)
+        size_t ring_offset;   // where its range lies within a ring buffer, experts ring_stride apart
+        size_t ring_stride;
     };
     struct Layer {
         int64_t block = -1;
@@ -116,6 +131,23 @@ class ExpertCache {
         cuda::MoeHostShare device_share;
         std::vector<uint8_t> mine;
     };
+    // One layer's ranges of the ring: the chunk of (pass, range) is window_base_ + ordinal x 2 x ranges + pass x
+    // ranges + range.
+    class LayerStream final : public cuda::MoeExpertStream {
+      public:
+        LayerStream(ExpertCache& cache, int64_t ordinal) : cache_(cache), ordinal_(ordinal) {}
+        int ranges() const override { return cache_.stream_ranges_; }
+        void ready(int pass, int range) override;
+        void done(int pass, int range) override;
+
+      private:
+        int64_t chunk(int pass, int range) const;
+        ExpertCache& cache_;
+        int64_t ordinal_;
+    };
+    void make_ring();
+    const uint8_t* ring_address(const Layer& l, size_t part, int32_t expert) const;
+    void fill_next_chunk();  // the ring's next chunk of this window, if it has one
     void set_cpu_share(double share);
     void point(Layer& l, int32_t expert, int64_t slot);  // slot -1: its host pages
     void admit(Layer& l, int64_t slot, int32_t expert);
@@ -131,7 +163,16 @@ class ExpertCache {
     int64_t table_experts_ = 0;
     cuda::DeviceBuffer tables_;
     std::unique_ptr<cuda::MappedHostBuffer> mirror_;
-    bool dirty_[2] = {false, false};  // decode tables, prompt tables
+    bool dirty_[3] = {false, false, false};  // decode tables, prompt tables, streamed prompt tables
+    // The ring of streamed prompt windows: stream_ranges_ ranges a layer, pass_offset_ and pass_stride_ per part
+    // (where a range's expert lies in its buffer), the layers in block order, and where this window's chunks start.
+    std::unique_ptr<cuda::CopyRing> ring_;
+    int stream_ranges_ = 0;
+    std::vector<int64_t> stream_blocks_;
+    std::vector<LayerStream> layer_streams_;
+    int64_t window_base_ = 0;
+    bool streaming_ = false;  // the window being queued is streamed
+    uint64_t window_ring_bytes_ = 0;
     // The CPU share: its doorbell (one slot per block), the share of misses, and its adaptation.
     std::unique_ptr<cuda::Doorbell> doorbell_;
     double share_ = 0;

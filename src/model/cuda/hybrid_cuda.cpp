@@ -141,22 +141,37 @@ MoeDevice CudaHybridModel::upload_moe(const MoeWeights& m, const MoeShape& s, in
     return d;
 }
 
+bool CudaHybridModel::grouped_window(int64_t T) const {
+    if (T <= kWindow || !moe_prompt_) return false;
+    const cuda::MoeLayerShape& s = moe_prompt_->shape();
+    return T * s.n_expert_used >= kGroupedMinPairs * s.n_expert;
+}
+
 void CudaHybridModel::moe_window(const MoeDevice& m, const float* x, float* out, int64_t T,
                                  cuda::MoeCombine* deferred) const {
     mark(kMoe);
     const int64_t H = m.shape.n_embd;
     STRATA_ASSERT(!deferred || T <= kWindow);
-    // Experts in host RAM: a prompt window reads every miss over PCIe; a decode window hands the CPU workers theirs.
-    const cuda::MoeLayerWeights prompt = experts_ && T > kWindow ? experts_->prompt_weights(m.weights) : m.weights;
+    // Experts in host RAM: a prompt window streams its misses into VRAM or reads them over PCIe; a decode window
+    // hands the CPU workers theirs.
+    cuda::MoeExpertStream* streamed = experts_ ? experts_->expert_stream(m.block) : nullptr;
+    const cuda::MoeLayerWeights prompt =
+        experts_ && T > kWindow ? experts_->prompt_weights(m.weights, streamed != nullptr) : m.weights;
     const cuda::MoeHostShare* share = experts_ && T <= kWindow ? experts_->host_share(m.block) : nullptr;
-    if (T > kWindow && T * m.shape.n_expert_used >= kGroupedMinPairs * m.shape.n_expert && moe_prompt_ &&
-        same_shape(m.shape, moe_prompt_->shape()) &&
-        cuda::moe_prompt_supported(m.shape, prompt)) {
-        cuda::moe_layer_prompt(*ctx_, {.shape = m.shape, .weights = prompt, .x = x, .out = out, .n_tokens = T,
-                                       .workspace = *moe_prompt_});
+    if (grouped_window(T) && same_shape(m.shape, moe_prompt_->shape()) && cuda::moe_prompt_supported(m.shape, prompt)) {
+        cuda::moe_layer_prompt(*ctx_, {.shape = m.shape,
+                                       .weights = prompt,
+                                       .x = x,
+                                       .out = out,
+                                       .n_tokens = T,
+                                       .workspace = *moe_prompt_,
+                                       .stream = streamed});
         if (experts_) experts_->copy_routing(m.block, 0, T, moe_prompt_->expert_ids());
         return;
     }
+    if (streamed)
+        throw Error("CUDA MoE: block " + std::to_string(m.block) +
+                    " cannot take the grouped path in a window whose experts are streamed");
     for (int64_t start = 0, n = 0; start < T; start += n) {
         n = std::min(kWindow, T - start);
         cuda::moe_layer(*ctx_, {.shape = m.shape,
@@ -505,7 +520,7 @@ void CudaHybridModel::run_window(CudaSequence& s, std::span<const int32_t> token
     // A pageable source: the copy has read it when the call returns, so the next window may rewrite it.
     ctx_->copy_to_device(w_.tokens, host, window_host_.size() * sizeof(int32_t));
     const bool share = experts_ && experts_->cpu_share() && T <= kWindow;
-    if (experts_) experts_->begin_window(T <= kWindow);
+    if (experts_) experts_->begin_window(T <= kWindow, experts_->streams() && grouped_window(T));
     const auto window = [&] {
         if (share) experts_->enqueue_window_start();
         enqueue_window(s, T);

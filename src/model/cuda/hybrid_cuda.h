@@ -191,6 +191,8 @@ class CudaHybridModel : public Model {
     void attention_window(const AttentionDevice& w, CudaSequence& s, LayerDeviceState& l, const float* x, float* out,
                           int64_t T, const void* x_q8_0 = nullptr) const;
     // With `deferred` (a decode window: T <= kWindow) the combine is left out and described there (moe_layer).
+    // Whether a prompt window of T tokens takes the grouped MoE path (every MoE layer of the model's shape does).
+    bool grouped_window(int64_t T) const;
     void moe_window(const MoeDevice& m, const float* x, float* out, int64_t T,
                     cuda::MoeCombine* deferred = nullptr) const;
     void mark(OpKind kind) const {

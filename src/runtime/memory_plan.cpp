@@ -369,7 +369,7 @@ uint64_t window_bytes(const Shapes& s, uint64_t moe_prompt) {
     part(u(T * ple_heads) * 8);
     part(u(T * ple_heads) * s.ple_row_bytes);
     f32(T * ple_width);
-    for (int i = 0; i < 5; ++i) f32(T * ple_rows);
+    for (int i = 0; i < 3; ++i) f32(T * ple_rows);  // key, query, gated (the conv's input and output reuse the first two)
     f32(ple ? T * H : 0);
     next_stage();
     return booked(always + region);
@@ -414,10 +414,11 @@ uint64_t moe_prompt_workspace_bytes(const Shapes& s) {
     const int64_t P = s.prompt_window, H = s.H, E = s.moe.n_expert, K = s.moe.n_expert_used, F = s.moe.n_ff,
                   FS = s.moe.n_ff_shared, pairs = P * K;
     const int64_t tiles = (pairs + 63) / 64 + std::min(E, pairs);
+    // The gate and up sums and the expert outputs share their bytes (never live at once).
     const uint64_t sizes[] = {u(P * E) * 4,  u(pairs) * 4, u(pairs) * 4, u(pairs) * 4,
                               u(E + 1 + 3 * tiles) * 4, activation_bytes(DType::Q8_0, P * H), u(P * H) * 2, u(P) * 4,
-                              u(pairs * 2 * F) * 4, activation_bytes(DType::Q8_0, pairs * F), u(pairs * F) * 2,
-                              u(pairs) * 4, u(pairs * H) * 4, u(P * FS) * 4 * 3, u(P * H) * 4};
+                              u(pairs * std::max(2 * F, H)) * 4, activation_bytes(DType::Q8_0, pairs * F),
+                              u(pairs * F) * 2, u(pairs) * 4, u(P * FS) * 4 * 3, u(P * H) * 4};
     uint64_t total = 0;
     for (uint64_t b : sizes) total += round256(b);
     return booked(total);

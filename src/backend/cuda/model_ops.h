@@ -190,7 +190,7 @@ private:
     void* hidden_act_ = nullptr;     // silu(gate) * up quantized for down
     void* hidden_half_ = nullptr;    // fp16 [pairs][F]
     float* hidden_scale_ = nullptr;  // [pairs]
-    float* expert_out_ = nullptr;    // [pairs][H]
+    float* expert_out_ = nullptr;    // [pairs][H], in gate_out_'s bytes (never live at once)
     float* shared_g_ = nullptr, *shared_u_ = nullptr, *shared_h_ = nullptr, *shared_out_ = nullptr;  // [T][Fs], [T][H]
 };
 

@@ -94,11 +94,11 @@ std::vector<size_t> part_sizes(const MoeLayerShape& s, int64_t P) {
         quantized_activation_bytes(DType::Q8_0, P * H).total(),          // x quantized
         static_cast<size_t>(P * H) * 2,                                  // x in fp16
         static_cast<size_t>(P) * 4,                                      // x scale
-        static_cast<size_t>(pairs * 2 * F) * 4,                          // gate and up sums
+        // The gate and up sums, then (once SwiGLU has read them) the expert outputs in the same bytes.
+        static_cast<size_t>(pairs * std::max(2 * F, H)) * 4,
         quantized_activation_bytes(DType::Q8_0, pairs * F).total(),      // hidden quantized
         static_cast<size_t>(pairs * F) * 2,                              // hidden in fp16
         static_cast<size_t>(pairs) * 4,                                  // hidden scale
-        static_cast<size_t>(pairs * H) * 4,                              // expert out
         static_cast<size_t>(P * FS) * 4 * 3,                             // shared g, u, h
         static_cast<size_t>(P * H) * 4,                                  // shared out
     };
@@ -167,14 +167,14 @@ void MoePromptWorkspace::carve(uint8_t* base) {
     x_half_ = at[6];
     x_scale_ = reinterpret_cast<float*>(at[7]);
     gate_out_ = reinterpret_cast<float*>(at[8]);
+    expert_out_ = gate_out_;
     hidden_act_ = at[9];
     hidden_half_ = at[10];
     hidden_scale_ = reinterpret_cast<float*>(at[11]);
-    expert_out_ = reinterpret_cast<float*>(at[12]);
-    shared_g_ = reinterpret_cast<float*>(at[13]);
+    shared_g_ = reinterpret_cast<float*>(at[12]);
     shared_u_ = shared_g_ + P * FS;
     shared_h_ = shared_u_ + P * FS;
-    shared_out_ = reinterpret_cast<float*>(at[14]);
+    shared_out_ = reinterpret_cast<float*>(at[13]);
 }
 
 bool moe_prompt_supported(const MoeLayerShape& s, const MoeLayerWeights& w) {

@@ -265,7 +265,7 @@ void CudaHybridModel::finish_loading(const WindowShape& shape, const Tensor* tok
     parts.push_back({reinterpret_cast<void**>(&w_.ple_rows), size_t(T * ple_heads) * 8, stage});
     parts.push_back({&w_.ple_staging, size_t(T * ple_heads) * shape.ple_row_bytes, stage});
     f32(&w_.ple_emb, T * ple_width);
-    for (float** p : {&w_.ple_key, &w_.ple_query, &w_.ple_gated, &w_.ple_normed, &w_.ple_conv}) f32(p, T * ple_rows);
+    for (float** p : {&w_.ple_key, &w_.ple_query, &w_.ple_gated}) f32(p, T * ple_rows);
     f32(&w_.ple_value, shape.ple ? T * H : 0);
     constexpr int kStages = 5;
     auto rounded = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
@@ -281,6 +281,9 @@ void CudaHybridModel::finish_loading(const WindowShape& shape, const Tensor* tok
         *p.ptr = p.bytes ? at[p.stage] : nullptr;
         at[p.stage] += rounded(p.bytes);
     }
+    // Once the gate has read the key and the query, the conv's input and output take their bytes.
+    w_.ple_normed = w_.ple_key;
+    w_.ple_conv = w_.ple_query;
     if (moe_prompt_shape_) moe_prompt_ = std::make_unique<cuda::MoePromptWorkspace>(*moe_prompt_shape_, T, region_start);
     w_.positions = w_.tokens + T;
     w_.lengths = w_.tokens + 2 * T;

@@ -136,7 +136,8 @@ struct WindowBuffers {
     int64_t max_cells = 0;
     int64_t* ple_rows;  // PLE
     void* ple_staging;
-    float *ple_emb, *ple_key, *ple_value, *ple_query, *ple_gated, *ple_normed, *ple_conv;
+    float *ple_emb, *ple_key, *ple_value, *ple_query, *ple_gated;
+    float *ple_normed, *ple_conv;  // in ple_key's and ple_query's bytes (dead by then)
     float *hidden, *logits;  // head: logits of kHeadRows tokens
     void* embed_staging;
 };

@@ -885,12 +885,21 @@ TEST(Server, BadRequestsGetJsonErrors) {
 // values here are given, the rendering is what is checked).
 TEST(ServerMetrics, RendersTheExpertCacheCounters) {
     strata::server::Metrics metrics;
-    const strata::ExpertOffloadStats stats{.tokens = 10, .lookups = 100, .hits = 70, .cpu_pairs = 20, .swaps = 3,
-                                   .swap_bytes = 4096, .pcie_bytes = 8192, .cpu_bytes = 1024, .cpu_share = 0.5};
+    const strata::ExpertOffloadStats stats{.tokens = 10,
+                                           .lookups = 100,
+                                           .hits = 70,
+                                           .cpu_pairs = 20,
+                                           .swaps = 3,
+                                           .swap_bytes = 4096,
+                                           .pcie_bytes = 8192,
+                                           .cpu_bytes = 1024,
+                                           .cpu_share = 0.5,
+                                           .streamed_windows = 2};
     const std::string with = metrics.render({}, &stats), without = metrics.render({});
     for (const char* line : {"strata:expert_cache_lookups_total 100\n", "strata:expert_cache_hits_total 70\n",
                              "strata:expert_cpu_pairs_total 20\n", "strata:expert_cache_swaps_total 3\n",
-                             "strata:expert_pcie_bytes_total 8192\n", "strata:expert_cpu_share 0.5\n"}) {
+                             "strata:expert_pcie_bytes_total 8192\n", "strata:expert_cpu_share 0.5\n",
+                             "strata:expert_streamed_windows_total 2\n"}) {
         EXPECT_NE(with.find(line), std::string::npos) << line;
         EXPECT_EQ(without.find(line), std::string::npos) << line;
     }

@@ -146,6 +146,7 @@ Json expert_cache_json(const std::optional<ExpertOffloadStats>& s) {
             {"swap_mb_per_token", static_cast<double>(s->swap_bytes) / tokens / 1e6},
             {"cpu_share", s->cpu_share},
             {"doorbell_timeouts", s->doorbell_timeouts},
+            {"streamed_windows", s->streamed_windows},
             {"vram_slots", s->cache_slots}};
 }
 

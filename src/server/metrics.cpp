@@ -151,9 +151,11 @@ std::string Metrics::render(const LoadGauges& load, const ExpertOffloadStats* of
             {"strata:expert_swap_bytes_total", "Bytes copied into VRAM cache slots."},
             {"strata:expert_pcie_bytes_total", "Expert bytes the GPU read over PCIe for misses."},
             {"strata:expert_cpu_bytes_total", "Expert bytes the CPU workers read from host RAM."},
-            {"strata:expert_tokens_total", "Tokens that went through the expert cache."}};
-        const int64_t values[] = {x.lookups,    x.hits,       x.cpu_pairs, x.swaps,
-                                  x.swap_bytes, x.pcie_bytes, x.cpu_bytes, x.tokens};
+            {"strata:expert_tokens_total", "Tokens that went through the expert cache."},
+            {"strata:expert_streamed_windows_total",
+             "Prompt windows that copied every expert no slot holds into VRAM (their bytes count as PCIe bytes)."}};
+        const int64_t values[] = {x.lookups,    x.hits,      x.cpu_pairs, x.swaps,           x.swap_bytes,
+                                  x.pcie_bytes, x.cpu_bytes, x.tokens,    x.streamed_windows};
         for (size_t i = 0; i < std::size(values); ++i) {
             header(out, help[i].first, "counter", help[i].second);
             out += std::string(help[i].first) + " " + std::to_string(values[i]) + "\n";

@@ -585,6 +585,15 @@ void CudaHybridModel::run_window(CudaSequence& s, std::span<const int32_t> token
     }
 }
 
+void CudaHybridModel::head_from_host(std::span<const float> hidden, std::span<float> logits) const {
+    const int64_t H = info_.n_embd, V = info_.n_vocab;
+    STRATA_ASSERT(std::ssize(hidden) >= H && std::ssize(logits) >= V);
+    std::lock_guard<std::mutex> lock(mutex_);
+    ctx_->copy_to_device(w_.hidden, hidden.data(), static_cast<size_t>(H) * sizeof(float));
+    enqueue_head(0, 1);
+    ctx_->download(w_.logits, logits.data(), static_cast<size_t>(V) * sizeof(float));
+}
+
 void CudaHybridModel::enqueue_head(int64_t row0, int64_t n) const {
     STRATA_ASSERT(n >= 1 && n <= kHeadRows);
     cuda::matmul(*ctx_, {.w = *output_, .x = w_.hidden + row0 * info_.n_embd, .y = w_.logits, .n_tokens = n});

@@ -197,6 +197,8 @@ class CudaHybridModel : public Model {
     virtual void enqueue_window(CudaSequence& s, int64_t T) const = 0;
     // The logits of the window's rows [row0, row0 + n) (n <= kHeadRows) into w_.logits.
     void enqueue_head(int64_t row0, int64_t n) const;
+    // The head on one row of host floats (n_embd; the MTP layer's output, computed on the host), logits to the host.
+    void head_from_host(std::span<const float> hidden, std::span<float> logits) const;
 
     // Block pieces for enqueue_window: x is the block input [T x H], out its output [T x H]; x_q8_0, when not null,
     // holds x already quantized for the input products (one token; matmul_shared_input's x_q8_0).

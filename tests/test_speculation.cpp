@@ -184,6 +184,38 @@ TEST(SpeculativeDecode, GreedyTokensEqualPlainGreedyDecoding) {
     }
 }
 
+// A model that cannot take checkpoints (CUDA: no device memory for the copy): speculation stops drafting and the
+// tokens are still plain greedy decoding's.
+TEST(SpeculativeDecode, WithoutCheckpointsItDecodesPlainly) {
+    struct NoCheckpoints final : Model {
+        explicit NoCheckpoints(const Model& m) : inner(m) {}
+        const ModelInfo& info() const override { return inner.info(); }
+        std::unique_ptr<SequenceState> new_sequence(int64_t n) const override { return inner.new_sequence(n); }
+        void forward(SequenceState& seq, std::span<const int32_t> tokens, std::span<float> logits,
+                     bool last_only) const override {
+            inner.forward(seq, tokens, logits, last_only);
+        }
+        const Model& inner;  // checkpoint() is Model's: it throws Error
+    };
+    auto m = load_model(bundled(), {.n_threads = 2});
+    const NoCheckpoints plain(*m);
+    V prompt;
+    for (int r = 0; r < 6; ++r) prompt.insert(prompt.end(), {40, 41, 42, 43, 44, 45});
+    auto seq = plain.new_sequence(static_cast<int64_t>(prompt.size()) + 40 + 8);
+    std::vector<float> logits(static_cast<size_t>(m->info().n_vocab));
+    plain.forward(*seq, prompt, logits, true);
+    V got;
+    const SpeculativeStats st = greedy_speculative_decode(plain, *seq, logits, prompt, 40,
+                                                          {.max_draft = 4, .lookup = {.min_ngram = 1}, .adaptive = false},
+                                                          [&](int32_t t) {
+                                                              got.push_back(t);
+                                                              return true;
+                                                          });
+    EXPECT_EQ(got, plain_greedy(*m, prompt, 40));
+    EXPECT_TRUE(st.no_checkpoint);
+    EXPECT_EQ(st.drafted, 0);
+}
+
 // Keyed draws (Sampler::sample_at): the token depends on (seed, position, logits) alone, and over positions the draws
 // follow softmax(logits): a chi-square test against the softmax computed here, on 8 tokens and 40,000 positions.
 TEST(KeyedSampling, DrawsDependOnThePositionAloneAndFollowTheSoftmax) {

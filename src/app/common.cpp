@@ -183,6 +183,10 @@ void print_speculation_stats(const SpeculativeStats& st) {
     std::fprintf(stderr, "strata: speculation: window cost in ms by tokens {%s}; MTP pass %.3f ms%s\n",
                  costs.c_str(), st.draft_pass_cost * 1e3,
                  st.mtp_retired ? "; MTP stopped (it cannot pay here)" : "");
+    if (st.no_checkpoint)
+        std::fprintf(stderr, "strata: speculation stopped: the model could not take a checkpoint of the sequence, "
+                             "so a rejected draft could not be rolled back (CUDA: no device memory for the copy of "
+                             "its state; raise --vram-budget)\n");
 }
 
 const std::vector<FlagSpec> kLoadFlags = {

@@ -6,6 +6,7 @@
 //  - lossless: greedy output with speculation equals greedy output without it, token for token, for windows of up to
 //    1, 3 and 7 drafts, by prompt lookup and by the MTP layer, with captured graphs, launches one by one, and the
 //    routed experts in host RAM (oracle: the same backend decoding one token a call);
+//  - the commands: generate and run with and without --spec give the same text, bench --spec reports acceptance;
 //  - `strata bench --window-costs --backend cuda`: one JSON line per window size (each size's captured graph).
 // Without the CUDA backend compiled in or without a GPU, every test skips with a message saying so.
 #include <gtest/gtest.h>
@@ -232,6 +233,34 @@ TEST(CudaSpeculation, GreedyTokensEqualPlainGreedyDecoding) {
                 }
         }
     }
+}
+
+// The commands with --backend cuda: generate and run (speculation on by default with the bundled model's MTP layer)
+// give the text they give with --no-spec, and bench --spec reports its acceptance.
+TEST(CudaSpeculation, CommandsSpeculateWithTheSameText) {
+    SKIP_WITHOUT_CUDA_DEVICE();
+    using strata::testing::run_strata;
+    using strata::testing::shell_quote;
+    const std::string model = "--model " + shell_quote(bundled()) + " --backend cuda --threads 2 ";
+    const std::string code =
+        "def merge(a, b):\n    out = []\n    while a and b:\n        out.append(a.pop(0) if a[0] "
+        "< b[0] else b.pop(0))\n    return out + a + b\n\ndef merge(a, b):\n";
+    for (const std::string& command : {"generate " + model + "--greedy --ids -n 96 --prompt " + shell_quote(code),
+                                       "run " + model + "--raw --greedy -n 64 " + shell_quote(code)}) {
+        const strata::testing::ShellRun plain = run_strata(command + " --no-spec");
+        const strata::testing::ShellRun spec = run_strata(command);  // default: --spec 4, the policy's drafters
+        const strata::testing::ShellRun fixed = run_strata(command + " --spec 3 --spec-fixed --spec-drafter lookup");
+        ASSERT_EQ(plain.status, 0) << plain.err;
+        ASSERT_EQ(spec.status, 0) << spec.err;
+        ASSERT_EQ(fixed.status, 0) << fixed.err;
+        EXPECT_FALSE(plain.out.empty());
+        EXPECT_EQ(spec.out, plain.out) << command;
+        EXPECT_EQ(fixed.out, plain.out) << command;
+        EXPECT_NE(spec.err.find("speculation"), std::string::npos) << "the stats line on stderr: " << spec.err;
+    }
+    const strata::testing::ShellRun bench = run_strata("bench " + model + "-p 16 -n 48 -r 1 --spec 3 --json");
+    ASSERT_EQ(bench.status, 0) << bench.err;
+    EXPECT_NE(bench.out.find("\"spec_acceptance\""), std::string::npos) << bench.out;
 }
 
 TEST(CudaSpeculation, BenchWindowCostsRunsEveryWindowSize) {

@@ -110,13 +110,14 @@ SpecRun speculate(const Model& m, const V& prompt, int k, bool lookup, bool mtp_
     std::vector<float> logits(static_cast<size_t>(vocab));
     speculative_prefill(m, *seq, mtp ? &*mtp : nullptr, prompt, logits);
     SpecRun r;
-    // No policy (adaptive off): every round drafts k tokens where the drafter has them, so windows of every size up
-    // to k + 1 run whatever this device's costs say.
+    // No policy (adaptive off) and no probability floor for MTP drafts: every round drafts k tokens where the drafter
+    // has them, so windows of every size up to k + 1 run whatever this device's costs say.
     r.stats = greedy_speculative_decode(m, *seq, logits, prompt, kTokens,
                                         {.max_draft = k,
                                          .lookup = {.min_ngram = 1},
                                          .prompt_lookup = lookup,
                                          .mtp = mtp ? &*mtp : nullptr,
+                                         .mtp_min_p = 0.0f,
                                          .adaptive = false},
                                         [&](int32_t t) {
                                             r.tokens.push_back(t);

@@ -27,8 +27,9 @@
 #   STRATA_CUDA_TESTS     0 to skip the test programs (a benchmark-only run)
 #   STRATA_CUDA_TARGETS   ninja targets of the full build (default: all), e.g. "strata test_cuda_offload"
 #   STRATA_CUDA_PROGRAMS  the test programs to run (default: the op tests, then every other test_cuda_* built)
-#   STRATA_CUDA_BENCH     quick, depth or all: then scripts/gpu_bench.sh benchmarks the CUDA forward pass on
-#                         synthesized qwen4exp-mid and flash-next files (full build only; log: bench.log)
+#   STRATA_CUDA_BENCH     quick, depth, all (or offload, prompts, spec: see gpu_bench.sh): then scripts/gpu_bench.sh
+#                         benchmarks the CUDA forward pass on synthesized qwen4exp-mid and flash-next files (full
+#                         build only; log: bench.log)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 arch=${STRATA_CUDA_ARCH:-90}

@@ -17,6 +17,11 @@
 #                        "12G 24G" ("all": every expert in VRAM) and "tg tg-pcie pp512 pp4096 d8k d32k" (also
 #                        pp512-profile). One call of the GPU machine holds a few runs: each copies the 43 GB of
 #                        experts into pinned RAM first
+#   STRATA_CUDA_BENCH=spec  speculation (issue 28): `--window-costs` (decode windows of 1..8 tokens at 8K depth,
+#                        projected at 0.90 per draft) on flash-next with --router-skew 1, all in VRAM and at
+#                        --vram-budget 12G, then uniform routing all in VRAM; the bundled model's window costs and
+#                        its greedy decoding with and without --spec 4 on a code prompt (STRATA_SPEC_SKEWS: the
+#                        flash-next skews, default "1 0"; STRATA_SPEC_BUDGETS: default "all 12G")
 #   STRATA_BENCH_MODELS  folder for the synthesized files (default /tmp/strata-bench; ~50 GB for flash-next)
 #   STRATA_BENCH_ONLY    mid or flash-next: that model alone
 set -euo pipefail
@@ -52,6 +57,27 @@ if [[ $mode == prompts ]]; then
             [[ $part == vram ]] || n=64
             run fn-skew1 "${budget[@]}" -p 512 -n "$n" -r 2
             run fn-skew1 "${budget[@]}" -p 4096 -n 0 -r 1
+        done
+    } 2>&1 | tee -a "$logs/bench.log"
+    exit 0
+fi
+if [[ $mode == spec ]]; then
+    {
+        bundled=assets/strata-code-19m.gguf
+        head -c 1500 tools/goldens/make_goldens.py >"$dir/code-prompt.txt"
+        run_bundled() { echo "== bench $bundled $*"; "$strata" bench --model "$bundled" --backend cuda "$@" 2>&1 |
+            grep -v '^  [a-z]*: \|^strata: CUDA NVIDIA'; }
+        run_bundled --window-costs -d 512 -r 5
+        run_bundled -p 0 -n 400 -r 3 --spec 4 --spec-prompt "$dir/code-prompt.txt"
+        for skew in ${STRATA_SPEC_SKEWS:-1 0}; do
+            [[ -s $dir/fn-skew$skew.gguf ]] || rm -f "$dir"/fn-skew*.gguf
+            synth "fn-skew$skew" --preset flash-next --type iq2_xs --ple-vocab-base 200000 --router-skew "$skew"
+            for budget in ${STRATA_SPEC_BUDGETS:-all 12G}; do
+                [[ $skew == 1 || $budget == all ]] || continue  # uniform routing: all in VRAM only
+                budget_args=(--vram-budget "$budget")
+                [[ $budget == all ]] && budget_args=()
+                run "fn-skew$skew" "${budget_args[@]}" --window-costs -d 8192 -r 3
+            done
         done
     } 2>&1 | tee -a "$logs/bench.log"
     exit 0

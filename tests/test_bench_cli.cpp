@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -237,6 +238,39 @@ TEST_F(BenchCliTest, TableByDefault) {
     EXPECT_NE(r.out.find("| pp8 |"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("| tg4 |"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("tiny.gguf"), std::string::npos) << r.out;
+}
+
+// --window-costs: one line per window of 1..8 tokens, its cost against one token and the projection at
+// --acceptance (the arithmetic itself: test_speculation's WindowProjection tests).
+TEST_F(BenchCliTest, WindowCostsGiveOneLinePerWindowSize) {
+    const auto lines = bench_json("--window-costs --acceptance 0.8 -d 16 -r 2 --threads 1");
+    ASSERT_EQ(lines.size(), 8u);
+    for (size_t i = 0; i < lines.size(); ++i) {
+        const Json& v = lines[i];
+        for (const char* key : {"window", "ms", "cost_ratio", "acceptance", "tokens_per_round", "speedup",
+                                "speedup_refeed", "threads", "depth", "repetitions"})
+            ASSERT_TRUE(v.fields.count(key) && v.fields.at(key).kind == Json::Kind::Number) << key;
+        const double w = static_cast<double>(i + 1);
+        EXPECT_EQ(v.fields.at("test").text, "window" + std::to_string(i + 1) + "@d16");
+        EXPECT_EQ(v.fields.at("window").number, w);
+        EXPECT_EQ(v.fields.at("depth").number, 16);
+        EXPECT_EQ(v.fields.at("acceptance").number, 0.8);
+        EXPECT_GT(v.fields.at("ms").number, 0);
+        EXPECT_NEAR(v.fields.at("tokens_per_round").number, (1 - std::pow(0.8, w)) / 0.2, 1e-4);
+        EXPECT_NEAR(v.fields.at("speedup").number,
+                    v.fields.at("tokens_per_round").number / v.fields.at("cost_ratio").number, 1e-3);
+        EXPECT_LE(v.fields.at("speedup_refeed").number, v.fields.at("speedup").number + 1e-9);
+    }
+    EXPECT_EQ(lines[0].fields.at("cost_ratio").number, 1.0);
+    // The table names the best window.
+    const ShellRun r = run_strata("bench --model " + shell_quote(tiny_) + " --window-costs -r 1 --threads 1");
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("| window | ms | x 1 token |"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("best window at 0.90 per draft"), std::string::npos) << r.out;
+    const std::string model = "--model " + shell_quote(tiny_);
+    expect_user_error(run_strata("bench " + model + " --window-costs --acceptance 1.5"), "--acceptance");
+    expect_user_error(run_strata("bench " + model + " --acceptance 0.9"), "--acceptance needs --window-costs");
+    expect_user_error(run_strata("bench " + model + " --window-costs --spec 2"), "--window-costs and --spec");
 }
 
 TEST_F(BenchCliTest, UserErrorsAreOneLine) {

@@ -100,6 +100,52 @@ TEST(SpeculationPolicy, PicksTheDrafterThatPaysAndNeitherWhenNoneDoes) {
     EXPECT_LT(c.rate(Drafter::Mtp, 1), c.rate(Drafter::Mtp, 0));
 }
 
+TEST(WindowProjection, SpeedupFromWindowCostsAtAPerDraftAcceptance) {
+    // Worked by hand: each extra window token costs a tenth of a token, drafts accepted at 0.9 each. A window of 4
+    // (3 drafts) gives 1 + 0.9 + 0.81 + 0.729 = 3.439 tokens for 1.3 tokens' cost: 2.645x. Re-feeding after a
+    // rejection (1 - 0.729 of the rounds) a window of round(3.439) = 3 tokens costs 0.271 x 1.2 more: 2.116x.
+    const std::vector<double> costs = {1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7};
+    const std::vector<WindowProjection> p = project_windows(costs, 0.9);
+    ASSERT_EQ(p.size(), 8u);
+    EXPECT_EQ(p[0].window, 1);
+    EXPECT_DOUBLE_EQ(p[0].speedup, 1.0);
+    EXPECT_DOUBLE_EQ(p[0].speedup_refeed, 1.0);
+    EXPECT_EQ(p[3].window, 4);
+    EXPECT_NEAR(p[3].cost_ratio, 1.3, 1e-12);
+    EXPECT_NEAR(p[3].tokens, 3.439, 1e-12);
+    EXPECT_NEAR(p[3].speedup, 3.439 / 1.3, 1e-12);
+    EXPECT_NEAR(p[3].speedup_refeed, 3.439 / (1.3 + 0.271 * 1.2), 1e-12);
+    // E(k) / (1 + 0.1 k) grows up to the longest window here: 8 tokens, (1 - 0.9^8) / 0.1 / 1.7 = 3.33x.
+    EXPECT_EQ(best_window(p).window, 8);
+    EXPECT_NEAR(best_window(p).speedup, (1 - std::pow(0.9, 8)) / 0.1 / 1.7, 1e-12);
+    // Compute-bound windows (w tokens cost w): nothing beats plain decoding, so the best window is one token.
+    const std::vector<WindowProjection> bound = project_windows(std::vector<double>{1, 2, 3, 4}, 0.9);
+    ASSERT_EQ(bound.size(), 4u);
+    for (const WindowProjection& w : bound) EXPECT_LE(w.speedup, 1.0 + 1e-12);
+    EXPECT_EQ(best_window(bound).window, 1);
+    EXPECT_EQ(best_window(bound, /*refeed=*/true).window, 1);
+    // Every draft accepted and windows free: w tokens a round, no re-feed.
+    const std::vector<WindowProjection> all_free = project_windows(std::vector<double>{2, 2, 2}, 1.0);
+    EXPECT_DOUBLE_EQ(all_free[2].speedup, 3.0);
+    EXPECT_DOUBLE_EQ(all_free[2].speedup_refeed, 3.0);
+    // Nothing measured: nothing projected; more sizes than a round drafts: only kMaxDraft + 1 of them.
+    EXPECT_TRUE(project_windows({}, 0.9).empty());
+    EXPECT_EQ(project_windows(std::vector<double>(12, 1.0), 0.5).size(), size_t(SpeculationPolicy::kMaxDraft + 1));
+}
+
+TEST(WindowProjection, ExpectedTokensChainThePerPositionAcceptance) {
+    const std::vector<double> a = {0.5, 0.8, 0.25};
+    double all = 0;
+    EXPECT_DOUBLE_EQ(expected_round_tokens(a, 0, &all), 1.0);
+    EXPECT_DOUBLE_EQ(all, 1.0);
+    EXPECT_DOUBLE_EQ(expected_round_tokens(a, 3, &all), 1 + 0.5 + 0.4 + 0.1);
+    EXPECT_DOUBLE_EQ(all, 0.1);
+    EXPECT_DOUBLE_EQ(expected_round_tokens(a, 7), 2.0) << "positions past the list add nothing";
+    EXPECT_EQ(refeed_window(0.2), 1);
+    EXPECT_EQ(refeed_window(3.439), 3);
+    EXPECT_EQ(refeed_window(100), SpeculationPolicy::kMaxDraft + 1);
+}
+
 std::string bundled() {
     return std::string(STRATA_SOURCE_DIR) + "/assets/strata-code-19m.gguf";
 }
@@ -136,6 +182,38 @@ TEST(SpeculativeDecode, GreedyTokensEqualPlainGreedyDecoding) {
                         static_cast<long long>(st.drafted));
         }
     }
+}
+
+// A model that cannot take checkpoints (CUDA: no device memory for the copy): speculation stops drafting and the
+// tokens are still plain greedy decoding's.
+TEST(SpeculativeDecode, WithoutCheckpointsItDecodesPlainly) {
+    struct NoCheckpoints final : Model {
+        explicit NoCheckpoints(const Model& m) : inner(m) {}
+        const ModelInfo& info() const override { return inner.info(); }
+        std::unique_ptr<SequenceState> new_sequence(int64_t n) const override { return inner.new_sequence(n); }
+        void forward(SequenceState& seq, std::span<const int32_t> tokens, std::span<float> logits,
+                     bool last_only) const override {
+            inner.forward(seq, tokens, logits, last_only);
+        }
+        const Model& inner;  // checkpoint() is Model's: it throws Error
+    };
+    auto m = load_model(bundled(), {.n_threads = 2});
+    const NoCheckpoints plain(*m);
+    V prompt;
+    for (int r = 0; r < 6; ++r) prompt.insert(prompt.end(), {40, 41, 42, 43, 44, 45});
+    auto seq = plain.new_sequence(static_cast<int64_t>(prompt.size()) + 40 + 8);
+    std::vector<float> logits(static_cast<size_t>(m->info().n_vocab));
+    plain.forward(*seq, prompt, logits, true);
+    V got;
+    const SpeculativeStats st = greedy_speculative_decode(plain, *seq, logits, prompt, 40,
+                                                          {.max_draft = 4, .lookup = {.min_ngram = 1}, .adaptive = false},
+                                                          [&](int32_t t) {
+                                                              got.push_back(t);
+                                                              return true;
+                                                          });
+    EXPECT_EQ(got, plain_greedy(*m, prompt, 40));
+    EXPECT_TRUE(st.no_checkpoint);
+    EXPECT_EQ(st.drafted, 0);
 }
 
 // Keyed draws (Sampler::sample_at): the token depends on (seed, position, logits) alone, and over positions the draws

@@ -17,6 +17,7 @@
 #include "model/model.h"
 #include "runtime/mtp_drafter.h"
 #include "runtime/sampler.h"
+#include "runtime/speculation.h"
 #include "runtime/speculative_decode.h"
 #include "tokenizer/tokenizer.h"
 
@@ -35,6 +36,10 @@ constexpr int64_t kMaxTokens = 1 << 20;
 constexpr int64_t kDepthChunk = 512;
 // Fixed seed: the same ids on every run, so runs and engines compare on the same input.
 constexpr uint64_t kTokenSeed = 0x5eed5eedULL;
+// --window-costs: windows of 1 .. kMaxWindow tokens (the last token and up to SpeculationPolicy::kMaxDraft drafts,
+// as verification runs them; CUDA captures one graph per size up to 8); each timed sample is the mean of this many.
+constexpr int kMaxWindow = SpeculationPolicy::kMaxDraft + 1;
+constexpr int kWindowsPerSample = 10;
 
 struct BenchPlan {
     std::string model_path;
@@ -46,6 +51,8 @@ struct BenchPlan {
     bool json = false;
     int spec = 0;                    // --spec N: also greedy decoding with and without speculation after spec_prompt
     std::vector<int32_t> spec_prompt;  // --spec-prompt FILE's tokens (default: the pseudo-random prompt ids)
+    bool window_costs = false;  // --window-costs: decode windows of 1..kMaxWindow tokens instead of pp/tg
+    double acceptance = 0.90;   // --acceptance: the per-draft acceptance the window costs are projected at
     LoadOptions load;  // backend, VRAM budget, graphs (threads per run)
     const char* backend_name() const { return load.backend == Backend::Cuda ? "cuda" : "cpu"; }
 };
@@ -97,7 +104,9 @@ BenchPlan read_plan(const Args& args) {
     plan.n_gen = args.get_int("-n", 0, kMaxTokens).value_or(plan.n_gen);
     plan.depth = args.get_int("-d", 0, kMaxTokens).value_or(0);
     plan.repetitions = static_cast<int>(args.get_int("-r", 1, 1000).value_or(plan.repetitions));
-    if (plan.n_prompt == 0 && plan.n_gen == 0) throw Error("bench: -p 0 and -n 0 leave nothing to measure");
+    plan.window_costs = args.has("--window-costs");
+    if (plan.n_prompt == 0 && plan.n_gen == 0 && !plan.window_costs)
+        throw Error("bench: -p 0 and -n 0 leave nothing to measure");
     if (auto t = args.get("--threads")) {
         plan.thread_counts = parse_thread_list(*t);
     } else {
@@ -114,6 +123,9 @@ BenchPlan read_plan(const Args& args) {
     plan.spec = static_cast<int>(args.get_int("--spec", 1, SpeculationPolicy::kMaxDraft).value_or(0));
     if (args.has("--spec-prompt") && plan.spec == 0) throw Error("bench: --spec-prompt needs --spec N");
     if (plan.spec > 0 && plan.n_gen == 0) throw Error("bench: --spec N times decoding: give -n N > 0");
+    if (plan.window_costs && plan.spec > 0) throw Error("bench: --window-costs and --spec are separate runs: give one");
+    if (args.has("--acceptance") && !plan.window_costs) throw Error("bench: --acceptance needs --window-costs");
+    plan.acceptance = get_probability(args, "--acceptance").value_or(plan.acceptance);
     return plan;
 }
 
@@ -142,7 +154,8 @@ class TestRunner {
         const int64_t n_vocab = model.info().n_vocab;
         context_ = pseudo_random_tokens(plan.depth, n_vocab, kTokenSeed);
         // Another seed for the measured ids, so a prompt does not repeat its context.
-        measured_ = pseudo_random_tokens(std::max(plan.n_prompt, plan.n_gen + 1), n_vocab, kTokenSeed + 1);
+        measured_ = pseudo_random_tokens(std::max({plan.n_prompt, plan.n_gen + 1, int64_t{kMaxWindow + 1}}), n_vocab,
+                                         kTokenSeed + 1);
     }
 
     // Seconds for one prompt of n tokens in one forward call, after the context.
@@ -187,6 +200,41 @@ class TestRunner {
             }
         }
         return seconds_since(t0);
+    }
+
+    // Seconds of a decode window of w = 1 .. kMaxWindow tokens after the context and a one-token prompt (untimed),
+    // with every row's logits as verification takes them, each run from the same point (a checkpoint restored
+    // before it, untimed): repetitions rounds over the sizes, interleaved so that drift on a shared machine hits
+    // every size alike; a sample is the mean of kWindowsPerSample windows. With experts in host RAM, *hits gets each
+    // size's (hits, lookups) over the timed windows.
+    std::vector<std::vector<double>> time_windows(int repetitions, std::vector<std::pair<int64_t, int64_t>>* hits) {
+        start_fresh();
+        model_.forward(seq_, std::span<const int32_t>(measured_).first(1), logits_, true);
+        const auto at = model_.checkpoint(seq_);
+        const int64_t V = model_.info().n_vocab;
+        HostFloats rows = model_.host_floats(static_cast<size_t>(kMaxWindow * V));
+        std::vector<std::vector<double>> samples(kMaxWindow);
+        hits->assign(kMaxWindow, {0, 0});
+        const auto window = [&](int w) {
+            model_.restore(seq_, *at);
+            const auto ids = std::span<const int32_t>(measured_).subspan(1, static_cast<size_t>(w));
+            const auto t0 = Clock::now();
+            model_.forward(seq_, ids, std::span<float>(rows.data(), static_cast<size_t>(w * V)));
+            return seconds_since(t0);
+        };
+        for (int w = 1; w <= kMaxWindow; ++w) window(w);  // warm-up; CUDA captures each size's graph
+        for (int rep = 0; rep < repetitions; ++rep)
+            for (int w = 1; w <= kMaxWindow; ++w) {
+                const auto before = model_.expert_offload_stats();
+                double seconds = 0;
+                for (int i = 0; i < kWindowsPerSample; ++i) seconds += window(w);
+                samples[static_cast<size_t>(w - 1)].push_back(seconds / kWindowsPerSample);
+                if (const auto after = model_.expert_offload_stats(); after && before) {
+                    (*hits)[static_cast<size_t>(w - 1)].first += after->hits - before->hits;
+                    (*hits)[static_cast<size_t>(w - 1)].second += after->lookups - before->lookups;
+                }
+            }
+        return samples;
     }
 
   private:
@@ -275,6 +323,61 @@ void print_table_row(const BenchPlan& plan, const ModelSummary& model, const Tes
     std::printf("| %s | %s | %s | %s | %d | %s | %.2f ± %.2f |%s\n", model.file_name.c_str(),
                 format_bytes(model.size_bytes).c_str(), format_params(model.n_params).c_str(), plan.backend_name(),
                 r.threads, r.name.c_str(), r.mean, r.sd, cell.c_str());
+    std::fflush(stdout);
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// --window-costs: each window size's median cost, against one token, and what it gives at the plan's per-draft
+// acceptance (runtime/speculation.h project_windows), as a table or one JSON line per size.
+void report_window_costs(const BenchPlan& plan, const ModelSummary& model, int threads,
+                         const std::vector<std::vector<double>>& samples,
+                         const std::vector<std::pair<int64_t, int64_t>>& hits) {
+    std::vector<double> costs;
+    for (const auto& s : samples) costs.push_back(median(s));
+    const std::vector<WindowProjection> proj = project_windows(costs, plan.acceptance);
+    const bool offload = std::any_of(hits.begin(), hits.end(), [](const auto& h) { return h.second > 0; });
+    const auto hit_rate = [&](size_t i) { return hits[i].second > 0 ? 100.0 * hits[i].first / hits[i].second : 0.0; };
+    if (plan.json) {
+        for (size_t i = 0; i < proj.size(); ++i) {
+            const WindowProjection& p = proj[i];
+            char extra[64] = "";
+            if (offload) std::snprintf(extra, sizeof extra, ",\"expert_hit_pct\":%.4g", hit_rate(i));
+            std::printf("{\"test\":\"window%d@d%lld\",\"window\":%d,\"ms\":%.6g,\"cost_ratio\":%.6g,"
+                        "\"acceptance\":%.6g,\"tokens_per_round\":%.6g,\"speedup\":%.6g,\"speedup_refeed\":%.6g,"
+                        "\"threads\":%d,\"model\":\"%s\",\"depth\":%lld,\"backend\":\"%s\",\"repetitions\":%d%s}\n",
+                        p.window, static_cast<long long>(plan.depth), p.window, 1e3 * costs[i], p.cost_ratio,
+                        plan.acceptance, p.tokens, p.speedup, p.speedup_refeed, threads,
+                        json_escape(plan.model_path).c_str(), static_cast<long long>(plan.depth),
+                        plan.backend_name(), plan.repetitions, extra);
+        }
+        std::fflush(stdout);
+        return;
+    }
+    std::printf("decode windows of %s (%s, %d threads) after %lld tokens: median of %d samples of %d windows, every "
+                "row's logits; projected at %.2f acceptance per draft\n",
+                model.file_name.c_str(), plan.backend_name(), threads, static_cast<long long>(plan.depth),
+                plan.repetitions, kWindowsPerSample, plan.acceptance);
+    std::printf("| window | ms | x 1 token | tokens / round | speedup | speedup, re-feed |%s\n",
+                offload ? " expert hits |" : "");
+    std::printf("| ---: | ---: | ---: | ---: | ---: | ---: |%s\n", offload ? " ---: |" : "");
+    for (size_t i = 0; i < proj.size(); ++i) {
+        const WindowProjection& p = proj[i];
+        char extra[32] = "";
+        if (offload) std::snprintf(extra, sizeof extra, " %.1f%% |", hit_rate(i));
+        std::printf("| %d | %.3f | %.3f | %.2f | %.2fx | %.2fx |%s\n", p.window, 1e3 * costs[i], p.cost_ratio,
+                    p.tokens, p.speedup, p.speedup_refeed, extra);
+    }
+    const WindowProjection best = best_window(proj), best_refeed = best_window(proj, /*refeed=*/true);
+    const auto tokens = [](int w) { return std::to_string(w) + (w == 1 ? " token" : " tokens"); };
+    std::printf("best window at %.2f per draft: %s, %.2fx plain decoding with a commit step; %s, %.2fx restoring "
+                "and re-feeding after a rejection (what strata verifies with today); drafting not counted\n",
+                plan.acceptance, tokens(best.window).c_str(), best.speedup, tokens(best_refeed.window).c_str(),
+                best_refeed.speedup_refeed);
     std::fflush(stdout);
 }
 
@@ -400,12 +503,26 @@ int run_bench(const Args& args) {
         throw Error("bench: --positions and --context apply to `strata bench qsa-union` only");
     BenchPlan plan = read_plan(args);
     // The CUDA memory plan (stderr) for the one sequence below; +1: the decode test's prompt.
-    plan_memory_for_load(args, plan.model_path, plan.load, plan.depth + plan.n_prompt + plan.n_gen + 1);
+    plan_memory_for_load(args, plan.model_path, plan.load,
+                         plan.depth + std::max<int64_t>(plan.n_prompt + plan.n_gen, kMaxWindow) + 1);
     const auto file = gguf::File::open(plan.model_path);  // for the summary and the rooflines; the model maps its own
     const ModelSummary summary = summarize(*file);
     std::string device;
     const double bandwidth = plan.load.backend == Backend::Cuda ? device_copy_bandwidth(plan, &device) : 0.0;
     const std::string depth_suffix = plan.depth > 0 ? "@d" + std::to_string(plan.depth) : "";
+    if (plan.window_costs) {
+        for (const int threads : plan.thread_counts) {
+            LoadOptions options = plan.load;
+            options.n_threads = threads;
+            auto model = load_model(plan.model_path, options);
+            auto seq = model->new_sequence(plan.depth + 1 + kMaxWindow);
+            TestRunner runner(*model, *seq, plan);
+            std::vector<std::pair<int64_t, int64_t>> hits;
+            const auto samples = runner.time_windows(plan.repetitions, &hits);
+            report_window_costs(plan, summary, threads, samples, hits);
+        }
+        return 0;
+    }
     if (!plan.json) print_table_header(plan.spec > 0);
     if (plan.spec > 0 && args.has("--spec-prompt")) {
         const std::string path = *args.get("--spec-prompt");
@@ -507,6 +624,13 @@ Command bench_command() {
          "drafts, the drafter and length picked per round as on run), with a spec column: acceptance and tokens per "
          "verification round"},
         {"--spec-prompt", "FILE", "with --spec: the text the greedy tests continue (default: the -p pseudo-random ids)"},
+        {"--window-costs", "",
+         "instead of pp/tg: time decode windows of 1..8 tokens after -d DEPTH (as speculative verification runs them: "
+         "every row's logits; CUDA: each size's captured graph), with each one's cost against one token and the "
+         "decode speedup it gives at --acceptance"},
+        {"--acceptance", "A",
+         "with --window-costs: the chance each draft is accepted given the ones before it (default 0.90, vLLM's "
+         "published per-draft figure for Flash-Next's MTP at n = 3)"},
     };
     // The model-loading flags but --threads, which bench takes as a list.
     for (const FlagSpec& f : kLoadFlags)
@@ -518,6 +642,8 @@ Command bench_command() {
                 .summary = "prompt and decode speed in tokens/s (llama-bench style)",
                 .usage = "strata bench --model FILE.gguf [-p 512] [-n 128] [-d DEPTH] [-r 5] [--threads N[,N...]] "
                          "[--backend cpu|cuda] [--spec N [--spec-prompt FILE]] [--json]\n"
+                         "       strata bench --model FILE.gguf --window-costs [--acceptance A] [-d DEPTH] [-r R] "
+                         "[--backend cpu|cuda] [--json]\n"
                          "       strata bench doorbell [--rounds N]\n"
                          "       strata bench gdn-recurrence [--tokens N[,N...]] [--heads H] [-r R]\n"
                          "       strata bench qsa-union [--positions N] [--context N] [-r R] [--kv-cache f16|int8]\n"

@@ -101,6 +101,9 @@ struct SpecSettings {
 // --no-spec: off; --spec N: N; neither: kDefaultSpec when the model has an MTP layer this backend runs, else off.
 // Error on a malformed value, or --spec with --no-spec.
 SpecSettings spec_settings(const Args& args, const Model& model);
+// A flag's value as a probability from 0 to 1 (--spec-min-p, bench --acceptance); nullopt when absent, Error when
+// malformed.
+std::optional<double> get_probability(const Args& args, const std::string& flag);
 // One stderr line: tokens, verification rounds, acceptance and tokens per round, per drafter.
 void print_speculation_stats(const SpeculativeStats& stats);
 // The bundled model, the default of run, chat, generate, serve and bench (docs/bundled-model.md).

@@ -137,19 +137,23 @@ const std::vector<FlagSpec> kSpecFlags = {
     {"--spec-fixed", "", "no policy: every round drafts N tokens (for A/B runs; may be slower than plain)"},
 };
 
+std::optional<double> get_probability(const Args& args, const std::string& flag) {
+    const auto text = args.get(flag);
+    if (!text) return std::nullopt;
+    char* end = nullptr;
+    const double v = std::strtod(text->c_str(), &end);
+    if (text->empty() || end != text->c_str() + text->size() || !(v >= 0.0 && v <= 1.0))
+        throw Error(flag + " expects a probability from 0 to 1, got '" + *text + "'");
+    return v;
+}
+
 SpecSettings spec_settings(const Args& args, const Model& model) {
     SpecSettings s;
     const auto spec = args.get_int("--spec", 0, SpeculationPolicy::kMaxDraft);
     if (spec && args.has("--no-spec")) throw Error("--spec and --no-spec contradict each other: give one");
     s.mtp = model.draft_residual_width() > 0;
     s.max_draft = args.has("--no-spec") ? 0 : spec.value_or(s.mtp ? kDefaultSpec : 0);
-    if (const auto p = args.get("--spec-min-p")) {
-        char* end = nullptr;
-        const float v = std::strtof(p->c_str(), &end);
-        if (p->empty() || end != p->c_str() + p->size() || !(v >= 0.0f && v <= 1.0f))
-            throw Error("--spec-min-p expects a probability from 0 to 1, got '" + *p + "'");
-        s.min_p = v;
-    }
+    if (const auto p = get_probability(args, "--spec-min-p")) s.min_p = static_cast<float>(*p);
     const std::string drafter = args.get_choice("--spec-drafter", {"auto", "mtp", "lookup"}).value_or("auto");
     if (drafter == "mtp" && !s.mtp) throw Error("--spec-drafter mtp: this model has no MTP layer this backend runs");
     s.mtp = s.mtp && drafter != "lookup";
@@ -179,6 +183,10 @@ void print_speculation_stats(const SpeculativeStats& st) {
     std::fprintf(stderr, "strata: speculation: window cost in ms by tokens {%s}; MTP pass %.3f ms%s\n",
                  costs.c_str(), st.draft_pass_cost * 1e3,
                  st.mtp_retired ? "; MTP stopped (it cannot pay here)" : "");
+    if (st.no_checkpoint)
+        std::fprintf(stderr, "strata: speculation stopped: the model could not take a checkpoint of the sequence, "
+                             "so a rejected draft could not be rolled back (CUDA: no device memory for the copy of "
+                             "its state; raise --vram-budget)\n");
 }
 
 const std::vector<FlagSpec> kLoadFlags = {

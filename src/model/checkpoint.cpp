@@ -4,6 +4,7 @@
 // only on cells of block b, so they need no copy: restore() rewinds the counters and the recurrent part, and the next
 // tokens overwrite the cells above. Hyper-connections carry no state across tokens.
 #include <algorithm>
+#include <atomic>
 #include <string>
 
 #include "core/error.h"
@@ -21,18 +22,15 @@ struct LayerCheckpoint {
 
 class HybridCheckpoint final : public SequenceCheckpoint {
   public:
-    int64_t n_past() const override { return n_past_; }
     size_t memory_bytes() const override {
         size_t total = layers.capacity() * sizeof(LayerCheckpoint);
         for (const LayerCheckpoint& l : layers) total += l.gdn.bytes() + l.ple.bytes();
         return total;
     }
 
+    int64_t n_past() const override { return stamp.n_past; }
     const void* owner = nullptr;  // the model
-    uint64_t sequence_id = 0;
-    uint64_t generation = 0;
-    size_t rollbacks_seen = 0;  // entries of the sequence's rollback log when taken
-    int64_t n_past_ = 0;
+    RollbackLog::Stamp stamp;
     std::vector<LayerCheckpoint> layers;
 };
 
@@ -47,15 +45,33 @@ void copy_into(std::vector<T>& dst, const std::vector<T>& src) {
 
 }  // namespace
 
+RollbackLog::RollbackLog() {
+    static std::atomic<uint64_t> next_id{1};
+    id_ = next_id.fetch_add(1);
+}
+
+void RollbackLog::restore(const Stamp& cp, int64_t n_past) {
+    if (cp.sequence != id_)
+        throw Error("restore: the checkpoint was taken from another sequence; a checkpoint restores only its own");
+    if (cp.generation != generation_) throw Error("restore: the sequence was reset since the checkpoint was taken");
+    if (cp.n_past > n_past)
+        throw Error("restore: the checkpoint is at token " + std::to_string(cp.n_past) +
+                    ", ahead of the sequence, which holds " + std::to_string(n_past));
+    // A restore since then to a point below this checkpoint let later tokens overwrite cells it relies on.
+    for (size_t i = cp.rollbacks_seen; i < rollbacks_.size(); ++i)
+        if (rollbacks_[i] < cp.n_past)
+            throw Error("restore: the sequence was rolled back to token " + std::to_string(rollbacks_[i]) +
+                        " after this checkpoint (at token " + std::to_string(cp.n_past) +
+                        ") was taken, so its cache no longer holds the checkpoint's tokens");
+    if (cp.n_past < n_past) rollbacks_.push_back(cp.n_past);
+}
+
 std::unique_ptr<SequenceCheckpoint> HybridModel::checkpoint(const SequenceState& state) const {
     const auto* seq = dynamic_cast<const HybridSequence*>(&state);
     if (!seq || seq->owner() != this) throw Error("checkpoint: the sequence was not created by this model");
     auto cp = std::make_unique<HybridCheckpoint>();
     cp->owner = this;
-    cp->sequence_id = seq->id();
-    cp->generation = seq->generation();
-    cp->rollbacks_seen = seq->rollbacks().size();
-    cp->n_past_ = seq->n_past();
+    cp->stamp = seq->rollback.stamp(seq->n_past());
     cp->layers.resize(seq->layers.size());
     for (size_t il = 0; il < seq->layers.size(); ++il) {
         const LayerState& l = seq->layers[il];
@@ -69,23 +85,8 @@ void HybridModel::restore(SequenceState& state, const SequenceCheckpoint& checkp
     if (!seq || seq->owner() != this) throw Error("restore: the sequence was not created by this model");
     const auto* cp = dynamic_cast<const HybridCheckpoint*>(&checkpoint);
     if (!cp || cp->owner != this) throw Error("restore: the checkpoint was taken by another model");
-    if (cp->sequence_id != seq->id())
-        throw Error("restore: the checkpoint was taken from another sequence; a checkpoint restores only its own");
-    if (cp->generation != seq->generation())
-        throw Error("restore: the sequence was reset since the checkpoint was taken");
-    if (cp->n_past_ > seq->n_past())
-        throw Error("restore: the checkpoint is at token " + std::to_string(cp->n_past_) +
-                    ", ahead of the sequence, which holds " + std::to_string(seq->n_past()));
-    // A restore since then to a point below this checkpoint let later tokens overwrite cells it relies on.
-    const std::vector<int64_t>& log = seq->rollbacks();
-    for (size_t i = cp->rollbacks_seen; i < log.size(); ++i)
-        if (log[i] < cp->n_past_)
-            throw Error("restore: the sequence was rolled back to token " + std::to_string(log[i]) +
-                        " after this checkpoint (at token " + std::to_string(cp->n_past_) +
-                        ") was taken, so its cache no longer holds the checkpoint's tokens");
     STRATA_ASSERT(cp->layers.size() == seq->layers.size());
-
-    if (cp->n_past_ < seq->n_past()) seq->log_rollback(cp->n_past_);
+    seq->rollback.restore(cp->stamp, seq->n_past());
     for (size_t il = 0; il < seq->layers.size(); ++il) {
         LayerState& l = seq->layers[il];
         const LayerCheckpoint& c = cp->layers[il];
@@ -95,7 +96,7 @@ void HybridModel::restore(SequenceState& state, const SequenceCheckpoint& checkp
         copy_into(l.ple.conv_history, c.ple.conv_history);
         l.attention.n_pooled = c.n_pooled;
     }
-    seq->n_past_ = cp->n_past_;
+    seq->n_past_ = cp->stamp.n_past;
 }
 
 }  // namespace strata

@@ -1,6 +1,5 @@
 #include "model/hybrid.h"
 
-#include <atomic>
 #include <cstdio>
 #include <functional>
 #include <new>
@@ -56,14 +55,12 @@ void read_ahead(const gguf::File& file, const std::function<void(float)>& progre
 
 HybridSequence::HybridSequence(const void* owner, int64_t capacity, Init init)
     : owner_(owner), capacity_(capacity), init_(std::move(init)) {
-    static std::atomic<uint64_t> next_id{1};
-    id_ = next_id.fetch_add(1);
     reset();
 }
 
 size_t HybridSequence::memory_bytes() const {
     // The state buffers (what plan_memory() plans) and the rollback log.
-    size_t total = rollbacks_.capacity() * sizeof(int64_t);
+    size_t total = rollback.bytes();
     for (const LayerState& l : layers) total += l.bytes();
     return total;
 }
@@ -71,8 +68,7 @@ size_t HybridSequence::memory_bytes() const {
 void HybridSequence::reset() {
     init_(layers, capacity_);
     n_past_ = 0;
-    ++generation_;
-    rollbacks_.clear();
+    rollback.reset();
 }
 
 namespace {

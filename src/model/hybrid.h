@@ -17,6 +17,7 @@
 #include "model/model.h"
 #include "model/moe.h"
 #include "model/ple.h"
+#include "model/rollback_log.h"
 #include "model/scratch.h"
 
 namespace strata {
@@ -36,28 +37,19 @@ class HybridSequence : public SequenceState {
     HybridSequence(const void* owner, int64_t capacity, Init init);
 
     const void* owner() const { return owner_; }
-    uint64_t id() const { return id_; }  // unique in the process, unlike the address
     int64_t n_past() const override { return n_past_; }
     int64_t capacity() const override { return capacity_; }
     size_t memory_bytes() const override;
     void reset() override;
 
-    // Checkpoints (checkpoint.cpp) stay valid while the cells below their n_past are untouched: a reset bumps the
-    // generation; a restore to an earlier point is logged, since the tokens fed after it overwrite the cells above it.
-    uint64_t generation() const { return generation_; }
-    const std::vector<int64_t>& rollbacks() const { return rollbacks_; }
-    void log_rollback(int64_t to) { rollbacks_.push_back(to); }
-
     std::vector<LayerState> layers;
     int64_t n_past_ = 0;
+    RollbackLog rollback;  // when checkpoints (checkpoint.cpp) may be restored
 
   private:
     const void* owner_;
-    uint64_t id_;
     int64_t capacity_;
     Init init_;
-    uint64_t generation_ = 0;
-    std::vector<int64_t> rollbacks_;  // positions restored to since the last reset, in order
 };
 
 // The rows of one pass of the trunk (batch_rows.h): the sequences in batch order, their rows and all tokens.

@@ -18,22 +18,6 @@ namespace strata {
 
 namespace {
 
-// The MTP layer's cells of one sequence: its K/V cache.
-class Qwen4ExpDraftState final : public DraftState {
-  public:
-    Qwen4ExpDraftState(const void* owner, const AttentionShape& shape, int64_t capacity)
-        : owner_(owner), capacity_(capacity) {
-        cache.init(shape, nullptr, capacity);
-    }
-    int64_t capacity() const override { return capacity_; }
-    const void* owner() const { return owner_; }
-    AttentionCache cache;
-
-  private:
-    const void* owner_;
-    int64_t capacity_;
-};
-
 class Qwen4ExpModel final : public HybridModel {
   public:
     Qwen4ExpModel(std::unique_ptr<gguf::File> file, const LoadOptions& options)
@@ -45,58 +29,27 @@ class Qwen4ExpModel final : public HybridModel {
         blocks_ = bind_qwen4exp_blocks(binder, h_, info_.n_layer);
         // The trunk never reads the MTP block: a file whose block is incomplete still runs, without MTP drafts.
         try {
-            mtp_ = bind_qwen4exp_mtp(binder, h_, info_.n_layer, n_block_all_);
+            if (auto mtp = bind_qwen4exp_mtp(binder, h_, info_.n_layer, n_block_all_))
+                mtp_.emplace(this, h_, std::move(*mtp), token_embd_, info_.n_vocab);
         } catch (const Error& e) {
             std::fprintf(stderr, "strata: no MTP drafts: %s\n", e.what());
         }
     }
 
-    int64_t draft_residual_width() const override { return mtp_ ? h_.hc.n_streams * info_.n_embd : 0; }
+    int64_t draft_residual_width() const override { return mtp_ ? mtp_->width() : 0; }
 
     std::unique_ptr<DraftState> new_draft_state(int64_t capacity) const override {
         if (!mtp_) throw Error("this model has no MTP draft layer");
-        if (capacity <= 0) throw Error("new_draft_state: the capacity must be positive");
-        return std::make_unique<Qwen4ExpDraftState>(this, h_.attention, capacity);
+        return mtp_->new_state(capacity);
     }
 
     void draft_forward(DraftState& state, int64_t pos0, std::span<const float> residual,
                        std::span<const int32_t> tokens, std::span<float> logits,
                        std::span<float> residual_out) const override {
         if (!mtp_) throw Error("this model has no MTP draft layer");
-        auto* st = dynamic_cast<Qwen4ExpDraftState*>(&state);
-        if (!st || st->owner() != this) throw Error("draft_forward: the draft state was not created by this model");
-        const int64_t n = std::ssize(tokens), width = draft_residual_width(), H = info_.n_embd;
-        if (n == 0) throw Error("draft_forward: no cells given");
-        if (pos0 < 0 || pos0 + n > st->capacity())
-            throw Error("draft_forward: cells " + std::to_string(pos0) + ".." + std::to_string(pos0 + n - 1) +
-                        " do not fit a draft state of " + std::to_string(st->capacity()) + " cells");
-        if (std::ssize(residual) < n * width) throw Error("draft_forward: the residual holds fewer than n rows");
-        if (std::ssize(logits) < info_.n_vocab) throw Error("draft_forward: the logits need n_vocab floats");
-        if (!residual_out.empty() && std::ssize(residual_out) < width)
-            throw Error("draft_forward: residual_out needs one row of the residual's width");
-        for (const int32_t id : tokens)
-            if (id < 0 || id >= info_.n_vocab)
-                throw Error("draft_forward: token id " + std::to_string(id) + " is out of range (vocabulary of " +
-                            std::to_string(info_.n_vocab) + ")");
         exclusive([&](Scratch& scratch) {
-            float* emb = scratch.take<float>(n * H);
-            float* hidden = scratch.take<float>(n * H);
-            float* rows_out = residual_out.empty() ? nullptr : scratch.take<float>(n * width);
-            embed(tokens, emb);
-            qwen4exp_mtp_forward({.h = h_,
-                                  .w = *mtp_,
-                                  .cache = st->cache,
-                                  .pos0 = pos0,
-                                  .residual = residual.data(),
-                                  .embeddings = emb,
-                                  .n = n,
-                                  .hidden = hidden,
-                                  .residual_out = rows_out,
-                                  .scratch = scratch,
-                                  .pool = pool()});
-            // Only the last cell drafts; the cells before it are the catch-up of cells the trunk has confirmed.
-            cpu::matmul({.w = output_, .x = hidden + (n - 1) * H, .y = logits.data(), .n_tokens = 1, .pool = pool()});
-            if (rows_out) std::copy_n(rows_out + (n - 1) * width, width, residual_out.data());
+            const float* hidden = mtp_->run(state, pos0, residual, tokens, logits, residual_out, scratch, pool());
+            cpu::matmul({.w = output_, .x = hidden, .y = logits.data(), .n_tokens = 1, .pool = pool()});
         });
     }
 
@@ -193,7 +146,7 @@ class Qwen4ExpModel final : public HybridModel {
     Qwen4ExpHparams h_;
     HyperConnectionWeights output_hc_;
     std::vector<Qwen4ExpBlock> blocks_;
-    std::optional<Qwen4ExpMtp> mtp_;
+    std::optional<Qwen4ExpDraftLayer> mtp_;
 };
 
 }  // namespace

@@ -105,4 +105,26 @@ struct Qwen4ExpMtpArgs {
 };
 void qwen4exp_mtp_forward(const Qwen4ExpMtpArgs& args);
 
+// The MTP draft layer as either trunk runs it, on the host: its cells (a DraftState of the model `owner`) and
+// Model::draft_forward's checks and pass up to the head's input. The head is the caller's: the CPU trunk multiplies on
+// the CPU, the CUDA trunk on the device, where its head lives.
+class Qwen4ExpDraftLayer {
+  public:
+    Qwen4ExpDraftLayer(const void* owner, const Qwen4ExpHparams& h, Qwen4ExpMtp w, Tensor token_embd, int64_t n_vocab);
+    int64_t width() const { return h_.hc.n_streams * h_.hc.n_embd; }
+    std::unique_ptr<DraftState> new_state(int64_t capacity) const;
+    // draft_forward's checks (Error naming what is wrong, logits included), then the layer over the cells: the last
+    // cell's head input into `hidden` (n_embd floats from scratch) and, when residual_out is not empty, its output
+    // residual there. Returns `hidden`.
+    const float* run(DraftState& state, int64_t pos0, std::span<const float> residual, std::span<const int32_t> tokens,
+                     std::span<float> logits, std::span<float> residual_out, Scratch& scratch, ThreadPool* pool) const;
+
+  private:
+    const void* owner_;
+    Qwen4ExpHparams h_;
+    Qwen4ExpMtp w_;
+    Tensor token_embd_;
+    int64_t n_vocab_;
+};
+
 }  // namespace strata

@@ -8,6 +8,49 @@ namespace {
 constexpr double kEma = 0.1;  // weight of a new measurement
 }
 
+double expected_round_tokens(std::span<const double> acceptance, int k, double* all_accepted) {
+    double expected = 1.0, chain = 1.0;
+    for (int i = 0; i < k && i < std::ssize(acceptance); ++i) {
+        chain *= acceptance[static_cast<size_t>(i)];
+        expected += chain;
+    }
+    if (all_accepted) *all_accepted = chain;
+    return expected;
+}
+
+int refeed_window(double expected_tokens) {
+    return std::clamp(static_cast<int>(expected_tokens + 0.5), 1, SpeculationPolicy::kMaxDraft + 1);
+}
+
+std::vector<WindowProjection> project_windows(std::span<const double> costs, double acceptance) {
+    std::vector<WindowProjection> out;
+    if (costs.empty() || !(costs[0] > 0)) return out;
+    const size_t n = std::min<size_t>(costs.size(), SpeculationPolicy::kMaxDraft + 1);
+    const std::vector<double> per_draft(n, std::clamp(acceptance, 0.0, 1.0));
+    for (size_t i = 0; i < n; ++i) {
+        const int w = static_cast<int>(i) + 1;
+        double chain = 1;
+        const double tokens = expected_round_tokens(per_draft, w - 1, &chain);
+        const double ratio = costs[i] / costs[0];
+        const double refeed = costs[static_cast<size_t>(std::min<int>(refeed_window(tokens), static_cast<int>(n))) - 1];
+        out.push_back({.window = w,
+                       .cost_ratio = ratio,
+                       .tokens = tokens,
+                       .speedup = tokens / ratio,
+                       .speedup_refeed = tokens / (ratio + (1.0 - chain) * refeed / costs[0])});
+    }
+    return out;
+}
+
+WindowProjection best_window(std::span<const WindowProjection> projections, bool refeed) {
+    WindowProjection best;
+    for (const WindowProjection& p : projections) {
+        const double s = refeed ? p.speedup_refeed : p.speedup, b = refeed ? best.speedup_refeed : best.speedup;
+        if (s > b) best = p;
+    }
+    return best;
+}
+
 const char* drafter_name(Drafter d) {
     return d == Drafter::Mtp ? "mtp" : "lookup";
 }
@@ -46,14 +89,10 @@ double SpeculationPolicy::draft_pass_cost() const {
 
 double SpeculationPolicy::rate(Drafter d, int k) const {
     if (k <= 0) return 1.0 / cost(1);
-    const auto& a = accept_[static_cast<size_t>(d)];
-    double expected = 1.0, chain = 1.0;
-    for (int i = 0; i < k; ++i) {
-        chain *= a[static_cast<size_t>(i)];
-        expected += chain;
-    }
+    double chain = 1.0;
+    const double expected = expected_round_tokens(accept_[static_cast<size_t>(d)], k, &chain);
     // A round that rejects a draft (probability 1 - chain) pays a second pass for the accepted prefix.
-    const int refeed = std::clamp(static_cast<int>(expected + 0.5), 1, kMaxDraft + 1);
+    const int refeed = refeed_window(expected);
     // MTP: k passes, and the cells kept in step for every token the round gives.
     const double drafting = d == Drafter::Mtp ? k * draft_pass_cost() + expected * cell_cost_ : 0.0;
     return expected / (drafting + cost(k + 1) + (1.0 - chain) * cost(refeed));

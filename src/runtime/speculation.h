@@ -11,12 +11,37 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <vector>
 
 namespace strata {
 
 enum class Drafter : uint8_t { PromptLookup = 0, Mtp = 1 };
 inline constexpr int kDrafters = 2;
 const char* drafter_name(Drafter d);
+
+// The tokens a round of k drafts gives on average when the i-th draft is accepted at acceptance[i] given that every
+// draft before it was: 1 + a_1 + a_1 a_2 + ... + a_1 ... a_k (the target's own token always comes). *all_accepted, when
+// given, gets a_1 ... a_k: the chance that no draft is rejected (a rejection costs a re-feed today).
+double expected_round_tokens(std::span<const double> acceptance, int k, double* all_accepted = nullptr);
+// The window a round re-feeds after a rejection: about the tokens it keeps, at least one.
+int refeed_window(double expected_tokens);
+
+// What measured window costs give at a per-draft acceptance (`strata bench --window-costs`): for each window of w
+// tokens (the last token plus w - 1 drafts, each accepted at `acceptance` given the ones before it), its cost against
+// one token, the tokens a round gives, and the decode speedup over plain decoding. Drafting is taken as free (prompt
+// lookup; an MTP pass adds its own cost per draft).
+struct WindowProjection {
+    int window = 1;
+    double cost_ratio = 1;      // cost(w) / cost(1)
+    double tokens = 1;          // expected tokens a round gives
+    double speedup = 1;         // with a commit step (a rejection costs nothing more): tokens / cost_ratio
+    double speedup_refeed = 1;  // strata today: a rejection restores the checkpoint and re-feeds the kept tokens
+};
+// costs[w - 1]: seconds of a window of w tokens (w = 1 .. costs.size(), at most SpeculationPolicy::kMaxDraft + 1).
+std::vector<WindowProjection> project_windows(std::span<const double> costs, double acceptance);
+// The entry with the largest speedup (the first on ties; window 1 when nothing beats plain decoding).
+WindowProjection best_window(std::span<const WindowProjection> projections, bool refeed = false);
 
 struct DraftPlan {
     Drafter drafter = Drafter::PromptLookup;

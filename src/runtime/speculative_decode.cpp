@@ -28,6 +28,7 @@ SpeculativeStats& SpeculativeStats::operator+=(const SpeculativeStats& o) {
     emitted += o.emitted;
     mtp_passes += o.mtp_passes;
     mtp_retired = mtp_retired || o.mtp_retired;
+    no_checkpoint = no_checkpoint || o.no_checkpoint;
     for (size_t d = 0; d < drafted_by.size(); ++d) {
         drafted_by[d] += o.drafted_by[d];
         accepted_by[d] += o.accepted_by[d];
@@ -105,6 +106,7 @@ SpeculativeStats speculative_decode(const Model& model, SequenceState& seq, std:
             plan = policy.plan(static_cast<int>(looked_up.size()));
         else if (room > 0)
             plan = {looked_up.empty() && mtp ? Drafter::Mtp : Drafter::PromptLookup, room};
+        if (stats.no_checkpoint) plan.k = 0;
         std::vector<int32_t> draft;
         if (plan.k > 0 && plan.drafter == Drafter::PromptLookup) {
             draft.assign(looked_up.begin(), looked_up.begin() + std::min<size_t>(looked_up.size(), size_t(plan.k)));
@@ -122,11 +124,19 @@ SpeculativeStats speculative_decode(const Model& model, SequenceState& seq, std:
             policy.record_draft_cost(static_cast<int>(mtp->passes() - passes), seconds_since(start));
             stats.mtp_passes += mtp->passes() - passes;
         }
+        std::unique_ptr<SequenceCheckpoint> before;
+        if (!draft.empty()) {
+            try {
+                before = model.checkpoint(seq);
+            } catch (const Error&) {
+                // No way back from a rejected draft (the state's copy did not fit): plain decoding from here.
+                stats.no_checkpoint = true;
+                draft.clear();
+            }
+        }
         std::vector<int32_t> window{next};
         window.insert(window.end(), draft.begin(), draft.end());
         const int k = static_cast<int>(draft.size());
-        std::unique_ptr<SequenceCheckpoint> before;
-        if (k > 0) before = model.checkpoint(seq);
         const auto start = std::chrono::steady_clock::now();
         const std::span<float> out(rows.data(), static_cast<size_t>((k + 1) * V));
         if (mtp)

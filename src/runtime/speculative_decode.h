@@ -43,6 +43,9 @@ struct SpeculativeStats {
     std::array<int64_t, kDrafters> drafted_by{}, accepted_by{}, rounds_by{};  // per drafter
     int64_t mtp_passes = 0;    // passes of the MTP layer (catch-up included)
     bool mtp_retired = false;  // the policy found the MTP layer cannot pay here and stopped it
+    // The model could not take a checkpoint (CUDA: no device memory for a copy of the state): from then on the call
+    // decoded without drafts, since a rejected draft could not be rolled back.
+    bool no_checkpoint = false;
     // The policy's view at the end: seconds of a forward pass of w tokens (index w; 0 unused) and of an MTP pass.
     std::array<double, SpeculationPolicy::kMaxDraft + 2> window_cost{};
     double draft_pass_cost = 0;

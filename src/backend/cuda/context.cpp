@@ -378,6 +378,10 @@ void Context::copy_to_device(void* device, const void* host, size_t bytes) {
     if (bytes) STRATA_CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_->handle()));
 }
 
+void Context::copy_on_device(void* dst, const void* src, size_t bytes) {
+    if (bytes) STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_->handle()));
+}
+
 void Context::zero(void* device, size_t bytes) {
     if (bytes) STRATA_CUDA_CHECK(cudaMemsetAsync(device, 0, bytes, stream_->handle()));
 }

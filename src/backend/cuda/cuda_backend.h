@@ -163,6 +163,8 @@ public:
     void download(const void* device, void* host, size_t bytes) const;
     // Host bytes into device memory, queued on the stream (the host bytes may be reused as soon as it returns).
     void copy_to_device(void* device, const void* host, size_t bytes);
+    // Device bytes copied to other device bytes, queued on the stream (capturable into a graph).
+    void copy_on_device(void* dst, const void* src, size_t bytes);
     // Device bytes set to zero, queued on the stream.
     void zero(void* device, size_t bytes);
     void synchronize() const { stream_->synchronize(); }

@@ -192,6 +192,7 @@ void CudaHybridModel::moe_window(const MoeDevice& m, const float* x, float* out,
 void CudaHybridModel::finish_loading(const WindowShape& shape, const Tensor* token_embd, const Tensor* output) {
     token_embd_ = token_embd;
     output_ = output;
+    n_streams_ = shape.n_streams;
     const int64_t T = prompt_window_, H = info_.n_embd, hc = shape.n_streams, HC = hc * H, V = info_.n_vocab;
     const GdnShape& g = gdn_;
     const AttentionShape& a = attention_;
@@ -330,10 +331,32 @@ HostFloats CudaHybridModel::host_floats(size_t n) const {
     return HostFloats(n);
 }
 
+CudaSequence& CudaHybridModel::own(const SequenceState& state, const char* call) const {
+    auto* seq = dynamic_cast<const CudaSequence*>(&state);
+    if (seq == nullptr || seq->owner_ != this)
+        throw Error(std::string(call) + ": the sequence belongs to another model");
+    return const_cast<CudaSequence&>(*seq);
+}
+
 void CudaHybridModel::forward(SequenceState& state, std::span<const int32_t> tokens, std::span<float> logits,
                               bool last_only) const {
-    auto* seq = dynamic_cast<CudaSequence*>(&state);
-    if (seq == nullptr || seq->owner_ != this) throw Error("forward: the sequence belongs to another model");
+    forward_rows(own(state, "forward"), tokens, logits, last_only, {});
+}
+
+void CudaHybridModel::forward_with_residual(SequenceState& state, std::span<const int32_t> tokens,
+                                            std::span<float> logits, std::span<float> residual, bool last_only) const {
+    const int64_t width = draft_residual_width();
+    if (width == 0) throw Error("forward_with_residual: this model has no MTP draft layer");
+    STRATA_ASSERT(width == n_streams_ * info_.n_embd);
+    if (std::ssize(residual) < std::ssize(tokens) * width)
+        throw Error("forward_with_residual: the residual buffer holds " + std::to_string(residual.size()) +
+                    " floats, needs " + std::to_string(std::ssize(tokens) * width));
+    forward_rows(own(state, "forward_with_residual"), tokens, logits, last_only, residual);
+}
+
+void CudaHybridModel::forward_rows(CudaSequence& s, std::span<const int32_t> tokens, std::span<float> logits,
+                                   bool last_only, std::span<float> residual) const {
+    CudaSequence* seq = &s;
     const int64_t T = static_cast<int64_t>(tokens.size()), V = info_.n_vocab;
     const size_t want = last_only ? static_cast<size_t>(V) : static_cast<size_t>(T * V);
     if (!logits.empty() && logits.size() < want)
@@ -370,6 +393,12 @@ void CudaHybridModel::forward(SequenceState& state, std::span<const int32_t> tok
             }
         };
         run_window(*seq, tokens.subspan(static_cast<size_t>(start), static_cast<size_t>(n)), head);
+        // The window's final residual rows stay in w_.residual after it (the head reads w_.hidden).
+        if (!residual.empty()) {
+            const int64_t width = n_streams_ * info_.n_embd;
+            ctx_->download(w_.residual, residual.data() + start * width,
+                           static_cast<size_t>(n * width) * sizeof(float));
+        }
         if (logits.empty() || n > kWindow) continue;
         if (!last_only)
             ctx_->download(w_.logits, logits.data() + start * V, static_cast<size_t>(n * V) * sizeof(float));
@@ -506,6 +535,7 @@ void CudaHybridModel::clear_sequence(CudaSequence& s) const {
     if (has_ple_) s.ple_history.assign(static_cast<size_t>(std::max<int64_t>(ple_.ngram - 1, 0)), ple_.eos);
     ctx_->synchronize();
     s.n_past_ = 0;
+    s.rollback.reset();
 }
 
 // One window: its tokens, positions and cache lengths to the device, then the sequence's graph for this window size
@@ -571,6 +601,15 @@ void CudaHybridModel::run_window(CudaSequence& s, std::span<const int32_t> token
         ctx_->synchronize();  // the routing is on the host once the window has run
         experts_->end_window(T);
     }
+}
+
+void CudaHybridModel::head_from_host(std::span<const float> hidden, std::span<float> logits) const {
+    const int64_t H = info_.n_embd, V = info_.n_vocab;
+    STRATA_ASSERT(std::ssize(hidden) >= H && std::ssize(logits) >= V);
+    std::lock_guard<std::mutex> lock(mutex_);
+    ctx_->copy_to_device(w_.hidden, hidden.data(), static_cast<size_t>(H) * sizeof(float));
+    enqueue_head(0, 1);
+    ctx_->download(w_.logits, logits.data(), static_cast<size_t>(V) * sizeof(float));
 }
 
 void CudaHybridModel::enqueue_head(int64_t row0, int64_t n) const {

@@ -25,6 +25,7 @@
 #include "model/moe.h"
 #include "model/model.h"
 #include "model/ple.h"
+#include "model/rollback_log.h"
 
 namespace strata::cuda_model {
 
@@ -97,6 +98,8 @@ struct LayerDeviceState {
     cuda::DeviceBuffer ple_tokens, ple_conv_history;  // PLE
 };
 
+struct CheckpointPool;  // checkpoint_cuda.cpp
+
 class CudaSequence final : public SequenceState {
   public:
     CudaSequence(const void* owner, int64_t capacity) : owner_(owner), capacity_(capacity) {}
@@ -121,6 +124,10 @@ class CudaSequence final : public SequenceState {
     std::array<cuda::Graph, kWindow + 1> graphs;  // by window size; they hold this sequence's buffers
     const void* graphs_scratch = nullptr;          // the context scratch the graphs were captured with
     std::function<void(CudaSequence&)> reset_;
+    RollbackLog rollback;  // when checkpoints may be restored
+    // Device copies of the recurrent state that checkpoints took and gave back, for the next checkpoint to reuse
+    // (checkpoint_cuda.cpp): a speculation round takes one each time.
+    std::shared_ptr<CheckpointPool> checkpoint_pool;
 };
 
 // Device buffers of one window, shared by every block and sequence (a forward runs one window at a time). A
@@ -157,6 +164,13 @@ class CudaHybridModel : public Model {
     std::unique_ptr<SequenceState> new_sequence(int64_t max_tokens) const override;
     void forward(SequenceState& state, std::span<const int32_t> tokens, std::span<float> logits,
                  bool last_only) const override;
+    // Also downloads the trunk's final residual rows after each window (a small copy: tokens x streams x n_embd).
+    void forward_with_residual(SequenceState& seq, std::span<const int32_t> tokens, std::span<float> logits,
+                               std::span<float> residual, bool last_only) const override;
+    // A device copy of the recurrent part (GDN, conv and PLE state, the KV lengths; checkpoint_cuda.cpp), taken and
+    // restored on the stream by one captured graph each: what a speculation round rolls back to after a rejection.
+    std::unique_ptr<SequenceCheckpoint> checkpoint(const SequenceState& seq) const override;
+    void restore(SequenceState& seq, const SequenceCheckpoint& checkpoint) const override;
     // Page-locked (heap memory when the system will not pin more).
     HostFloats host_floats(size_t n) const override;
     std::optional<ExpertOffloadStats> expert_offload_stats() const override;
@@ -184,6 +198,8 @@ class CudaHybridModel : public Model {
     virtual void enqueue_window(CudaSequence& s, int64_t T) const = 0;
     // The logits of the window's rows [row0, row0 + n) (n <= kHeadRows) into w_.logits.
     void enqueue_head(int64_t row0, int64_t n) const;
+    // The head on one row of host floats (n_embd; the MTP layer's output, computed on the host), logits to the host.
+    void head_from_host(std::span<const float> hidden, std::span<float> logits) const;
 
     // Block pieces for enqueue_window: x is the block input [T x H], out its output [T x H]; x_q8_0, when not null,
     // holds x already quantized for the input products (one token; matmul_shared_input's x_q8_0).
@@ -219,6 +235,10 @@ class CudaHybridModel : public Model {
 
   private:
     void check_weights_fit() const;
+    // forward() and forward_with_residual(): residual empty, or [tokens x n_streams x n_embd] floats.
+    void forward_rows(CudaSequence& seq, std::span<const int32_t> tokens, std::span<float> logits, bool last_only,
+                      std::span<float> residual) const;
+    CudaSequence& own(const SequenceState& seq, const char* call) const;
     void allocate_sequence(CudaSequence& s) const;
     void clear_sequence(CudaSequence& s) const;
     // head: queued after the window (inside a decode window's graph).
@@ -241,6 +261,7 @@ class CudaHybridModel : public Model {
     std::vector<BlockLayout> layout_;
     PleShape ple_;
     bool has_ple_ = false;
+    int64_t n_streams_ = 1;  // residual streams (WindowShape::n_streams)
     std::unique_ptr<cuda::StreamProfiler> profiler_;
     mutable int64_t profiled_tokens_ = 0;
     mutable std::mutex mutex_;

@@ -6,7 +6,9 @@
 // into pinned staging, which the window copies to the device (the same copy in a decode window's graph).
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -15,6 +17,7 @@
 #include "backend/cuda/block_ops.h"
 #include "backend/cuda/model_ops.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "model/cuda/hybrid_cuda.h"
 #include "model/hybrid.h"
 #include "model/qwen4exp.h"
@@ -72,6 +75,7 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
         set_shapes(h_.gdn, h_.attention, std::move(layout), !h_.ple_blocks.empty() ? &h_.ple : nullptr);
         output_hc_ = hc_device(output_hc);
         for (const Qwen4ExpBlock& b : blocks) blocks_.push_back(block_device(b));
+        bind_draft_layer(binder, embeddings.token_embd, options);
         if (ple_from_file_ && !h_.ple_blocks.empty()) {  // prepare_window's scratch, sized once
             ple_rows_.assign(static_cast<size_t>(prompt_window_ * h_.ple.n_heads()), 0);
             ple_window_history_.reserve(static_cast<size_t>(h_.ple.ngram - 1 + prompt_window_));
@@ -83,7 +87,49 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
                        weights_->tensor(embeddings.token_embd), weights_->tensor(embeddings.output));
     }
 
+    int64_t draft_residual_width() const override { return draft_ ? draft_->layer.width() : 0; }
+
+    std::unique_ptr<DraftState> new_draft_state(int64_t capacity) const override {
+        if (!draft_) throw Error("this model has no MTP draft layer");
+        return draft_->layer.new_state(capacity);
+    }
+
+    // The layer on the host over its cells, the head on the device (its weights are there; on the host the head of a
+    // large vocabulary would cost more than the layer).
+    void draft_forward(DraftState& state, int64_t pos0, std::span<const float> residual,
+                       std::span<const int32_t> tokens, std::span<float> logits,
+                       std::span<float> residual_out) const override {
+        if (!draft_) throw Error("this model has no MTP draft layer");
+        std::lock_guard<std::mutex> lock(draft_->mutex);
+        draft_->scratch.reset();
+        const float* hidden =
+            draft_->layer.run(state, pos0, residual, tokens, logits, residual_out, draft_->scratch, &draft_->pool);
+        head_from_host(std::span<const float>(hidden, static_cast<size_t>(info_.n_embd)), logits);
+    }
+
   private:
+    // The MTP draft layer (issue 28) runs on the host from the mapped file (its block is not uploaded: it is small,
+    // and one draft pass of one token is a matrix-vector walk the host does in a fraction of a device window);
+    // the trunk hands it its final residual rows (forward_with_residual).
+    struct DraftLayer {
+        DraftLayer(Qwen4ExpDraftLayer l, int threads) : layer(std::move(l)), pool(threads) {}
+        Qwen4ExpDraftLayer layer;
+        ThreadPool pool;
+        Scratch scratch;
+        std::mutex mutex;
+    };
+
+    void bind_draft_layer(const TensorBinder& binder, const Tensor& token_embd, const LoadOptions& options) {
+        try {
+            if (auto mtp = bind_qwen4exp_mtp(binder, h_, info_.n_layer, n_block_all_))
+                draft_ = std::make_unique<DraftLayer>(
+                    Qwen4ExpDraftLayer(this, h_, std::move(*mtp), token_embd, info_.n_vocab),
+                    options.n_threads > 0 ? options.n_threads : default_thread_count());
+        } catch (const Error& e) {
+            std::fprintf(stderr, "strata: no MTP drafts: %s\n", e.what());
+        }
+    }
+
     cuda::HyperConnectionDeviceWeights hc_device(const HyperConnectionWeights& w) {
         return {.norm = weights_->floats(w.norm),
                 .down = weights_->tensor(w.down),
@@ -306,6 +352,7 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
     }
 
     Qwen4ExpHparams h_;
+    std::unique_ptr<DraftLayer> draft_;  // null: the file has no (complete) MTP block
     cuda::HyperConnectionDeviceWeights output_hc_;
     std::vector<BlockDevice> blocks_;
     size_t ple_row_bytes_ = 0;

@@ -123,13 +123,22 @@ size_t mismatches(const std::vector<float>& a, const std::vector<float>& b) {
 // experts' type takes the grouped path, so those windows must have streamed.
 void expect_placement_free(const std::string& path, const char* what, bool grouped = false) {
     const int64_t n_expert = n_expert_of(path);
-    auto reference = load_model(path, {.backend = Backend::Cuda});
-    const int64_t V = reference->info().n_vocab, L = reference->info().n_layer;
-    const std::vector<int32_t> tokens = some_tokens(V, 40, 5);
-    const size_t per_calls[] = {tokens.size(), 1, 3};
-    std::vector<std::vector<float>> want;
-    for (size_t per_call : per_calls) want.push_back(strata::testing::logits_fed(*reference, tokens, per_call));
-    reference.reset();
+    // The references: all in VRAM, with the default prompt window and with the streamed cases' 16 tokens (the window
+    // sizes decide which kernels a token goes through).
+    int64_t V = 0, L = 0;
+    std::vector<int32_t> tokens;
+    const size_t per_calls[] = {40, 1, 3};
+    std::vector<std::vector<float>> want[2];
+    for (int chunked = 0; chunked < 2; ++chunked) {
+        LoadOptions options{.backend = Backend::Cuda};
+        if (chunked) options.prompt_chunk = 16;
+        auto reference = load_model(path, options);
+        V = reference->info().n_vocab;
+        L = reference->info().n_layer;
+        tokens = some_tokens(V, 40, 5);
+        for (size_t per_call : per_calls)
+            want[chunked].push_back(strata::testing::logits_fed(*reference, tokens, per_call));
+    }
 
     std::vector<int32_t> half, all;
     for (int32_t e = 0; e < n_expert; ++e) (e < n_expert / 2 ? half : all).push_back(e);
@@ -164,7 +173,8 @@ void expect_placement_free(const std::string& path, const char* what, bool group
         auto m = load_model(path, options);
         for (size_t i = 0; i < std::size(per_calls); ++i) {
             const std::vector<float> got = strata::testing::logits_fed(*m, tokens, per_calls[i]);
-            EXPECT_EQ(mismatches(got, want[i]), 0u) << what << ", " << c.name << ", " << per_calls[i] << " a call";
+            EXPECT_EQ(mismatches(got, want[c.stream_ranges ? 1 : 0][i]), 0u)
+                << what << ", " << c.name << ", " << per_calls[i] << " a call";
         }
         if (c.churn) {
             EXPECT_GT(churn->observed, 0) << what << ": the policy was never asked";

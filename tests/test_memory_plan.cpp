@@ -223,6 +223,12 @@ TEST(MemoryPlan, KvCacheAndGdnStateFollowTheHyperparameters) {
         plan_device_memory(*f, {.vram_budget = 64 * kGiB, .ram_budget = kGiB, .n_ctx = 4096, .n_sequences = 2});
     EXPECT_EQ(line(two, "GDN conv + recurrent state"), 2 * gdn);
     EXPECT_EQ(line(two, "KV cache (f16"), 2 * n_attention * (2 * uint64_t{4096 * nkv * hd} * 2 + 4096 + 256));
+    // A checkpoint a sequence (speculation rounds, the server's prefix cache): a copy of the GDN state, the PLE
+    // history and each attention block's cache length, in one allocation.
+    const MemoryPlan one = plan_for(mid_path(), 64 * kGiB);
+    const uint64_t checkpoint = gdn + line(one, "PLE token + conv history") + n_attention * 256;
+    EXPECT_EQ(line(one, "sequence checkpoint"), checkpoint);
+    EXPECT_EQ(line(two, "sequence checkpoint"), 2 * checkpoint);
 }
 
 // Without --prompt-chunk: the longest window (4096, 2048, 1024) with which every routed expert still fits in VRAM,

@@ -242,8 +242,8 @@ int64_t qsa_max_cells(const IndexerShape& ix, int64_t ratio) {
 
 // One sequence's device state for `cap` tokens (hybrid_cuda.cpp allocate_sequence), by part.
 struct SequenceCost {
-    uint64_t kv = 0, gdn = 0, indexer = 0, ple = 0, attention_workspace = 0, union_workspace = 0;
-    uint64_t total() const { return kv + gdn + indexer + ple + attention_workspace + union_workspace; }
+    uint64_t kv = 0, gdn = 0, indexer = 0, ple = 0, attention_workspace = 0, union_workspace = 0, checkpoint = 0;
+    uint64_t total() const { return kv + gdn + indexer + ple + attention_workspace + union_workspace + checkpoint; }
 };
 
 // backend/cuda/qsa_union.cu qsa_union_splits (for a decode window) and workspace_layout (for a prompt window).
@@ -266,11 +266,18 @@ SequenceCost sequence_cost(const Shapes& s, int64_t cap, KvCacheType kv, int mul
     const bool int8 = kv == KvCacheType::Int8;
     int64_t max_blocks = 1, max_cells = 1;
     bool any_dense = false, any_sparse = false;
+    // model/cuda/checkpoint_cuda.cpp: one checkpoint slot copies every buffer a later token overwrites (GDN state,
+    // cache lengths, PLE history), each at a 256-byte boundary, in one allocation. Speculation takes one a round and
+    // the server's prefix cache keeps some: the plan holds one a sequence, so that speculation fits any budget.
+    uint64_t checkpoint = 0;
     for (size_t il = 0; il < s.recurrent.size(); ++il) {
         if (s.recurrent[il]) {
             c.gdn += booked(u((g.conv_kernel - 1) * g.conv_dim()) * 4);
             c.gdn += booked(u(g.n_v_heads * g.k_head_dim * g.v_head_dim) * 4);
+            checkpoint += round256(u((g.conv_kernel - 1) * g.conv_dim()) * 4) +
+                          round256(u(g.n_v_heads * g.k_head_dim * g.v_head_dim) * 4);
         } else {
+            checkpoint += round256(4);  // the cache length
             // backend/cuda/kv_cache.cu: K and V values per page of kKvPageCells cells, int8 with fp16 scales per 64.
             const int64_t pages = ceil_div(cap, kKvPageCells);
             const uint64_t values = u(a.n_head_kv * kKvPageCells * a.head_dim) * (int8 ? 1 : 2) * u(pages);
@@ -291,8 +298,11 @@ SequenceCost sequence_cost(const Shapes& s, int64_t cap, KvCacheType kv, int mul
             const PleShape& p = s.ple;
             c.ple += booked(u(std::max<int64_t>(p.ngram - 1, 1)) * 4);
             c.ple += booked(u(p.history_rows() * p.n_streams * p.n_embd) * 4);
+            checkpoint += round256(u(std::max<int64_t>(p.ngram - 1, 1)) * 4) +
+                          round256(u(p.history_rows() * p.n_streams * p.n_embd) * 4);
         }
     }
+    c.checkpoint = booked(checkpoint);
     // QSA scores and keys of the queries one qsa_select launch takes (model/cuda/hybrid_cuda.h kQsaSelectGroup).
     const int64_t group = any_sparse ? std::min(kQsaSelectGroup, s.prompt_window) : 1;
     c.attention_workspace = booked(u(group * max_blocks) * 4) + booked(u(group * max_blocks) * 8);
@@ -714,6 +724,7 @@ MemoryPlan plan_device_memory(const gguf::File& file, const MemoryPlanInputs& in
     vram("GDN conv + recurrent state", seq.gdn * n);
     vram("QSA indexer keys (raw + pooled)", seq.indexer * n);
     vram("PLE token + conv history", seq.ple * n);
+    vram("sequence checkpoint (speculation, prefix cache)", seq.checkpoint * n);
     vram("attention workspaces", seq.attention_workspace * n);
     vram("QSA union workspace (--qsa-union)", seq.union_workspace * n);
     vram("window buffers (" + std::to_string(s.prompt_window) + "-token window)", window_bytes(s, t.moe_prompt));

@@ -251,10 +251,24 @@ TEST(MemoryPlan, PromptWindowGrowsOnlyIntoMemoryTheExpertsDoNotNeed) {
     EXPECT_LT(shorter.prompt_window, 4096);
     EXPECT_TRUE(shorter.experts_in_vram);
     EXPECT_EQ(shorter.vram_total(), asked(just - 1, shorter.prompt_window).vram_total());
-    // Where the experts do not all fit even beside the default window, it stays the default.
-    const MemoryPlan tight = chosen(asked(64 * kGiB, strata::kDefaultPromptChunk).vram_total() - 1);
-    EXPECT_FALSE(tight.experts_in_vram);
-    EXPECT_EQ(tight.prompt_window, strata::kDefaultPromptChunk);
+    // Where the experts do not all fit even beside the default window, it stays the default when prompt windows read
+    // their misses in place; streamed, it is the longest window that keeps kStreamWindowSlotShare of the slots.
+    const uint64_t tight_budget = asked(64 * kGiB, strata::kDefaultPromptChunk).vram_total() - 1;
+    const MemoryPlan in_place =
+        plan_device_memory(*f, {.vram_budget = tight_budget, .ram_budget = kGiB, .stream_experts = false});
+    EXPECT_FALSE(in_place.experts_in_vram);
+    EXPECT_EQ(in_place.prompt_window, strata::kDefaultPromptChunk);
+    const auto fewest = [](const MemoryPlan& p) {
+        return *std::min_element(p.cache_slots.begin(), p.cache_slots.end());
+    };
+    const double keep = kStreamWindowSlotShare * static_cast<double>(fewest(asked(tight_budget, kDefaultPromptChunk)));
+    const MemoryPlan streamed = chosen(tight_budget);
+    EXPECT_GT(streamed.stream_ring_bytes, 0u);
+    EXPECT_GT(streamed.prompt_window, strata::kDefaultPromptChunk);
+    EXPECT_GE(static_cast<double>(fewest(streamed)), keep);
+    if (streamed.prompt_window < 4096) {
+        EXPECT_LT(static_cast<double>(fewest(asked(tight_budget, 2 * streamed.prompt_window))), keep);
+    }
     // An explicit window is kept, and one outside 16..8192 is a one-line error.
     EXPECT_EQ(asked(2 * kGiB, 64).prompt_window, 64);
     expect_error([&] { asked(64 * kGiB, 8193); }, "outside 16..8192");

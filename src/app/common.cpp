@@ -216,7 +216,8 @@ const std::vector<FlagSpec> kLoadFlags = {
     {"--kv-cache", "TYPE", "cuda: KV cache storage, f16 (default) or int8 (one fp16 scale per 64 values: about half)"},
     {"--qsa-union", "", "cuda: prompt windows attend over the union of 8 positions' QSA selections on tensor cores"},
     {"--prompt-chunk", "N",
-     "cuda: tokens of a prompt window, 16..8192 (default: 4096 when every expert still fits in VRAM, else 512; longer "
+     "cuda: tokens of a prompt window, 16..8192 (default: 4096 when every expert still fits in VRAM; with experts in "
+     "host RAM the longest of 4096, 2048 and 1024 that keeps 3/4 of the expert cache, else 512; longer "
      "windows read each weight, and each expert missed in VRAM, once for more tokens, and take more device memory: "
      "strata info shows the plan)"},
     {"--no-cuda-blas", "",

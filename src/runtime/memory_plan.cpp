@@ -598,7 +598,40 @@ std::string MemoryPlan::table() const {
     return out;
 }
 
+namespace {
+
+MemoryPlan plan_for_window(const gguf::File& file, const MemoryPlanInputs& in);
+
+}  // namespace
+
+// Without --prompt-chunk, where the experts stream (so a prompt window's misses cost the same bytes however long it
+// is, and a longer window spreads them over more tokens): the longest of kLongPromptChunks whose buffers leave the
+// expert cache at least kStreamWindowSlotShare of the slots it has with the default window.
 MemoryPlan plan_device_memory(const gguf::File& file, const MemoryPlanInputs& in) {
+    MemoryPlan plan = plan_for_window(file, in);
+    if (in.prompt_chunk != 0 || plan.stream_ring_bytes == 0 || plan.cache_slots.empty()) return plan;
+    const auto fewest = [](const MemoryPlan& p) {
+        return *std::min_element(p.cache_slots.begin(), p.cache_slots.end());
+    };
+    const int64_t slots = fewest(plan);
+    for (const int64_t chunk : kLongPromptChunks) {
+        MemoryPlanInputs longer = in;
+        longer.prompt_chunk = chunk;
+        try {
+            MemoryPlan p = plan_for_window(file, longer);
+            if (p.stream_ring_bytes > 0 && !p.cache_slots.empty() &&
+                static_cast<double>(fewest(p)) >= kStreamWindowSlotShare * static_cast<double>(slots))
+                return p;
+        } catch (const Error&) {
+            // A window this long does not fit: try a shorter one.
+        }
+    }
+    return plan;
+}
+
+namespace {
+
+MemoryPlan plan_for_window(const gguf::File& file, const MemoryPlanInputs& in) {
     if (in.n_ctx < 1) throw Error("the memory plan needs a context of at least one token");
     if (in.n_sequences < 1) throw Error("the memory plan needs at least one sequence");
     if (in.prompt_chunk != 0 && (in.prompt_chunk < kMinPromptChunk || in.prompt_chunk > kMaxPromptChunk))
@@ -815,5 +848,7 @@ MemoryPlan plan_device_memory(const gguf::File& file, const MemoryPlanInputs& in
     if (t.mtp > 0) plan.lines.push_back({"MTP blocks", PlanPlace::NotLoaded, t.mtp});
     return plan;
 }
+
+}  // namespace
 
 }  // namespace strata

@@ -191,11 +191,13 @@ STRATA_ISA_CLONES(void, gated_delta_step_generic, (const DeltaStepArgs& a), (a))
 
 void gated_delta_step(const DeltaStepArgs& a) {
     if (active_isa() == Isa::Avx512 && gated_delta_step_avx512(a)) return;
+    if ((active_isa() == Isa::Avx2 || active_isa() == Isa::Avx2Vnni) && gated_delta_step_avx2(a)) return;
     gated_delta_step_generic(a);
 }
 
 void attend(const AttendArgs& a) {
     if (active_isa() == Isa::Avx512 && attend_avx512(a)) return;
+    if ((active_isa() == Isa::Avx2 || active_isa() == Isa::Avx2Vnni) && attend_avx2(a)) return;
     const int64_t n = static_cast<int64_t>(a.cells.size());
     thread_local std::vector<float> scores;  // grows with the context; no allocation per token after that
     scores.resize(static_cast<size_t>(n));

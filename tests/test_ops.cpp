@@ -530,8 +530,9 @@ TEST(ArrayActivations, MatchTheScalarFunctions) {
         const int64_t n = static_cast<int64_t>(x.size());
         std::vector<float> sig = x;
         strata::cpu::sigmoid_inplace(sig.data(), n);
-        std::vector<float> silu = x, ones(x.size(), 1.0f), silu_split = x;
+        std::vector<float> silu = x, ones(x.size(), 1.0f), silu_split = x, silu_alone = x;
         strata::cpu::silu_mul(silu.data(), ones.data(), n);
+        strata::cpu::silu_inplace(silu_alone.data(), n);
         strata::cpu::silu_mul(silu_split.data(), ones.data(), 7);  // a short head, then the rest
         strata::cpu::silu_mul(silu_split.data() + 7, ones.data() + 7, n - 7);
         for (int64_t i = 0; i < n; ++i) {
@@ -540,6 +541,7 @@ TEST(ArrayActivations, MatchTheScalarFunctions) {
             EXPECT_NEAR(sig[i], want_sig, 4.8e-7 * std::fabs(want_sig) + 1e-37) << "sigmoid(" << x[i] << ")";
             EXPECT_NEAR(silu[i], want_silu, 4.8e-7 * std::fabs(want_silu) + 1e-35) << "silu(" << x[i] << ")";
             EXPECT_EQ(silu_split[i], silu[i]) << "silu(" << x[i] << ") depends on the split";
+            EXPECT_EQ(silu_alone[i], silu[i]) << "silu_inplace(" << x[i] << ") is not silu_mul by 1";
         }
     });
 }

@@ -10,9 +10,11 @@
 namespace strata::cpu {
 
 void sigmoid_avx512(float* x, int64_t n);
+void silu_avx512(float* x, int64_t n);
 void silu_mul_avx512(float* g, const float* u, int64_t n);
 // The same with AVX2 (activations_avx2.cpp), for the AVX2 instruction sets.
 void sigmoid_avx2(float* x, int64_t n);
+void silu_avx2(float* x, int64_t n);
 void silu_mul_avx2(float* g, const float* u, int64_t n);
 // false (nothing done) for a head size it has no register form for: 64, 128 and 256 have one.
 bool attend_avx512(const AttendArgs& args);

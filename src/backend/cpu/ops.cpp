@@ -156,6 +156,12 @@ void sigmoid_inplace(float* x, int64_t n) {
     for (int64_t i = 0; i < n; ++i) x[i] = sigmoid(x[i]);
 }
 
+void silu_inplace(float* x, int64_t n) {
+    if (active_isa() == Isa::Avx512) return silu_avx512(x, n);
+    if (active_isa() != Isa::Scalar) return silu_avx2(x, n);
+    for (int64_t i = 0; i < n; ++i) x[i] = silu(x[i]);
+}
+
 void silu_mul(float* g, const float* u, int64_t n) {
     if (active_isa() == Isa::Avx512) return silu_mul_avx512(g, u, n);
     if (active_isa() != Isa::Scalar) return silu_mul_avx2(g, u, n);

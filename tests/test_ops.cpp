@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -33,6 +34,20 @@ double rel_err(const std::vector<float>& a, const std::vector<double>& b) {
         den = std::max(den, std::fabs(b[i]));
     }
     return num / den;
+}
+
+// The instruction sets this CPU runs, each made the active one for the ops while fn runs.
+template <class Fn>
+void on_each_isa(Fn fn) {
+    for (auto isa : {cpu::Isa::Scalar, cpu::Isa::Avx2, cpu::Isa::Avx512}) {
+        if (!cpu::supports_isa(isa)) continue;
+        SCOPED_TRACE(cpu::isa_name(isa));
+        struct Held {  // released however the checks end
+            explicit Held(cpu::Isa i) { cpu::override_active_isa(i); }
+            ~Held() { cpu::override_active_isa(std::nullopt); }
+        } held(isa);
+        fn(isa);
+    }
 }
 
 struct QuantWeight {
@@ -225,85 +240,98 @@ TEST(Ops, DilatedCausalConvStepMatchesFullConv) {
     }
 }
 
-// Value heads of 64 and 128 take the AVX-512 form where the CPU has it; 6 the generic loop.
+// Value heads of 64 and 128 take the AVX-512 form, multiples of 32 the AVX2 one; 6 the generic loop. On every
+// instruction set this CPU has; the AVX2 and AVX-512 forms promise the same bits, checked after.
 TEST(Ops, GatedDeltaRuleMatchesRecurrentFormula) {
-    // torch_recurrent_gated_delta_rule: S *= exp(g); kv = S^T k; delta = (v - kv) * beta; S += k delta^T; o = S^T q.
-    std::mt19937 rng(8);
-    for (const auto& [dk, dv] : {std::pair<int64_t, int64_t>{8, 6}, {64, 64}, {128, 128}, {16, 128}}) {
-        SCOPED_TRACE("dk " + std::to_string(dk) + ", dv " + std::to_string(dv));
-        const int64_t T = 12;
-        std::vector<float> state(dk * dv, 0.0f);
-        std::vector<double> ref_state(dk * dv, 0.0);
-        std::uniform_real_distribution<float> ug(-2.0f, 0.0f), ub(0.0f, 1.0f);
-        for (int64_t t = 0; t < T; ++t) {
-            auto q = random_vec(rng, dk), k = random_vec(rng, dk), v = random_vec(rng, dv);
-            cpu::l2_norm(q.data(), dk, 1e-6f, q.data());
-            cpu::l2_norm(k.data(), dk, 1e-6f, k.data());
-            const float g = ug(rng), beta = ub(rng);
-            std::vector<float> out(dv);
-            cpu::gated_delta_step({.state = state.data(),
-                                   .q = q.data(),
-                                   .k = k.data(),
-                                   .v = v.data(),
-                                   .g = g,
-                                   .beta = beta,
-                                   .dk = dk,
-                                   .dv = dv,
-                                   .out = out.data()});
-            for (double& s : ref_state) s *= std::exp(static_cast<double>(g));
-            std::vector<double> delta(dv, 0.0), ref_out(dv, 0.0);
-            for (int64_t j = 0; j < dv; ++j) {
-                double kv = 0;
-                for (int64_t i = 0; i < dk; ++i) kv += ref_state[i * dv + j] * k[i];
-                delta[j] = (v[j] - kv) * beta;
+    std::vector<std::vector<float>> outs[cpu::kIsaCount];
+    on_each_isa([&](cpu::Isa isa) {
+        // torch_recurrent_gated_delta_rule: S *= exp(g); kv = S^T k; delta = (v - kv) * beta; S += k delta^T;
+        // o = S^T q.
+        std::mt19937 rng(8);
+        for (const auto& [dk, dv] : {std::pair<int64_t, int64_t>{8, 6}, {64, 64}, {128, 128}, {16, 128}, {24, 96}}) {
+            SCOPED_TRACE("dk " + std::to_string(dk) + ", dv " + std::to_string(dv));
+            const int64_t T = 12;
+            std::vector<float> state(dk * dv, 0.0f);
+            std::vector<double> ref_state(dk * dv, 0.0);
+            std::uniform_real_distribution<float> ug(-2.0f, 0.0f), ub(0.0f, 1.0f);
+            for (int64_t t = 0; t < T; ++t) {
+                auto q = random_vec(rng, dk), k = random_vec(rng, dk), v = random_vec(rng, dv);
+                cpu::l2_norm(q.data(), dk, 1e-6f, q.data());
+                cpu::l2_norm(k.data(), dk, 1e-6f, k.data());
+                const float g = ug(rng), beta = ub(rng);
+                std::vector<float> out(dv);
+                cpu::gated_delta_step({.state = state.data(),
+                                       .q = q.data(),
+                                       .k = k.data(),
+                                       .v = v.data(),
+                                       .g = g,
+                                       .beta = beta,
+                                       .dk = dk,
+                                       .dv = dv,
+                                       .out = out.data()});
+                for (double& s : ref_state) s *= std::exp(static_cast<double>(g));
+                std::vector<double> delta(dv, 0.0), ref_out(dv, 0.0);
+                for (int64_t j = 0; j < dv; ++j) {
+                    double kv = 0;
+                    for (int64_t i = 0; i < dk; ++i) kv += ref_state[i * dv + j] * k[i];
+                    delta[j] = (v[j] - kv) * beta;
+                }
+                for (int64_t i = 0; i < dk; ++i)
+                    for (int64_t j = 0; j < dv; ++j) ref_state[i * dv + j] += k[i] * delta[j];
+                for (int64_t j = 0; j < dv; ++j)
+                    for (int64_t i = 0; i < dk; ++i) ref_out[j] += ref_state[i * dv + j] * q[i];
+                EXPECT_LT(rel_err(out, ref_out), 1e-5) << "token " << t;
+                if (dv == 64 || dv == 128) outs[static_cast<int>(isa)].push_back(out);
             }
-            for (int64_t i = 0; i < dk; ++i)
-                for (int64_t j = 0; j < dv; ++j) ref_state[i * dv + j] += k[i] * delta[j];
-            for (int64_t j = 0; j < dv; ++j)
-                for (int64_t i = 0; i < dk; ++i) ref_out[j] += ref_state[i * dv + j] * q[i];
-            EXPECT_LT(rel_err(out, ref_out), 1e-5) << "token " << t;
         }
+    });
+    const auto& avx2 = outs[static_cast<int>(cpu::Isa::Avx2)];
+    const auto& avx512 = outs[static_cast<int>(cpu::Isa::Avx512)];
+    if (!avx2.empty() && !avx512.empty()) {
+        EXPECT_TRUE(avx2 == avx512) << "AVX2 and AVX-512 steps differ in bits";
     }
 }
 
-// Head sizes 64, 128 and 256 take the AVX-512 form where the CPU has it (four cells per step, then a tail): cell
-// counts around multiples of 4 and a strided, shuffled selection; 16 the scalar loop.
+// Head sizes 64, 128 and 256 take the AVX-512 form, and the AVX2 one, on their instruction sets (four cells per
+// step, then a tail): cell counts around multiples of 4 and a strided, shuffled selection; 16 the scalar loop.
 TEST(Ops, AttendOverSelectedCells) {
-    std::mt19937 rng(9);
-    for (const int64_t hd : {16, 64, 128, 256}) {
-        for (const int64_t n_sel : {1, 3, 4, 5, 9, 67}) {
-            SCOPED_TRACE("head_dim " + std::to_string(hd) + ", " + std::to_string(n_sel) + " cells");
-            const int64_t stride = hd + 24, n_cells = 2 * n_sel + 1;
-            const auto q = random_vec(rng, hd), kv = random_vec(rng, n_cells * stride * 2);
-            const float* keys = kv.data() + 3;
-            const float* values = kv.data() + n_cells * stride + 5;
-            std::vector<int32_t> cells;
-            for (int64_t c = 0; c < n_sel; ++c) cells.push_back(static_cast<int32_t>((7 * c + 2) % n_cells));
-            std::vector<float> out(hd);
-            const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-            cpu::attend({.q = q.data(),
-                         .keys = keys,
-                         .values = values,
-                         .row_stride = stride,
-                         .head_dim = hd,
-                         .cells = cells,
-                         .scale = scale,
-                         .out = out.data()});
-            std::vector<double> w;
-            double z = 0;
-            for (int32_t c : cells) {
-                double s = 0;
-                for (int64_t d = 0; d < hd; ++d) s += static_cast<double>(q[d]) * keys[c * stride + d];
-                w.push_back(std::exp(scale * s));
-                z += w.back();
+    on_each_isa([](cpu::Isa) {
+        std::mt19937 rng(9);
+        for (const int64_t hd : {16, 64, 128, 256}) {
+            for (const int64_t n_sel : {1, 3, 4, 5, 9, 67}) {
+                SCOPED_TRACE("head_dim " + std::to_string(hd) + ", " + std::to_string(n_sel) + " cells");
+                const int64_t stride = hd + 24, n_cells = 2 * n_sel + 1;
+                const auto q = random_vec(rng, hd), kv = random_vec(rng, n_cells * stride * 2);
+                const float* keys = kv.data() + 3;
+                const float* values = kv.data() + n_cells * stride + 5;
+                std::vector<int32_t> cells;
+                for (int64_t c = 0; c < n_sel; ++c) cells.push_back(static_cast<int32_t>((7 * c + 2) % n_cells));
+                std::vector<float> out(hd);
+                const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+                cpu::attend({.q = q.data(),
+                             .keys = keys,
+                             .values = values,
+                             .row_stride = stride,
+                             .head_dim = hd,
+                             .cells = cells,
+                             .scale = scale,
+                             .out = out.data()});
+                std::vector<double> w;
+                double z = 0;
+                for (int32_t c : cells) {
+                    double s = 0;
+                    for (int64_t d = 0; d < hd; ++d) s += static_cast<double>(q[d]) * keys[c * stride + d];
+                    w.push_back(std::exp(scale * s));
+                    z += w.back();
+                }
+                std::vector<double> ref(hd, 0.0);
+                for (size_t i = 0; i < cells.size(); ++i)
+                    for (int64_t d = 0; d < hd; ++d) ref[d] += w[i] / z * values[cells[i] * stride + d];
+                // float sums of up to 256 products and 67 weighted rows against double: a few ulp each.
+                EXPECT_LT(rel_err(out, ref), 1e-6);
             }
-            std::vector<double> ref(hd, 0.0);
-            for (size_t i = 0; i < cells.size(); ++i)
-                for (int64_t d = 0; d < hd; ++d) ref[d] += w[i] / z * values[cells[i] * stride + d];
-            // float sums of up to 256 products and 67 weighted rows against double: a few ulp each.
-            EXPECT_LT(rel_err(out, ref), 1e-6);
         }
-    }
+    });
 }
 
 TEST(Ops, PleRowsFollowShiftRightIgnoreEos) {
@@ -494,29 +522,26 @@ TEST(Ops, QsaRadixSelectKeepsTorchsBlocksOnTiesAndRandomScores) {
 // The array forms of sigmoid and SiLU (the AVX-512 polynomial exp where the matmuls run AVX-512) against the scalar
 // functions over libm's expf: within a few ulp everywhere, the tails included, and the same for any split.
 TEST(ArrayActivations, MatchTheScalarFunctions) {
-    for (auto isa : {strata::cpu::Isa::Scalar, strata::cpu::Isa::Avx2, strata::cpu::Isa::Avx512}) {
-    if (!strata::cpu::supports_isa(isa)) continue;
-    SCOPED_TRACE(strata::cpu::isa_name(isa));
-    struct Held {  // the activations of this instruction set, released however the checks end
-        explicit Held(strata::cpu::Isa i) { strata::cpu::override_active_isa(i); }
-        ~Held() { strata::cpu::override_active_isa(std::nullopt); }
-    } held(isa);
-    std::vector<float> x;
-    for (float v = -100.0f; v <= 100.0f; v += 0.01953125f) x.push_back(v);
-    for (float v : {-1e30f, -88.0f, -87.0f, -20.5f, -1e-30f, 0.0f, 1e-30f, 20.5f, 87.0f, 88.0f, 1e30f}) x.push_back(v);
-    const int64_t n = static_cast<int64_t>(x.size());
-    std::vector<float> sig = x;
-    strata::cpu::sigmoid_inplace(sig.data(), n);
-    std::vector<float> silu = x, ones(x.size(), 1.0f), silu_split = x;
-    strata::cpu::silu_mul(silu.data(), ones.data(), n);
-    strata::cpu::silu_mul(silu_split.data(), ones.data(), 7);  // a short head, then the rest
-    strata::cpu::silu_mul(silu_split.data() + 7, ones.data() + 7, n - 7);
-    for (int64_t i = 0; i < n; ++i) {
-        const float want_sig = strata::cpu::sigmoid(x[i]), want_silu = strata::cpu::silu(x[i]);
-        // 4 ulp relative, and an absolute floor where the values underflow (sigmoid(-88) ~ 6e-39 is subnormal).
-        EXPECT_NEAR(sig[i], want_sig, 4.8e-7 * std::fabs(want_sig) + 1e-37) << "sigmoid(" << x[i] << ")";
-        EXPECT_NEAR(silu[i], want_silu, 4.8e-7 * std::fabs(want_silu) + 1e-35) << "silu(" << x[i] << ")";
-        EXPECT_EQ(silu_split[i], silu[i]) << "silu(" << x[i] << ") depends on the split";
-    }
-    }
+    on_each_isa([](cpu::Isa) {
+        std::vector<float> x;
+        for (float v = -100.0f; v <= 100.0f; v += 0.01953125f) x.push_back(v);
+        for (float v : {-1e30f, -88.0f, -87.0f, -20.5f, -1e-30f, 0.0f, 1e-30f, 20.5f, 87.0f, 88.0f, 1e30f})
+            x.push_back(v);
+        const int64_t n = static_cast<int64_t>(x.size());
+        std::vector<float> sig = x;
+        strata::cpu::sigmoid_inplace(sig.data(), n);
+        std::vector<float> silu = x, ones(x.size(), 1.0f), silu_split = x, silu_alone = x;
+        strata::cpu::silu_mul(silu.data(), ones.data(), n);
+        strata::cpu::silu_inplace(silu_alone.data(), n);
+        strata::cpu::silu_mul(silu_split.data(), ones.data(), 7);  // a short head, then the rest
+        strata::cpu::silu_mul(silu_split.data() + 7, ones.data() + 7, n - 7);
+        for (int64_t i = 0; i < n; ++i) {
+            const float want_sig = strata::cpu::sigmoid(x[i]), want_silu = strata::cpu::silu(x[i]);
+            // 4 ulp relative, and an absolute floor where the values underflow (sigmoid(-88) ~ 6e-39 is subnormal).
+            EXPECT_NEAR(sig[i], want_sig, 4.8e-7 * std::fabs(want_sig) + 1e-37) << "sigmoid(" << x[i] << ")";
+            EXPECT_NEAR(silu[i], want_silu, 4.8e-7 * std::fabs(want_silu) + 1e-35) << "silu(" << x[i] << ")";
+            EXPECT_EQ(silu_split[i], silu[i]) << "silu(" << x[i] << ") depends on the split";
+            EXPECT_EQ(silu_alone[i], silu[i]) << "silu_inplace(" << x[i] << ") is not silu_mul by 1";
+        }
+    });
 }

@@ -177,12 +177,13 @@ const float* index_append(const AttentionForwardArgs& a) {
     float* index_q = a.scratch.take<float>(T * ix.n_head * di);
     cpu::matmul({.w = *w.index_q, .x = a.x, .y = index_q, .n_tokens = T, .pool = a.pool});
     for (const SequenceRows& rows : a.sequences)
-        for (int64_t t = 0; t < rows.count; ++t)
+        parallel_each(a.pool, rows.count, [&](int64_t t) {
             for (int64_t h = 0; h < ix.n_head; ++h) {
                 float* q = index_q + ((rows.begin + t) * ix.n_head + h) * di;
                 cpu::rms_norm(q, di, w.index_q_norm.data(), a.shape.eps, q);
                 cpu::rope_neox(q, a.shape.n_rot, rows.pos0 + t, a.shape.freq_base);
             }
+        });
     return index_q;
 }
 
@@ -211,35 +212,39 @@ void attention_forward(const AttentionForwardArgs& a) {
                                   {.w = &w.k, .x = a.x, .y = k_new, .n_tokens = T},
                                   {.w = &w.v, .x = a.x, .y = v_new, .n_tokens = T}};
     cpu::matmul_many(qkv, a.pool);
-    // Which sequence each row belongs to and its position; the rows' keys and values go to their caches.
+    // Which sequence each row belongs to and its position.
     int32_t* row_seq = scratch.take<int32_t>(T);
     int64_t max_pos = 0;
     for (size_t i = 0; i < a.sequences.size(); ++i) {
         const SequenceRows& rows = a.sequences[i];
-        AttentionCache& c = *a.caches[i];
-        STRATA_ASSERT(static_cast<int64_t>(c.k.size()) >= (rows.pos0 + rows.count) * kv_width);
-        for (int64_t j = 0; j < rows.count; ++j) {
-            const int64_t t = rows.begin + j, pos = rows.pos0 + j;
-            row_seq[t] = static_cast<int32_t>(i);
-            max_pos = std::max(max_pos, pos);
-            for (int64_t h = 0; h < nh; ++h) {
-                float* q = qg + (t * nh + h) * 2 * hd;
-                cpu::rms_norm(q, hd, w.q_norm.data(), s.eps, q);
-                cpu::rope_neox(q, s.n_rot, pos, s.freq_base);
-            }
-            for (int64_t h = 0; h < nkv; ++h) {
-                float* k = k_new + t * kv_width + h * hd;
-                cpu::rms_norm(k, hd, w.k_norm.data(), s.eps, k);
-                cpu::rope_neox(k, s.n_rot, pos, s.freq_base);
-            }
-        }
-        std::copy_n(k_new + rows.begin * kv_width, rows.count * kv_width, c.k.data() + rows.pos0 * kv_width);
-        std::copy_n(v_new + rows.begin * kv_width, rows.count * kv_width, c.v.data() + rows.pos0 * kv_width);
+        STRATA_ASSERT(static_cast<int64_t>(a.caches[i]->k.size()) >= (rows.pos0 + rows.count) * kv_width);
+        for (int64_t j = 0; j < rows.count; ++j) row_seq[rows.begin + j] = static_cast<int32_t>(i);
+        if (rows.count > 0) max_pos = std::max(max_pos, rows.pos0 + rows.count - 1);
     }
     auto row_pos = [&](int64_t t) {
         const SequenceRows& rows = a.sequences[static_cast<size_t>(row_seq[t])];
         return rows.pos0 + (t - rows.begin);
     };
+    // q/k norms and rotation row by row over the threads, then the rows' keys and values go to their caches.
+    parallel_each(a.pool, T, [&](int64_t t) {
+        const int64_t pos = row_pos(t);
+        for (int64_t h = 0; h < nh; ++h) {
+            float* q = qg + (t * nh + h) * 2 * hd;
+            cpu::rms_norm(q, hd, w.q_norm.data(), s.eps, q);
+            cpu::rope_neox(q, s.n_rot, pos, s.freq_base);
+        }
+        for (int64_t h = 0; h < nkv; ++h) {
+            float* k = k_new + t * kv_width + h * hd;
+            cpu::rms_norm(k, hd, w.k_norm.data(), s.eps, k);
+            cpu::rope_neox(k, s.n_rot, pos, s.freq_base);
+        }
+    });
+    for (size_t i = 0; i < a.sequences.size(); ++i) {
+        const SequenceRows& rows = a.sequences[i];
+        AttentionCache& c = *a.caches[i];
+        std::copy_n(k_new + rows.begin * kv_width, rows.count * kv_width, c.k.data() + rows.pos0 * kv_width);
+        std::copy_n(v_new + rows.begin * kv_width, rows.count * kv_width, c.v.data() + rows.pos0 * kv_width);
+    }
 
     // The cells each row attends to: QSA picks them per row; dense attention takes 0..pos, a prefix of one ramp.
     const bool sparse = has_indexer(a.indexer);
@@ -287,8 +292,9 @@ void attention_forward(const AttentionForwardArgs& a) {
                          .cells = row_cells,
                          .scale = scale,
                          .out = o});
-            const float* gate = qg + (t * nh + h) * 2 * hd + hd;
-            for (int64_t d = 0; d < hd; ++d) o[d] *= cpu::sigmoid(gate[d]);
+            float* gate = qg + (t * nh + h) * 2 * hd + hd;  // read only here: the sigmoid goes in place
+            cpu::sigmoid_inplace(gate, hd);
+            for (int64_t d = 0; d < hd; ++d) o[d] *= gate[d];
         }
     });
     cpu::matmul({.w = w.o, .x = heads, .y = a.out, .n_tokens = T, .pool = a.pool});

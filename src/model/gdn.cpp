@@ -119,37 +119,39 @@ void gdn_forward(const GdnForwardArgs& args) {
     STRATA_ASSERT(args.states.size() == args.sequences.size());
     const GdnInputs in = project(args);
 
-    // Conv + SiLU, then L2-normalised (and scaled) q/k: one sequence at a time through its conv history.
+    // The conv: one sequence at a time through its conv history.
     float* conv = args.scratch.take<float>(T * CD);
-    const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
     auto conv_rows = [&](int64_t seq_begin, int64_t seq_end) {
         for (int64_t i = seq_begin; i < seq_end; ++i) {
             const SequenceRows& rows = args.sequences[static_cast<size_t>(i)];
             GdnState& state = *args.states[static_cast<size_t>(i)];
-            for (int64_t t = rows.begin; t < rows.begin + rows.count; ++t) {
-                float* c = conv + t * CD;
+            for (int64_t t = rows.begin; t < rows.begin + rows.count; ++t)
                 cpu::causal_conv_step({.x = in.qkv + t * CD,
                                        .w = w.conv.data(),
                                        .history = state.conv_history.data(),
-                                       .out = c,
+                                       .out = conv + t * CD,
                                        .channels = CD,
                                        .kernel = s.conv_kernel,
                                        .dilation = 1});
-                for (int64_t j = 0; j < CD; ++j) c[j] = cpu::silu(c[j]);
-                float* q = c;
-                float* k = c + s.key_dim();
-                for (int64_t h = 0; h < nk; ++h) {
-                    cpu::l2_norm(q + h * dk, dk, 1e-6f, q + h * dk);
-                    cpu::l2_norm(k + h * dk, dk, 1e-6f, k + h * dk);
-                    for (int64_t j = 0; j < dk; ++j) q[h * dk + j] *= q_scale;
-                }
-            }
         }
     };
     if (args.pool && n_seq > 1)
         args.pool->parallel_for(n_seq, conv_rows);
     else
         conv_rows(0, n_seq);
+    // SiLU, then L2-normalised (and scaled) q/k: row by row, so a one-sequence prompt spreads over the threads too.
+    const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
+    parallel_each(args.pool, T, [&](int64_t t) {
+        float* c = conv + t * CD;
+        cpu::silu_inplace(c, CD);
+        float* q = c;
+        float* k = c + s.key_dim();
+        for (int64_t h = 0; h < nk; ++h) {
+            cpu::l2_norm(q + h * dk, dk, 1e-6f, q + h * dk);
+            cpu::l2_norm(k + h * dk, dk, 1e-6f, k + h * dk);
+            for (int64_t j = 0; j < dk; ++j) q[h * dk + j] *= q_scale;
+        }
+    });
 
     // The gated delta rule: each (sequence, value head) walks its rows in order on its own state.
     float* core = args.scratch.take<float>(T * VD);
@@ -174,9 +176,12 @@ void gdn_forward(const GdnForwardArgs& args) {
                                        .dv = dv,
                                        .out = o});
                 cpu::rms_norm(o, dv, w.norm.data(), s.eps, o);
-                const float* z = in.z + t * VD + h * dv;
-                for (int64_t j = 0; j < dv; ++j)
-                    o[j] *= s.output_gate == GateActivation::Sigmoid ? cpu::sigmoid(z[j]) : cpu::silu(z[j]);
+                float* z = in.z + t * VD + h * dv;  // read only here: the gate goes in place
+                if (s.output_gate == GateActivation::Sigmoid)
+                    cpu::sigmoid_inplace(z, dv);
+                else
+                    cpu::silu_inplace(z, dv);
+                for (int64_t j = 0; j < dv; ++j) o[j] *= z[j];
             }
         }
     };

@@ -38,7 +38,8 @@ void hyper_connection_read(const HyperConnectionReadArgs& a) {
         cpu::matmul({.w = a.weights.down, .x = xn, .y = low, .n_tokens = T, .pool = a.pool});
     }
     parallel_each(a.pool, T, [&](int64_t t) {
-        for (int64_t i = t * R; i < (t + 1) * R; ++i) low[i] = cpu::silu(low[i] / static_cast<float>(hc));
+        for (int64_t i = t * R; i < (t + 1) * R; ++i) low[i] /= static_cast<float>(hc);
+        cpu::silu_inplace(low + t * R, R);
     });
     float* gate = a.scratch.take<float>(T * HC);
     cpu::matmul({.w = a.weights.up, .x = low, .y = gate, .n_tokens = T, .pool = a.pool});

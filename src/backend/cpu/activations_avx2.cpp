@@ -51,6 +51,13 @@ void sigmoid_avx2(float* x, int64_t n) {
     each8(n, [&](int64_t i, __m256i m) { _mm256_maskstore_ps(x + i, m, sigmoid8(_mm256_maskload_ps(x + i, m))); });
 }
 
+void silu_avx2(float* x, int64_t n) {
+    each8(n, [&](int64_t i, __m256i m) {
+        const __m256 v = _mm256_maskload_ps(x + i, m);
+        _mm256_maskstore_ps(x + i, m, _mm256_mul_ps(v, sigmoid8(v)));
+    });
+}
+
 void silu_mul_avx2(float* g, const float* u, int64_t n) {
     each8(n, [&](int64_t i, __m256i m) {
         const __m256 v = _mm256_maskload_ps(g + i, m);

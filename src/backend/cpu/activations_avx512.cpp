@@ -51,6 +51,13 @@ void sigmoid_avx512(float* x, int64_t n) {
     });
 }
 
+void silu_avx512(float* x, int64_t n) {
+    each16(n, [&](int64_t i, __mmask16 m) {
+        const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(v, sigmoid16(v)));
+    });
+}
+
 void silu_mul_avx512(float* g, const float* u, int64_t n) {
     each16(n, [&](int64_t i, __mmask16 m) {
         const __m512 v = _mm512_maskz_loadu_ps(m, g + i);

@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "backend/cpu/activations_avx512.h"
+#include "backend/cpu/isa_clones.h"
 #include "backend/cpu/packed.h"
 #include "backend/cpu/quant_dot.h"
 #include "core/error.h"
@@ -50,8 +51,7 @@ namespace {
 
 // The sum of squares in double, in eight interleaved partial sums combined in a fixed order: one chain of dependent
 // additions took four cycles per element.
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-double sum_of_squares(const float* x, int64_t n) {
+__attribute__((always_inline)) static inline double sum_of_squares_body(const float* x, int64_t n) {
     double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
@@ -60,14 +60,18 @@ double sum_of_squares(const float* x, int64_t n) {
     return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-void scale_rows(const float* x, int64_t n, float scale, const float* gamma, float* out) {
+__attribute__((always_inline)) static inline void scale_rows_body(const float* x, int64_t n, float scale,
+                                                                  const float* gamma, float* out) {
     if (gamma) {
         for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale * gamma[i];
     } else {
         for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale;
     }
 }
+
+STRATA_ISA_CLONES(double, sum_of_squares, (const float* x, int64_t n), (x, n))
+STRATA_ISA_CLONES(void, scale_rows, (const float* x, int64_t n, float scale, const float* gamma, float* out),
+                  (x, n, scale, gamma, out))
 
 }  // namespace
 
@@ -126,10 +130,10 @@ std::vector<int32_t> top_k(const float* values, int64_t n, int64_t k) {
     return idx;
 }
 
+namespace {
 // Tap by tap over all channels, so the inner loops run along the channels; each channel still sums its taps in the
 // same order (the current input first, then the history from the oldest row).
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-void causal_conv_step(const ConvStepArgs& a) {
+__attribute__((always_inline)) static inline void causal_conv_step_body(const ConvStepArgs& a) {
     const int64_t hist_rows = (a.kernel - 1) * a.dilation;
     const int64_t K = a.kernel;
     for (int64_t c = 0; c < a.channels; ++c) a.out[c] = a.w[c * K + K - 1] * a.x[c];
@@ -142,11 +146,20 @@ void causal_conv_step(const ConvStepArgs& a) {
         std::copy(a.x, a.x + a.channels, a.history + (hist_rows - 1) * a.channels);
     }
 }
+}  // namespace
+
+STRATA_ISA_CLONES(void, causal_conv_step, (const ConvStepArgs& a), (a))
 
 void sigmoid_inplace(float* x, int64_t n) {
     if (active_isa() == Isa::Avx512) return sigmoid_avx512(x, n);
     if (active_isa() != Isa::Scalar) return sigmoid_avx2(x, n);
     for (int64_t i = 0; i < n; ++i) x[i] = sigmoid(x[i]);
+}
+
+void silu_inplace(float* x, int64_t n) {
+    if (active_isa() == Isa::Avx512) return silu_avx512(x, n);
+    if (active_isa() != Isa::Scalar) return silu_avx2(x, n);
+    for (int64_t i = 0; i < n; ++i) x[i] = silu(x[i]);
 }
 
 void silu_mul(float* g, const float* u, int64_t n) {
@@ -155,14 +168,13 @@ void silu_mul(float* g, const float* u, int64_t n) {
     for (int64_t i = 0; i < n; ++i) g[i] = silu(g[i]) * u[i];
 }
 
+namespace {
 // Two passes over the state instead of four: decay a row, then add its share of S^T k; update a row, then add its
 // share of S^T q. Every value sees the same operations in the same order as in four separate loops. Cloned per
-// instruction set (the library is built for baseline x86-64). g++ contracts multiply-adds into FMAs in the clones
-// that have FMA, so a CPU without FMA rounds differently in the last bit; one machine always runs the same clone, so
-// results still never depend on batching or threads.
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-void gated_delta_step(const DeltaStepArgs& a) {
-    if (active_isa() == Isa::Avx512 && gated_delta_step_avx512(a)) return;
+// instruction set (the library is built for baseline x86-64; isa_clones.h). g++ contracts multiply-adds into FMAs in
+// the clones that have FMA, so the baseline copy (no AVX2, or STRATA_ISA=scalar) rounds differently in the last bit;
+// one process always runs the same copy, so results still never depend on batching or threads.
+__attribute__((always_inline)) static inline void gated_delta_step_generic_body(const DeltaStepArgs& a) {
     const float decay = std::exp(a.g);
     thread_local std::vector<float> delta_buffer;  // grows once; no allocation per token
     delta_buffer.assign(static_cast<size_t>(a.dv), 0.0f);
@@ -180,9 +192,18 @@ void gated_delta_step(const DeltaStepArgs& a) {
         for (int64_t j = 0; j < a.dv; ++j) a.out[j] += row[j] * a.q[i];
     }
 }
+STRATA_ISA_CLONES(void, gated_delta_step_generic, (const DeltaStepArgs& a), (a))
+}  // namespace
+
+void gated_delta_step(const DeltaStepArgs& a) {
+    if (active_isa() == Isa::Avx512 && gated_delta_step_avx512(a)) return;
+    if ((active_isa() == Isa::Avx2 || active_isa() == Isa::Avx2Vnni) && gated_delta_step_avx2(a)) return;
+    gated_delta_step_generic(a);
+}
 
 void attend(const AttendArgs& a) {
     if (active_isa() == Isa::Avx512 && attend_avx512(a)) return;
+    if ((active_isa() == Isa::Avx2 || active_isa() == Isa::Avx2Vnni) && attend_avx2(a)) return;
     const int64_t n = static_cast<int64_t>(a.cells.size());
     thread_local std::vector<float> scores;  // grows with the context; no allocation per token after that
     scores.resize(static_cast<size_t>(n));

@@ -85,9 +85,10 @@ void rope_neox(float* x, int64_t n_rot, int64_t pos, float freq_base);
 // ---- small vector ops -----------------------------------------------------------------------------------------------
 
 void softmax(float* x, int64_t n);  // in place, max-subtracted
-// Over arrays, for the elementwise gates of a prompt: with AVX-512 a vectorized exp within 2 ulp of expf, else the
-// scalar functions above. The same values for any split of the array.
+// Over arrays, for the elementwise gates of a prompt: with AVX-512 or AVX2 a vectorized exp within 2 ulp of expf,
+// else the scalar functions above. The same values for any split of the array.
 void sigmoid_inplace(float* x, int64_t n);
+void silu_inplace(float* x, int64_t n);
 void silu_mul(float* g, const float* u, int64_t n);  // g = silu(g) * u
 // Indices of the k largest values, largest first; equal values keep the lower index first.
 std::vector<int32_t> top_k(const float* values, int64_t n, int64_t k);

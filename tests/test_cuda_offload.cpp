@@ -30,25 +30,14 @@
 #include "runtime/cpu_expert_pool.h"
 #include "test_util.h"
 
-#if STRATA_HAS_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
+#include "cuda_skip.h"  // and backend/cuda/cuda_backend.h with the CUDA backend
 
 using namespace strata;
 namespace fs = std::filesystem;
 
 namespace {
 
-#if STRATA_HAS_CUDA
-#define SKIP_WITHOUT_CUDA_DEVICE()                                                                             \
-    do {                                                                                                       \
-        if (cuda::device_count() == 0)                                                                         \
-            GTEST_SKIP() << "no CUDA device (" << cuda::no_device_reason() << "): CUDA offload tests skipped"; \
-    } while (0)
-#else
-#define SKIP_WITHOUT_CUDA_DEVICE() \
-    GTEST_SKIP() << "CUDA backend not compiled in (configure with -DSTRATA_CUDA=ON): CUDA offload tests skipped"
-#endif
+constexpr const char* kSkippedTests = "CUDA offload tests";  // cuda_skip.h
 
 // Swaps as much as a policy can: every routed expert that is not intended for a slot is admitted into the next slot
 // in turn, every window. A slot is often re-chosen while its last copy is still in flight.

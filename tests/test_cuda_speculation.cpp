@@ -27,24 +27,13 @@
 #include "runtime/speculative_decode.h"
 #include "test_util.h"
 
-#if STRATA_HAS_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
+#include "cuda_skip.h"  // and backend/cuda/cuda_backend.h with the CUDA backend
 
 using namespace strata;
 
 namespace {
 
-#if STRATA_HAS_CUDA
-#define SKIP_WITHOUT_CUDA_DEVICE()                                                                                 \
-    do {                                                                                                           \
-        if (cuda::device_count() == 0)                                                                             \
-            GTEST_SKIP() << "no CUDA device (" << cuda::no_device_reason() << "): CUDA speculation tests skipped"; \
-    } while (0)
-#else
-#define SKIP_WITHOUT_CUDA_DEVICE() \
-    GTEST_SKIP() << "CUDA backend not compiled in (configure with -DSTRATA_CUDA=ON): CUDA speculation tests skipped"
-#endif
+constexpr const char* kSkippedTests = "CUDA speculation tests";  // cuda_skip.h
 
 using V = std::vector<int32_t>;
 using strata::testing::plain_greedy;

@@ -278,7 +278,6 @@ void ExpertCache::make_ring() {
     }
     if (stream_blocks_.empty()) return;
     ring_ = std::make_unique<cuda::CopyRing>(ctx_, buffers, buffer_bytes);
-    stream_ranges_ = ranges;
     for (size_t i = 0; i < stream_blocks_.size(); ++i) layer_streams_.emplace_back(*this, static_cast<int64_t>(i));
     for (Layer& l : layers_)
         for (int32_t e = 0; e < l.n_expert; ++e) point(l, e, l.slot_of[static_cast<size_t>(e)]);
@@ -286,21 +285,23 @@ void ExpertCache::make_ring() {
 
 const uint8_t* ExpertCache::ring_address(const Layer& l, size_t part, int32_t expert) const {
     const Part& p = l.parts[part];
-    const int64_t per = l.n_expert / stream_ranges_, range = expert / per;
-    const int64_t chunk = p.pass * stream_ranges_ + range;  // within the layer; every layer starts at a buffer 0
+    const int64_t per = l.n_expert / placement_.stream_ranges, range = expert / per;
+    const int64_t chunk =
+        p.pass * placement_.stream_ranges + range;  // within the layer; every layer starts at a buffer 0
     return ring_->buffer(static_cast<int>(chunk % ring_->buffers())) + p.ring_offset +
            static_cast<size_t>(expert - range * per) * p.ring_stride;
 }
 
 // The copies of the ring's next chunk: each part of the pass, its runs of experts no slot holds.
 void ExpertCache::fill_next_chunk() {
-    const int64_t chunk = ring_->next_chunk(), local = chunk - window_base_, per_layer = 2 * stream_ranges_;
+    const int64_t chunk = ring_->next_chunk(), local = chunk - window_base_, per_layer = 2 * placement_.stream_ranges;
     const int64_t ordinal = local / per_layer;
     if (ordinal >= static_cast<int64_t>(stream_blocks_.size())) return;
     const Layer& l = layers_[static_cast<size_t>(stream_blocks_[static_cast<size_t>(ordinal)])];
-    const int pass = static_cast<int>(local % per_layer / stream_ranges_);
-    const int64_t range = local % stream_ranges_, per = l.n_expert / stream_ranges_;
-    std::vector<cuda::CopyRing::Piece> pieces;
+    const int pass = static_cast<int>(local % per_layer / placement_.stream_ranges);
+    const int64_t range = local % placement_.stream_ranges, per = l.n_expert / placement_.stream_ranges;
+    std::vector<cuda::CopyRing::Piece>& pieces = ring_pieces_;
+    pieces.clear();
     for (const Part& part : l.parts) {
         if (part.pass != pass) continue;
         for (int64_t e = range * per, end = (range + 1) * per; e < end;) {
@@ -325,7 +326,8 @@ void ExpertCache::fill_next_chunk() {
 }
 
 int64_t ExpertCache::LayerStream::chunk(int pass, int range) const {
-    return cache_.window_base_ + ordinal_ * 2 * cache_.stream_ranges_ + pass * cache_.stream_ranges_ + range;
+    return cache_.window_base_ + ordinal_ * 2 * cache_.placement_.stream_ranges +
+           pass * cache_.placement_.stream_ranges + range;
 }
 
 void ExpertCache::LayerStream::ready(int pass, int range) {

@@ -136,7 +136,7 @@ class ExpertCache {
     class LayerStream final : public cuda::MoeExpertStream {
       public:
         LayerStream(ExpertCache& cache, int64_t ordinal) : cache_(cache), ordinal_(ordinal) {}
-        int ranges() const override { return cache_.stream_ranges_; }
+        int ranges() const override { return cache_.placement_.stream_ranges; }
         void ready(int pass, int range) override;
         void done(int pass, int range) override;
 
@@ -164,10 +164,11 @@ class ExpertCache {
     cuda::DeviceBuffer tables_;
     std::unique_ptr<cuda::MappedHostBuffer> mirror_;
     bool dirty_[3] = {false, false, false};  // decode tables, prompt tables, streamed prompt tables
-    // The ring of streamed prompt windows: stream_ranges_ ranges a layer, pass_offset_ and pass_stride_ per part
-    // (where a range's expert lies in its buffer), the layers in block order, and where this window's chunks start.
+    // The ring of streamed prompt windows (placement_.stream_ranges ranges a layer; Part::ring_offset and ring_stride
+    // say where a range's expert lies in its buffer), the layers in block order, where this window's chunks start,
+    // and the copies of the chunk being queued (kept to reuse their memory).
     std::unique_ptr<cuda::CopyRing> ring_;
-    int stream_ranges_ = 0;
+    std::vector<cuda::CopyRing::Piece> ring_pieces_;
     std::vector<int64_t> stream_blocks_;
     std::vector<LayerStream> layer_streams_;
     int64_t window_base_ = 0;

@@ -193,9 +193,54 @@ TEST(CudaOffload, PlacementDoesNotChangeTheSingleStreamArchitectures) {
     for (const char* name : {"qwen35moe", "qwen3next"}) expect_placement_free(converted(name), name);
 }
 
+// How far an offload run's logits are from the reference's: the largest difference against the largest logit, and the
+// tokens whose argmax departs (near_ties: where the reference's top two are within 1e-4, counted apart).
+struct Closeness {
+    double max_diff = 0, max_ref = 0;
+    int disagree = 0, near_ties = 0;
+};
+
+Closeness closeness(const std::vector<float>& got, const std::vector<float>& want, int64_t V) {
+    Closeness c;
+    for (size_t t = 0; t < want.size() / static_cast<size_t>(V); ++t) {
+        const float* a = got.data() + t * static_cast<size_t>(V);
+        const float* b = want.data() + t * static_cast<size_t>(V);
+        for (int64_t j = 0; j < V; ++j) {
+            c.max_diff = std::max(c.max_diff, static_cast<double>(std::abs(a[j] - b[j])));
+            c.max_ref = std::max(c.max_ref, static_cast<double>(std::abs(b[j])));
+        }
+        std::vector<float> sorted(b, b + V);
+        std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+        const bool tie = sorted[0] - sorted[1] < 1e-4f;
+        if (std::max_element(a, a + V) - a != std::max_element(b, b + V) - b) (tie ? c.near_ties : c.disagree)++;
+    }
+    return c;
+}
+
+// The bound, 1e-3 of the largest logit, and every argmax equal except near-ties (printed).
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, int64_t V, const std::string& what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    const Closeness c = closeness(got, want, V);
+    std::printf(
+        "[ offload ] %s: max |diff| %.3g of max |logit| %.3g (relative %.3g), argmax departures %d (+%d "
+        "near-ties)\n",
+        what.c_str(), c.max_diff, c.max_ref, c.max_diff / c.max_ref, c.disagree, c.near_ties);
+    EXPECT_LE(c.max_diff, 1e-3 * c.max_ref) << what;
+    EXPECT_EQ(c.disagree, 0) << what;
+}
+
+std::shared_ptr<CpuExpertPool> cpu_workers_for(const std::string& path, int n_workers) {
+    const auto file = gguf::File::open(path);
+    const std::string arch = file->get_str("general.architecture");
+    return std::make_shared<CpuExpertPool>(
+        CpuExpertPoolOptions{.n_workers = n_workers,
+                             .max_n_embd = file->get_u32(arch + ".embedding_length"),
+                             .max_n_ff = file->get_u32(arch + ".expert_feed_forward_length"),
+                             .max_expert_used = file->get_u32(arch + ".expert_used_count")});
+}
+
 // The CPU expert workers' share: their rows come from the CPU backend's kernels (the same quantized activations,
-// another summation order), so the logits move by rounding only: the bound, 1e-3 of the largest logit, and
-// every argmax equal except where the reference's top two are within 1e-4 (counted and printed).
+// another summation order), so the logits move by rounding only.
 void expect_cpu_share_close(const std::string& path, const char* what) {
     auto reference = load_model(path, {.backend = Backend::Cuda});
     const int64_t V = reference->info().n_vocab, L = reference->info().n_layer;
@@ -207,45 +252,77 @@ void expect_cpu_share_close(const std::string& path, const char* what) {
     std::vector<std::vector<float>> wants;
     for (const size_t per_call : per_calls) wants.push_back(strata::testing::logits_fed(*reference, tokens, per_call));
     reference.reset();
-    const auto file = gguf::File::open(path);
-    const std::string arch = file->get_str("general.architecture");
     for (const double share : {0.5, 1.0}) {
         LoadOptions options{.backend = Backend::Cuda};
         options.experts.in_host = true;
         options.experts.cache_slots.assign(static_cast<size_t>(L), std::max<int64_t>(n_expert / 4, 1));
         options.experts.advisor = std::make_shared<ChurnAdvisor>();
-        options.experts.cpu_workers = std::make_shared<CpuExpertPool>(
-            CpuExpertPoolOptions{.n_workers = 2,
-                                 .max_n_embd = file->get_u32(arch + ".embedding_length"),
-                                 .max_n_ff = file->get_u32(arch + ".expert_feed_forward_length"),
-                                 .max_expert_used = file->get_u32(arch + ".expert_used_count")});
+        options.experts.cpu_workers = cpu_workers_for(path, 2);
         options.experts.cpu_share = share;
         auto m = load_model(path, options);
-        for (size_t call = 0; call < std::size(per_calls); ++call) {
-            const size_t per_call = per_calls[call];
-            const std::vector<float>& want = wants[call];
-            const std::vector<float> got = strata::testing::logits_fed(*m, tokens, per_call);
-            double max_diff = 0, max_ref = 0;
-            int disagree = 0, near_ties = 0;
-            for (size_t t = 0; t < tokens.size(); ++t) {
-                const float* a = got.data() + t * V;
-                const float* b = want.data() + t * V;
-                for (int64_t j = 0; j < V; ++j) {
-                    max_diff = std::max(max_diff, static_cast<double>(std::abs(a[j] - b[j])));
-                    max_ref = std::max(max_ref, static_cast<double>(std::abs(b[j])));
-                }
-                std::vector<float> sorted(b, b + V);
-                std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
-                const bool tie = sorted[0] - sorted[1] < 1e-4f;
-                if (std::max_element(a, a + V) - a != std::max_element(b, b + V) - b) (tie ? near_ties : disagree)++;
-            }
-            std::printf(
-                "[ offload cpu share %s ] share %.2f, %zu a call: max |diff| %.3g of max |logit| %.3g "
-                "(relative %.3g), argmax departures %d (+%d near-ties)\n",
-                what, share, per_call, max_diff, max_ref, max_diff / max_ref, disagree, near_ties);
-            EXPECT_LE(max_diff, 1e-3 * max_ref) << what << ", share " << share << ", " << per_call << " a call";
-            EXPECT_EQ(disagree, 0) << what << ", share " << share;
+        for (size_t call = 0; call < std::size(per_calls); ++call)
+            expect_close(strata::testing::logits_fed(*m, tokens, per_calls[call]), wants[call], V,
+                         std::string("cpu share ") + what + ", share " + std::to_string(share) + ", " +
+                             std::to_string(per_calls[call]) + " a call");
+    }
+}
+
+// Experts read from the mapped file (the RAM budget cannot pin them): nothing pinned, the CPU workers compute every
+// miss, a prompt window streams its misses from the file's pages through the ring, and one that cannot stream runs
+// as decode windows of 8 tokens. Against the all-in-VRAM run fed the same way (a prompt cut into 8-token windows
+// goes through the decode kernels, so its reference is fed 8 a call), within the CPU workers' rounding.
+void expect_file_experts_close(const std::string& path, const char* what, bool grouped) {
+    const int64_t n_expert = n_expert_of(path);
+    int64_t V = 0, L = 0;
+    std::vector<int32_t> tokens;
+    std::vector<float> fed_1, fed_3, fed_8, streamed_prompt;
+    for (int chunked = 0; chunked < 2; ++chunked) {
+        LoadOptions options{.backend = Backend::Cuda};
+        if (chunked) options.prompt_chunk = 16;
+        auto reference = load_model(path, options);
+        V = reference->info().n_vocab;
+        L = reference->info().n_layer;
+        tokens = some_tokens(V, 40, 11);
+        if (chunked) {
+            streamed_prompt = strata::testing::logits_fed(*reference, tokens, tokens.size());
+            continue;
         }
+        fed_1 = strata::testing::logits_fed(*reference, tokens, 1);
+        fed_3 = strata::testing::logits_fed(*reference, tokens, 3);
+        fed_8 = strata::testing::logits_fed(*reference, tokens, 8);
+    }
+    for (const bool ring : {false, true}) {
+        LoadOptions options{.backend = Backend::Cuda};
+        options.experts.in_host = true;
+        options.experts.from_file = true;
+        options.experts.cache_slots.assign(static_cast<size_t>(L), std::max<int64_t>(n_expert / 4, 1));
+        options.experts.advisor = std::make_shared<ChurnAdvisor>();
+        options.experts.cpu_workers = cpu_workers_for(path, 2);
+        if (ring) {
+            options.experts.stream_ranges = n_expert % 4 == 0 ? 4 : 1;
+            options.experts.stream_buffers = 2;
+            options.prompt_chunk = 16;
+        }
+        auto m = load_model(path, options);
+        const std::string name = std::string("from the file, ") + what + (ring ? ", ring" : ", no ring");
+        expect_close(strata::testing::logits_fed(*m, tokens, 1), fed_1, V, name + ", 1 a call");
+        expect_close(strata::testing::logits_fed(*m, tokens, 3), fed_3, V, name + ", 3 a call");
+        const std::vector<float> prompt = strata::testing::logits_fed(*m, tokens, tokens.size());
+        const ExpertOffloadStats stats = *m->expert_offload_stats();
+        const bool streamed = stats.streamed_windows > 0;
+        if (ring && grouped) {
+            EXPECT_TRUE(streamed) << name << ": nothing streamed";
+        }
+        if (!ring) {
+            EXPECT_FALSE(streamed) << name << ": streamed without a ring";
+        }
+        expect_close(prompt, streamed ? streamed_prompt : fed_8, V,
+                     name + ", the prompt in one call" + (streamed ? " (streamed)" : " (as decode windows)"));
+        // Only the ring's copies cross the bus: no miss is read in place.
+        if (!streamed) {
+            EXPECT_EQ(stats.pcie_bytes, 0) << name << ": a miss read over PCIe";
+        }
+        EXPECT_GT(stats.cpu_pairs, 0) << name << ": the CPU workers computed nothing";
     }
 }
 
@@ -254,6 +331,28 @@ TEST(CudaOffload, CpuWorkersShareStaysWithinRounding) {
     expect_cpu_share_close(bundled_model(), "bundled model");
     for (DType t : {DType::IQ2_XS, DType::Q4_K}) expect_cpu_share_close(synthesized("small-k", t), dtype_name(t));
     expect_cpu_share_close(converted("qwen35moe"), "qwen35moe");
+}
+
+TEST(CudaOffload, ExpertsReadFromTheFileStayWithinRounding) {
+    SKIP_WITHOUT_CUDA_DEVICE();
+    expect_file_experts_close(bundled_model(), "bundled model", false);
+    for (DType t : {DType::IQ2_XS, DType::Q4_K, DType::F32})
+        expect_file_experts_close(synthesized("small-k", t), dtype_name(t), t != DType::F32);
+}
+
+TEST(CudaOffload, ExpertsReadFromTheFileNeedCpuWorkers) {
+    SKIP_WITHOUT_CUDA_DEVICE();
+    LoadOptions options{.backend = Backend::Cuda};
+    options.experts.in_host = true;
+    options.experts.from_file = true;
+    options.experts.cache_slots.assign(64, 2);
+    try {
+        (void)load_model(synthesized("small-k", DType::Q4_K), options);
+        ADD_FAILURE() << "experts read from the file loaded without CPU workers";
+    } catch (const Error& e) {
+        std::printf("[ offload from file ] %s\n", e.what());
+        EXPECT_NE(std::string(e.what()).find("--cpu-experts"), std::string::npos) << e.what();
+    }
 }
 
 // A CPU worker that never answers: the layer's wait on the GPU gives up at its bound, and the forward call fails with

@@ -338,9 +338,11 @@ TEST(MemoryPlan, PromptWindowsStreamThroughARing) {
     EXPECT_FALSE(has_line(in_place, "expert stream ring"));
     EXPECT_EQ(in_place.placement().stream_ranges, 0);
     EXPECT_GE(in_place.cache_slots[0], 9 + static_cast<int64_t>(ring / r.row()));
-    // Experts read from the mapped file are not pinned: nothing to stream from.
+    // Experts read from the mapped file stream too (the driver stages each copy from the file's pages).
     const MemoryPlan unpinned = plan_for(mid_path(), budget + ring, r.experts - 1, 4096, KvCacheType::F16, true);
-    EXPECT_FALSE(has_line(unpinned, "expert stream ring"));
+    EXPECT_TRUE(unpinned.placement().from_file);
+    EXPECT_TRUE(has_line(unpinned, "expert stream ring"));
+    EXPECT_EQ(unpinned.placement().stream_ranges, kStreamRanges);
     // Experts all in VRAM: no ring.
     EXPECT_FALSE(has_line(plan_for(mid_path(), 64 * kGiB, 1024 * kGiB, 4096, KvCacheType::F16, true), "expert stream"));
 }
@@ -369,6 +371,8 @@ TEST(MemoryPlan, HostSidePinsWhatTheRamBudgetHolds) {
     PlanPlace place{};
     MemoryPlan p = plan_for(mid_path(), host_plan_vram, r.experts + r.ple);
     EXPECT_TRUE(p.experts_pinned);
+    EXPECT_FALSE(p.placement().from_file);
+    const uint64_t pinned_ring = p.stream_ring_bytes;
     EXPECT_TRUE(p.ple_pinned);
     EXPECT_EQ(line(p, "routed experts", &place), r.experts);
     EXPECT_EQ(place, PlanPlace::PinnedHost);
@@ -380,6 +384,9 @@ TEST(MemoryPlan, HostSidePinsWhatTheRamBudgetHolds) {
     EXPECT_EQ(place, PlanPlace::MappedFile);
     p = plan_for(mid_path(), host_plan_vram, r.experts - 1);
     EXPECT_FALSE(p.experts_pinned);
+    // Read from the mapped file: the CPU workers compute the misses, and prompt windows still stream (staged copies).
+    EXPECT_TRUE(p.placement().from_file);
+    EXPECT_EQ(p.stream_ring_bytes, pinned_ring);
     EXPECT_EQ(line(p, "routed experts", &place), r.experts);
     EXPECT_EQ(place, PlanPlace::MappedFile);
     EXPECT_NE(p.summary().find("read from the mapped file"), std::string::npos);

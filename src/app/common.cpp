@@ -308,9 +308,7 @@ std::optional<MemoryPlan> plan_memory_for_load(const Args& args, const std::stri
                          "strata: every expert fits in VRAM: --expert-policy and --expert-profile do nothing\n");
         return plan;
     }
-    if (!plan.experts_pinned)
-        throw Error("the routed experts (" + path + ") do not fit the RAM budget and reading them from the mapped file "
-                    "is not built yet: raise --ram-budget (or free RAM) so they can be pinned");
+    options.experts.from_file = plan.placement().from_file;
     const std::vector<int64_t>& slots = options.experts.cache_slots;
     if (auto profile_path = args.get("--expert-profile"); profile_path && !std::filesystem::exists(*profile_path)) {
         std::fprintf(stderr, "strata: %s does not exist yet: the expert cache starts empty (strata serve writes it "
@@ -327,6 +325,10 @@ std::optional<MemoryPlan> plan_memory_for_load(const Args& args, const std::stri
     const ExpertCachePolicySpec spec = parse_expert_cache_policy(args.get("--expert-policy").value_or("lfu-decay"));
     options.experts.advisor = make_expert_cache_advisor(spec, slots);
     const int64_t workers = args.get_int("--cpu-experts", 0, 1024).value_or(-1);
+    if (workers == 0 && options.experts.from_file)
+        throw Error(
+            "the routed experts do not fit the RAM budget, so they are read from the mapped file, where only "
+            "the CPU expert workers can compute a miss: drop --cpu-experts 0 (or raise --ram-budget)");
     if (workers != 0) {
         const std::string arch = file->get_str("general.architecture");
         options.experts.cpu_workers = std::make_shared<CpuExpertPool>(CpuExpertPoolOptions{

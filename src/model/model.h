@@ -127,6 +127,9 @@ struct ExpertPlacement {
     // or for down (stream_ranges 0: such windows read their misses over PCIe in place, tile by tile).
     int stream_ranges = 0;
     int stream_buffers = 0;
+    // The RAM budget cannot pin the experts: they stay in the mapped file (page cache / SSD). The GPU cannot read
+    // such pages over PCIe, so the CPU workers (required) compute every miss, and copies into VRAM are staged.
+    bool from_file = false;
 };
 
 // CUDA prompt windows (LoadOptions::prompt_chunk): the default and the range --prompt-chunk takes.

@@ -553,6 +553,7 @@ uint64_t MemoryPlan::pinned_total() const {
 ExpertPlacement MemoryPlan::placement() const {
     ExpertPlacement p;
     p.in_host = !experts_in_vram;
+    p.from_file = p.in_host && !experts_pinned;
     if (p.in_host) p.cache_slots = cache_slots;
     if (p.in_host && stream_ring_bytes > 0) {
         p.stream_ranges = kStreamRanges;
@@ -776,13 +777,13 @@ MemoryPlan plan_for_window(const gguf::File& file, const MemoryPlanInputs& in) {
         uint64_t per_slot_row = 0;  // one slot in every layer
         for (uint64_t b : t.expert_bytes) per_slot_row += b;
         vram("expert address tables", tables);
-        // The ring that streams a prompt window's misses from pinned RAM (model/cuda/expert_cache.cpp make_ring): its
-        // buffers hold a range of one pass of the layer that needs the most; it comes out of what the slots get.
+        // The ring that streams a prompt window's misses from host RAM (model/cuda/expert_cache.cpp make_ring; from the
+        // mapped file too, staged by the driver): its buffers hold a range of one pass of the layer that needs the
+        // most; it comes out of what the slots get.
         uint64_t ring_buffer = 0;
         for (const std::vector<uint64_t>& pass : t.pass_bytes)
             for (uint64_t b : pass) ring_buffer = std::max(ring_buffer, b * u(s.moe.n_expert / kStreamRanges));
-        if (in.stream_experts && plan.experts_pinned && s.moe.n_expert % kStreamRanges == 0 &&
-            booked(ring_buffer * kStreamBuffers) < left) {
+        if (in.stream_experts && s.moe.n_expert % kStreamRanges == 0 && booked(ring_buffer * kStreamBuffers) < left) {
             plan.stream_ring_bytes = booked(ring_buffer * kStreamBuffers);
             left -= plan.stream_ring_bytes;
             vram("expert stream ring (prompt windows)", plan.stream_ring_bytes);

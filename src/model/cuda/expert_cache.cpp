@@ -34,21 +34,34 @@ ExpertCache::ExpertCache(cuda::Context& ctx, const gguf::File& file, int64_t n_b
         }
     if (ranges.empty())
         throw Error(file.path() + ": experts in host RAM asked for, but the model has no routed experts");
-    std::fprintf(stderr, "strata: experts in host RAM: pinning %.2f GiB of routed experts...\n",
-                 static_cast<double>(bytes) / (1 << 30));
-    registration_ = std::make_unique<cuda::HostRegistration>(ctx, std::move(ranges));
-    std::fprintf(stderr, "strata: experts in host RAM: %.2f GiB pinned and copied in %.1f s (%.1f GB/s)\n",
-                 static_cast<double>(bytes) / (1 << 30), registration_->seconds(),
-                 static_cast<double>(bytes) / 1e9 / std::max(registration_->seconds(), 1e-9));
-    // The copy serves every read from now on: the file's pages go back to the system.
-    for (const gguf::TensorInfo& t : file.tensors())
-        if (is_routed_expert_tensor(t.name, n_block) && t.data) file.drop_pages(t.data, t.n_bytes);
+    if (placement.from_file) {
+        // Nothing pinned: the GPU cannot read these pages, so the CPU workers compute every miss.
+        if (!placement.cpu_workers)
+            throw Error(
+                file.path() +
+                ": the routed experts are read from the mapped file (the RAM budget cannot pin "
+                "them), and only CPU expert workers can compute a miss from there: --cpu-experts must not be 0");
+        std::fprintf(stderr,
+                     "strata: experts in host RAM: %.2f GiB of routed experts read from the mapped file (not pinned): "
+                     "the CPU workers compute every miss\n",
+                     static_cast<double>(bytes) / (1 << 30));
+    } else {
+        std::fprintf(stderr, "strata: experts in host RAM: pinning %.2f GiB of routed experts...\n",
+                     static_cast<double>(bytes) / (1 << 30));
+        registration_ = std::make_unique<cuda::HostRegistration>(ctx, std::move(ranges));
+        std::fprintf(stderr, "strata: experts in host RAM: %.2f GiB pinned and copied in %.1f s (%.1f GB/s)\n",
+                     static_cast<double>(bytes) / (1 << 30), registration_->seconds(),
+                     static_cast<double>(bytes) / 1e9 / std::max(registration_->seconds(), 1e-9));
+        // The copy serves every read from now on: the file's pages go back to the system.
+        for (const gguf::TensorInfo& t : file.tensors())
+            if (is_routed_expert_tensor(t.name, n_block) && t.data) file.drop_pages(t.data, t.n_bytes);
+    }
     copies_ = std::make_unique<cuda::CopyStream>(ctx);
     layers_.resize(static_cast<size_t>(n_block));
     if (placement.cpu_workers) {
         doorbell_ = std::make_unique<cuda::Doorbell>(ctx, cuda::DoorbellOptions{.slots = static_cast<int>(n_block)});
-        adapt_share_ = placement.cpu_share < 0;
-        share_ = adapt_share_ ? 0.5 : std::min(placement.cpu_share, 1.0);
+        adapt_share_ = placement.cpu_share < 0 && !placement.from_file;
+        share_ = placement.from_file ? 1.0 : adapt_share_ ? 0.5 : std::min(placement.cpu_share, 1.0);
     }
 }
 
@@ -75,14 +88,15 @@ void ExpertCache::add_layer(int64_t block, const MoeWeights& host, const MoeShap
         if (t->ne[2] != shape.n_expert || t->nb[2] < t->nb[1] * static_cast<size_t>(t->ne[1]))
             throw Error(file_.path() + ": expert tensor " + t->name + " is not laid out one expert after another");
         const size_t slice = t->nb[1] * static_cast<size_t>(t->ne[1]);
-        l.parts.push_back({.cpu = static_cast<const uint8_t*>(registration_->host(t->data)),
-                           .host = static_cast<const uint8_t*>(registration_->device(t->data)),
-                           .stride = t->nb[2],
-                           .bytes = slice,
-                           .slot_offset = l.slot_bytes,
-                           .pass = t == &host.down ? 1 : 0,
-                           .ring_offset = 0,
-                           .ring_stride = (slice + 255) / 256 * 256});
+        l.parts.push_back(
+            {.cpu = static_cast<const uint8_t*>(host_bytes(t->data)),
+             .host = registration_ ? static_cast<const uint8_t*>(registration_->device(t->data)) : nullptr,
+             .stride = t->nb[2],
+             .bytes = slice,
+             .slot_offset = l.slot_bytes,
+             .pass = t == &host.down ? 1 : 0,
+             .ring_offset = 0,
+             .ring_stride = (slice + 255) / 256 * 256});
         l.slot_bytes += (slice + 255) / 256 * 256;
         Tensor view = *t;  // types and strides for the products; the data is read through the tables
         view.device = Device::Host;
@@ -100,10 +114,10 @@ void ExpertCache::add_layer(int64_t block, const MoeWeights& host, const MoeShap
     }
     l.shape = shape;
     l.cpu_owned.assign(static_cast<size_t>(E), 0);
-    // The CPU workers read the experts from the pinned copy (the file's pages were handed back).
+    // The CPU workers read the experts from the pinned copy (the file's pages were handed back), or the file.
     l.host = host;
     for (std::vector<Tensor>* views : {&l.host.expert_gate, &l.host.expert_up, &l.host.expert_down})
-        for (Tensor& v : *views) v.data = registration_->host(v.data);
+        for (Tensor& v : *views) v.data = host_bytes(v.data);
     if (doorbell_) {
         const int64_t T = cuda::kMaxMatvecTokens, K = l.k, H = shape.n_embd;
         const size_t ids_bytes = (static_cast<size_t>(T * K) * 4 + 255) / 256 * 256;
@@ -184,8 +198,9 @@ void ExpertCache::point(Layer& l, int32_t expert, int64_t slot) {
     for (size_t p = 0; p < l.parts.size(); ++p) {
         const Part& part = l.parts[p];
         const uint8_t* at =
-            slot < 0 ? part.host + static_cast<size_t>(expert) * part.stride
-                     : l.slots.as<const uint8_t>() + static_cast<size_t>(slot) * l.slot_bytes + part.slot_offset;
+            slot >= 0   ? l.slots.as<const uint8_t>() + static_cast<size_t>(slot) * l.slot_bytes + part.slot_offset
+            : part.host ? part.host + static_cast<size_t>(expert) * part.stride
+                        : nullptr;  // in the file: a window that would read it streams it or runs as decode windows
         l.mirror[p * E + static_cast<size_t>(expert)] = cpu ? nullptr : at;
         l.mirror[set + p * E + static_cast<size_t>(expert)] = at;
         if (ring_) l.mirror[2 * set + p * E + static_cast<size_t>(expert)] = slot < 0 ? ring_address(l, p, expert) : at;
@@ -347,6 +362,10 @@ cuda::MoeExpertStream* ExpertCache::expert_stream(int64_t block) {
 }
 
 void ExpertCache::begin_window(bool decode, bool streamed) {
+    if (stalled_ && !reads_in_place())
+        throw Error(
+            "the CPU expert workers stopped answering, and nothing else can compute the experts read from the "
+            "mapped file: load the model again");
     for (Layer& l : layers_)
         for (int64_t s = 0; s < l.n_slots; ++s) {
             const int32_t e = l.pending[static_cast<size_t>(s)];

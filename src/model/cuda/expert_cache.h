@@ -71,6 +71,9 @@ class ExpertCache {
     cuda::MoeLayerWeights prompt_weights(const cuda::MoeLayerWeights& decode, bool streamed = false) const;
     // Whether long prompt windows may stream (the placement asked for it and every layer's experts split evenly).
     bool streams() const { return ring_ != nullptr; }
+    // Whether the GPU can read a miss over PCIe in place (the experts are pinned); else a prompt window that does not
+    // stream runs as decode windows, whose misses the CPU workers compute.
+    bool reads_in_place() const { return registration_ != nullptr; }
     // In a streamed window: block `block`'s side of the ring for moe_layer_prompt (layers in block order, each once).
     cuda::MoeExpertStream* expert_stream(int64_t block);
 
@@ -149,6 +152,9 @@ class ExpertCache {
     const uint8_t* ring_address(const Layer& l, size_t part, int32_t expert) const;
     void fill_next_chunk();  // the ring's next chunk of this window, if it has one
     void set_cpu_share(double share);
+    const void* host_bytes(const void* original) const {  // where the host reads expert bytes: the copy or the file
+        return registration_ ? registration_->host(original) : original;
+    }
     void point(Layer& l, int32_t expert, int64_t slot);  // slot -1: its host pages
     void admit(Layer& l, int64_t slot, int32_t expert);
 

@@ -376,6 +376,10 @@ void CudaHybridModel::forward_rows(CudaSequence& s, std::span<const int32_t> tok
     // time, each block downloaded before the next overwrites it.
     for (int64_t start = 0, n = 0; start < T; start += n) {
         n = T - start > kWindow ? std::min(prompt_window_, T - start) : T - start;
+        // Experts read from the mapped file: the GPU cannot read a miss in place, so a window that does not stream
+        // its misses runs as decode windows (the CPU workers compute those).
+        if (n > kWindow && experts_ && !experts_->reads_in_place() && !(experts_->streams() && grouped_window(n)))
+            n = kWindow;
         const bool last = start + n == T;
         auto head = [&] {
             if (n <= kWindow) return enqueue_head(0, n);

@@ -615,7 +615,7 @@ TEST(StagePlan, SplitFlagsOfTheLoadingCommands) {
     EXPECT_EQ(parse_device_list("3"), (std::vector<int>{3}));
     for (const char* bad : {"", "0,", ",1", "a", "-1", "0,,1", "0;1", "1.5"})
         expect_error([&] { (void)parse_device_list(bad); }, "--devices expects");
-    const std::string logits = "logits " + shell_quote(mid_path()) + " --tokens 1 ";
+    const std::string logits = "logits --model " + shell_quote(mid_path()) + " --tokens 1 --out /dev/null ";
     testing::expect_user_error(run_strata(logits + "--split 8,8"), "--backend cuda only");
     testing::expect_user_error(run_strata(logits + "--backend cuda --split 8"), "--split expects");
     testing::expect_user_error(run_strata(logits + "--backend cuda --split 8,8 --devices 0,x"), "--devices expects");

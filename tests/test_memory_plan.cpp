@@ -614,5 +614,37 @@ TEST(StagePlan, AutomaticSplitFollowsTheBudgets) {
                                "two cards");
 }
 
+// --split and --devices on the commands that load a model (app/split_load.cpp): the stages are planned before
+// anything loads, so every mistake in them is a one-line error without a GPU.
+TEST(StagePlan, SplitFlagsOfTheLoadingCommands) {
+    EXPECT_EQ(parse_device_list("0,1"), (std::vector<int>{0, 1}));
+    EXPECT_EQ(parse_device_list("0,0"), (std::vector<int>{0, 0}));
+    EXPECT_EQ(parse_device_list("3"), (std::vector<int>{3}));
+    for (const char* bad : {"", "0,", ",1", "a", "-1", "0,,1", "0;1", "1.5"})
+        expect_error([&] { (void)parse_device_list(bad); }, "--devices expects");
+    const std::string logits = "logits --model " + shell_quote(mid_path()) + " --tokens 1 --out /dev/null ";
+    testing::expect_user_error(run_strata(logits + "--split 8,8"), "--backend cuda only");
+    testing::expect_user_error(run_strata(logits + "--backend cuda --split 8"), "--split expects");
+    testing::expect_user_error(run_strata(logits + "--backend cuda --split 8,8 --devices 0,x"), "--devices expects");
+    testing::expect_user_error(run_strata(logits + "--backend cuda --devices 0,1"), "give --split");
+    testing::expect_user_error(run_strata(logits + "--backend cuda --split 8,8 --vram-budget 4G,lots"),
+                               "--vram-budget expects");
+    testing::expect_user_error(run_strata(logits + "--backend cuda --split 8,4 --vram-budget 4G,4G"),
+                               "places 12 blocks");
+    testing::expect_user_error(run_strata(logits + "--backend cuda --split 8,8 --devices 0,0,0 --vram-budget 4G"),
+                               "3 devices for a split of 2 stages");
+    testing::expect_user_error(run_strata(logits + "--backend cuda --split 8,8 --vram-budget 4G,4G,4G"),
+                               "3 sizes for a split of 2 stages");
+    testing::expect_user_error(run_strata(logits + "--backend cuda --split 8,8 --vram-budget 4G,100M"),
+                               "stage 1 (blocks 8-15)");
+#if !STRATA_HAS_CUDA
+    // A plan that fits: printed per stage, then the load says there is no CUDA backend.
+    const testing::ShellRun run = run_strata(logits + "--backend cuda --split auto --vram-budget 4G --devices 0,0");
+    EXPECT_EQ(run.status, 2);
+    EXPECT_NE(run.err.find("stage 1: blocks "), std::string::npos) << run.err;
+    EXPECT_NE(run.err.find("no CUDA backend"), std::string::npos) << run.err;
+#endif
+}
+
 }  // namespace
 }  // namespace strata

@@ -260,7 +260,7 @@ Command info_command() {
                         {"--prompt-chunk", "N", "the CUDA plan's prompt window in tokens (default 512)"},
                         {"--split", "auto|K1,K2,...",
                          "plan the trunk split over several cards, one --vram-budget each (e.g. 12G,12G): auto by "
-                         "the budgets, or K_i blocks on card i (the plan only: running a split is not built yet)"},
+                         "the budgets, or K_i blocks on card i (what --backend cuda --split runs)"},
                     },
                 .positional_name = "FILE.gguf",
                 .notes = "For a split model, give any of its NAME-0000i-of-0000n.gguf files. With --vram-budget, "

@@ -54,7 +54,12 @@ int run_serve(const Args& args) {
             const auto trained = file->get_u32_opt(file->get_str("general.architecture") + ".context_length");
             per_slot = trained && *trained > 0 ? std::min<int64_t>(*trained, 4096) : 4096;
         }
-        o.cuda_plan = plan_memory_for_load(args, o.model_path, o.load, per_slot, o.engine.n_slots);
+        if (auto stages = plan_split_for_load(args, o.model_path, o.load, per_slot, o.engine.n_slots)) {
+            o.cuda_stages = std::move(*stages);
+            o.cuda_plan = o.cuda_stages.back().plan;
+        } else {
+            o.cuda_plan = plan_memory_for_load(args, o.model_path, o.load, per_slot, o.engine.n_slots);
+        }
         if (o.load.experts.in_host) o.expert_profile_path = args.get("--expert-profile").value_or("");
     }
     o.cors_origins = args.get_all("--cors-origin");

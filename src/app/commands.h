@@ -10,6 +10,7 @@
 #include "app/flags.h"
 #include "model/model.h"
 #include "runtime/memory_plan.h"
+#include "runtime/stage_plan.h"
 #include "runtime/speculative_decode.h"
 
 namespace strata::app {
@@ -68,6 +69,16 @@ std::optional<MemoryPlan> plan_memory_for_load(const Args& args, const std::stri
                                                int64_t n_ctx, int64_t n_sequences = 1);
 // The flags load_options reads, for the commands' flag lists.
 extern const std::vector<FlagSpec> kLoadFlags;
+// split_load.cpp (issue 29): --split auto|K1,K2,... and --devices LIST. check_split_flags (from load_options): Error
+// on a malformed value, or the flags without --backend cuda. plan_split_for_load (from plan_memory_for_load, before
+// anything else): nullopt without --split; else each stage's plan (--vram-budget: one size, or one a stage; a device
+// that several stages share is divided among them), printed to stderr and put in options.split (and the prompt
+// window, the PLE rows' source). Error (exit 2) when no plan fits.
+void check_split_flags(const Args& args, Backend backend);
+std::optional<std::vector<StagePlan>> plan_split_for_load(const Args& args, const std::string& path,
+                                                          LoadOptions& options, int64_t n_ctx, int64_t n_sequences);
+// "12G" or "12G,24G": one size of at least 1M a stage (Error otherwise).
+std::vector<uint64_t> parse_budget_list(const std::string& text);
 // Throws Error when path is not a readable regular file ("what" names it in the message).
 void require_file(const std::string& path, const std::string& what);
 // The whole file as bytes (require_file's checks first; "what" names it in the messages).

@@ -192,7 +192,13 @@ void print_speculation_stats(const SpeculativeStats& st) {
 const std::vector<FlagSpec> kLoadFlags = {
     {"--threads", "N", "worker threads (default: all cores)"},
     {"--backend", "B", "cpu (default) or cuda (a build with -DSTRATA_CUDA=ON and an NVIDIA GPU)"},
-    {"--vram-budget", "SIZE", "cuda: device memory strata may take, e.g. 12G (default: what is free less 5%)"},
+    {"--vram-budget", "SIZE",
+     "cuda: device memory strata may take, e.g. 12G (default: what is free less 5%); with --split one a stage, e.g. "
+     "12G,24G"},
+    {"--split", "auto|K1,K2,...",
+     "cuda: split the layers over several GPUs, contiguous ranges in order (token table on the first, head on the "
+     "last): auto by each card's budget, or K_i blocks on stage i; bit-exact with one card"},
+    {"--devices", "LIST", "cuda, with --split: the GPU of each stage, e.g. 0,1 (default: 0,1,...; 0,0 puts two stages on one GPU)"},
     {"--ram-budget", "SIZE",
      "cuda: host memory the routed experts and the PLE table may pin, e.g. 64G (default: what is available)"},
     {"--expert-policy", "P",
@@ -234,7 +240,9 @@ LoadOptions load_options(const Args& args, bool read_threads) {
     if (read_threads) o.n_threads = thread_count(args);
     const auto backend = args.get_choice("--backend", {"cpu", "cuda"});
     o.backend = backend == "cuda" ? Backend::Cuda : Backend::Cpu;
-    if (auto bytes = budget_flag(args, "--vram-budget")) o.vram_budget = static_cast<size_t>(*bytes);
+    check_split_flags(args, o.backend);  // split_load.cpp; with --split, --vram-budget may give one size a stage
+    if (!args.has("--split"))
+        if (auto bytes = budget_flag(args, "--vram-budget")) o.vram_budget = static_cast<size_t>(*bytes);
     (void)budget_flag(args, "--ram-budget");  // checked here, read by plan_memory_for_load
     o.cuda_graphs = !args.has("--no-cuda-graphs");
     o.ple_from_file = args.has("--ple-from-file");
@@ -278,6 +286,7 @@ LoadOptions load_options(const Args& args, bool read_threads) {
 
 std::optional<MemoryPlan> plan_memory_for_load(const Args& args, const std::string& path, LoadOptions& options,
                                                int64_t n_ctx, int64_t n_sequences) {
+    if (auto stages = plan_split_for_load(args, path, options, n_ctx, n_sequences)) return stages->back().plan;
     if (options.backend != Backend::Cuda) return std::nullopt;
     MemoryPlanInputs in{.vram_budget = options.vram_budget,
                         .ram_budget = budget_flag(args, "--ram-budget"),

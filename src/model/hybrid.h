@@ -153,6 +153,8 @@ std::unique_ptr<Model> load_qwen35moe(std::unique_ptr<gguf::File> file, const Lo
 std::unique_ptr<Model> load_qwen3next(std::unique_ptr<gguf::File> file, const LoadOptions& options);
 #if STRATA_HAS_CUDA
 std::unique_ptr<Model> load_qwen4exp_cuda(std::unique_ptr<gguf::File> file, const LoadOptions& options);  // cuda/
+// LoadOptions::split: one CUDA model a stage (each loaded by load_model), run as one (cuda/split_cuda.cpp).
+std::unique_ptr<Model> load_split_cuda(const std::string& path, const LoadOptions& options);
 #endif
 
 }  // namespace strata

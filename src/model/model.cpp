@@ -17,7 +17,11 @@ std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& op
     const std::string arch = file->get_str("general.architecture");
 #if !STRATA_HAS_CUDA
     if (options.backend == Backend::Cuda) throw Error("this build has no CUDA backend (configure with -DSTRATA_CUDA=ON)");
+#else
+    if (options.backend == Backend::Cuda && !options.split.empty()) return load_split_cuda(path, options);
 #endif
+    if (!options.split.empty() && options.backend != Backend::Cuda)
+        throw Error("a split over several GPUs (--split) needs --backend cuda");
     if (options.backend == Backend::Cuda && options.routing_trace)
         throw Error("--routing-trace records the CPU backend's routing only (use --backend cpu)");
     if (arch == "qwen4exp") return load_qwen4exp(std::move(file), options);

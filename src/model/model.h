@@ -137,6 +137,16 @@ inline constexpr int64_t kDefaultPromptChunk = 512;
 inline constexpr int64_t kMinPromptChunk = 16;
 inline constexpr int64_t kMaxPromptChunk = 8192;
 
+// CUDA: one stage of a model split over several GPUs (issue 29; model/cuda/split_cuda.cpp): the trunk blocks
+// [first_block, end_block) on one device, with their own budget and expert placement (cache_slots and warm by trunk
+// block: the stage's blocks alone are read).
+struct CudaStage {
+    int device = 0;
+    size_t vram_budget = 0;  // 0: what is free on the device less 5%
+    int64_t first_block = 0, end_block = 0;
+    ExpertPlacement experts;
+};
+
 struct LoadOptions {
     Backend backend = Backend::Cpu;
     int n_threads = 0;  // 0: all cores
@@ -185,6 +195,15 @@ struct LoadOptions {
     // whole tables copied into mapped pinned memory. The factory carries the planned row cache size.
     bool ple_from_file = false;
     PleRowSourceFactory ple_reader;
+    // CUDA: the trunk split over several GPUs (--split, --devices), one stage a device in block order, the token table
+    // on the first and the head (and MTP layer) on the last; empty: one card. Each stage loads as a model of its
+    // blocks with these options, but for the stage's device, budget and expert placement. A device may repeat (two
+    // stages on one GPU: the test path of a split without two GPUs).
+    std::vector<CudaStage> split;
+    // CUDA: the blocks this model runs when it is one stage of a split (set by the split for each stage; end_block 0:
+    // to the last). A stage after the first takes the residual from the one before it instead of the token table, a
+    // stage before the last hands it on instead of running the head.
+    int64_t first_block = 0, end_block = 0;
 };
 
 // Experts in host RAM (CUDA, ExpertPlacement::in_host): what the VRAM expert cache and the CPU workers did since

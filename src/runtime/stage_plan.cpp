@@ -30,6 +30,25 @@ StageSplit parse_stage_split(std::string_view text) {
     return split;
 }
 
+std::vector<int> parse_device_list(std::string_view text) {
+    const std::string what = "--devices expects CUDA device indices like 0,1 (one may repeat), got '" +
+                             std::string(text) + "'";
+    std::vector<int> devices;
+    while (true) {
+        const size_t comma = text.find(',');
+        const std::string_view part = text.substr(0, comma);
+        int n = 0;
+        const auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), n);
+        if (part.empty() || ec != std::errc() || end != part.data() + part.size() || n < 0 || n > 1023)
+            throw Error(what);
+        devices.push_back(n);
+        if (devices.size() > 64) throw Error(what + ": at most 64 stages");
+        if (comma == std::string_view::npos) break;
+        text.remove_prefix(comma + 1);
+    }
+    return devices;
+}
+
 namespace {
 
 // "auto": the block counts whose weights (each block's tensors, the token table with block 0, everything else

@@ -3,7 +3,8 @@
 // (runtime/memory_plan.h with first_block / end_block): its dense weights, KV and states, window buffers and an
 // expert cache for its own layers. Plain arithmetic over the file like the one-card plan, so `strata info FILE
 // --split auto --vram-budget 12G,12G` prints it on a machine without GPUs. What a split runs on (one CUDA context,
-// stream and graph a stage, the residual handed on per window) is not built yet; this is the plan alone.
+// stream, window graphs and expert cache a stage, the residual handed on per window) is model/cuda/split_cuda.cpp;
+// app/split_load.cpp turns these plans into its LoadOptions::split.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +23,10 @@ struct StageSplit {
 };
 // Throws a one-line Error for anything else (empty parts, zero, non-numbers, a single stage).
 StageSplit parse_stage_split(std::string_view text);
+
+// --devices: CUDA device indices, comma-separated, in stage order ("0,1"; one may repeat: "0,0" puts two stages on one
+// device). Throws a one-line Error for anything else (empty parts, negative or non-numbers, more than 64).
+std::vector<int> parse_device_list(std::string_view text);
 
 struct StagePlan {
     int64_t first_block = 0, end_block = 0;  // the file's trunk blocks [first_block, end_block)

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runtime/memory_plan.h"
+#include "runtime/stage_plan.h"
 #include "server/constraints.h"
 #include "server/engine.h"
 #include "server/reply_parser.h"
@@ -68,6 +69,8 @@ struct ServerContext {
     std::chrono::steady_clock::time_point started;
     int64_t created_unix = 0;
     const MemoryPlan* cuda_plan = nullptr;  // --backend cuda: the plan the load followed
+    const std::vector<StagePlan>* cuda_stages = nullptr;  // --split: each stage's plan (empty: one card)
+    const std::vector<CudaStage>* cuda_split = nullptr;   // --split: each stage's device
 };
 
 // Per-request facts for the one log line the server writes per request (filled by the handlers, printed by the

@@ -165,6 +165,29 @@ Json cuda_plan_json(const MemoryPlan* plan) {
             {"lines", lines}};
 }
 
+// --split (issue 29): each stage's card, its blocks and their share of the trunk, and its plan's VRAM; null on one
+// card.
+Json cuda_stages_json(const ServerContext& ctx) {
+    if (!ctx.cuda_stages || ctx.cuda_stages->empty()) return nullptr;
+    const std::vector<StagePlan>& stages = *ctx.cuda_stages;
+    const double n_trunk = static_cast<double>(std::max<int64_t>(stages.back().end_block, 1));
+    Json out = Json::array();
+    for (size_t k = 0; k < stages.size(); ++k) {
+        const StagePlan& s = stages[k];
+        const bool known = ctx.cuda_split && k < ctx.cuda_split->size();
+        out.push_back({{"stage", k},
+                       {"device", known ? (*ctx.cuda_split)[k].device : -1},
+                       {"first_block", s.first_block},
+                       {"last_block", s.end_block - 1},
+                       {"block_share", static_cast<double>(s.end_block - s.first_block) / n_trunk},
+                       {"vram_budget_bytes", s.plan.vram_budget},
+                       {"vram_bytes", s.plan.vram_total()},
+                       {"expert_cache_slots", s.plan.cache_slots},
+                       {"summary", s.plan.summary()}});
+    }
+    return out;
+}
+
 Json status_json(const ServerContext& ctx, const gguf::File& file) {
     const EngineSnapshot snap = ctx.engine->snapshot();
     Json slots = Json::array();
@@ -203,6 +226,7 @@ Json status_json(const ServerContext& ctx, const gguf::File& file) {
               {"chat_template", ctx.builtin_template ? "built-in ChatML" : "from the model"}}},
             {"memory_plan", {{"per_slot_context", o.ctx_per_slot}, {"items", plan}, {"total_bytes", total}}},
             {"cuda_memory_plan", cuda_plan_json(ctx.cuda_plan)},
+            {"cuda_stages", cuda_stages_json(ctx)},
             {"expert_cache", expert_cache_json(ctx.model->expert_offload_stats())},
             {"slots", slots},
             {"queue", {{"waiting", snap.load.waiting}, {"limit", snap.queue_limit}, {"running", snap.load.running}}},
@@ -330,6 +354,8 @@ int serve(const ServeOptions& options) {
     ctx.created_unix = static_cast<int64_t>(std::time(nullptr));
     ctx.model_path = options.model_path;
     ctx.cuda_plan = options.cuda_plan ? &*options.cuda_plan : nullptr;
+    ctx.cuda_stages = &options.cuda_stages;
+    ctx.cuda_split = &options.load.split;
     std::unique_ptr<Model> model = load_model(options.model_path, options.load);
     std::unique_ptr<gguf::File> file = gguf::File::open(options.model_path);
     if (!file->find("tokenizer.ggml.model"))

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "runtime/memory_plan.h"
+#include "runtime/stage_plan.h"
 #include "server/engine.h"
 
 namespace strata::server {
@@ -23,6 +24,8 @@ struct ServeOptions {
     size_t max_body = 1 << 20;
     int http_threads = 0;               // 0: slots + queue + 8
     std::optional<MemoryPlan> cuda_plan;  // --backend cuda: the memory plan the load follows (shown by /v1/status)
+    // --split: each stage's plan (cuda_plan is the last's), its card in load.split (shown by /v1/status).
+    std::vector<StagePlan> cuda_stages;
     // --expert-profile with experts in host RAM: the routing the server saw is added to this profile when it stops,
     // so the next start warms its expert cache from it.
     std::string expert_profile_path;

@@ -243,6 +243,10 @@ Context::~Context() {
     scratch_ = DeviceBuffer();  // before the accountant it is booked in
 }
 
+void Context::make_current() const {
+    STRATA_CUDA_CHECK(cudaSetDevice(info_.index));
+}
+
 DeviceBuffer Context::allocate(size_t bytes, const std::string& label) {
     STRATA_CUDA_CHECK(cudaSetDevice(info_.index));
     return DeviceBuffer(*memory_, bytes, label);

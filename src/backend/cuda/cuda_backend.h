@@ -168,6 +168,9 @@ public:
     // Device bytes set to zero, queued on the stream.
     void zero(void* device, size_t bytes);
     void synchronize() const { stream_->synchronize(); }
+    // Makes this context's device the calling thread's current one (kernels launch on the current device): the
+    // stages of a split, one context a device, take turns on one thread.
+    void make_current() const;
     // Bracket work for a profiler started with --profile-from-start off (Nsight Compute); stop waits for the stream.
     void profiler_start();
     void profiler_stop();

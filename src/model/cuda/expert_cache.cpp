@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "format/gguf_names.h"
 #include "model/binding.h"
 
 namespace strata::cuda_model {
@@ -23,12 +24,15 @@ bool is_routed_expert_tensor(const std::string& name, int64_t n_block) {
 }  // namespace
 
 ExpertCache::ExpertCache(cuda::Context& ctx, const gguf::File& file, int64_t n_block, int64_t max_window_tokens,
-                         const ExpertPlacement& placement)
+                         const ExpertPlacement& placement, int64_t first_block)
     : ctx_(ctx), file_(file), placement_(placement), max_window_tokens_(max_window_tokens) {
     std::vector<std::pair<const void*, size_t>> ranges;
     size_t bytes = 0;
+    const auto mine = [&](const gguf::TensorInfo& t) {
+        return is_routed_expert_tensor(t.name, n_block) && block_of(t.name) >= first_block && t.data;
+    };
     for (const gguf::TensorInfo& t : file.tensors())
-        if (is_routed_expert_tensor(t.name, n_block) && t.data) {
+        if (mine(t)) {
             ranges.push_back({t.data, t.n_bytes});
             bytes += t.n_bytes;
         }
@@ -54,7 +58,7 @@ ExpertCache::ExpertCache(cuda::Context& ctx, const gguf::File& file, int64_t n_b
                      static_cast<double>(bytes) / 1e9 / std::max(registration_->seconds(), 1e-9));
         // The copy serves every read from now on: the file's pages go back to the system.
         for (const gguf::TensorInfo& t : file.tensors())
-            if (is_routed_expert_tensor(t.name, n_block) && t.data) file.drop_pages(t.data, t.n_bytes);
+            if (mine(t)) file.drop_pages(t.data, t.n_bytes);
     }
     copies_ = std::make_unique<cuda::CopyStream>(ctx);
     layers_.resize(static_cast<size_t>(n_block));

@@ -49,9 +49,10 @@ struct ExpertCacheStats {
 
 class ExpertCache {
   public:
-    // Registers the routed experts' pages of every trunk block. Throws Error when they cannot be pinned.
+    // Registers the routed experts' pages of trunk blocks [first_block, n_block) (a stage of a split: its own).
+    // Throws Error when they cannot be pinned.
     ExpertCache(cuda::Context& ctx, const gguf::File& file, int64_t n_block, int64_t max_window_tokens,
-                const ExpertPlacement& placement);
+                const ExpertPlacement& placement, int64_t first_block = 0);
     ~ExpertCache();
 
     // Block `block`'s experts: allocates its slots (placement.cache_slots), fills them with the warm set, and points

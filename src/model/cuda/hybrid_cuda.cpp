@@ -51,6 +51,11 @@ CudaHybridModel::CudaHybridModel(std::unique_ptr<gguf::File> file, const LoadOpt
     prompt_window_ = options.prompt_chunk ? std::max(options.prompt_chunk, kWindow + 1) : kDefaultPromptChunk;
     window_host_.assign(static_cast<size_t>(3 * prompt_window_), 0);
     info_ = read_hybrid_info(*file_, &n_block_all_);
+    first_block_ = options.first_block;
+    end_block_ = options.end_block ? options.end_block : info_.n_layer;
+    if (first_block_ < 0 || end_block_ > info_.n_layer || first_block_ >= end_block_)
+        throw Error(file_->path() + ": blocks " + std::to_string(first_block_) + ".." + std::to_string(end_block_ - 1) +
+                    " are not a stage of this " + std::to_string(info_.n_layer) + "-block model");
     ctx_ = std::make_unique<cuda::Context>(cuda::ContextOptions{
         .device = options.cuda_device, .vram_budget = options.vram_budget, .blas_products = options.cuda_blas});
     experts_in_host_ = options.experts.in_host;
@@ -58,8 +63,9 @@ CudaHybridModel::CudaHybridModel(std::unique_ptr<gguf::File> file, const LoadOpt
     check_weights_fit();
     weights_ = std::make_unique<DeviceWeights>(*ctx_, *file_);
     if (experts_in_host_)
-        experts_ = std::make_unique<ExpertCache>(*ctx_, *file_, info_.n_layer, prompt_window_, options.experts);
-    routing_ids_.assign(static_cast<size_t>(info_.n_layer), nullptr);
+        experts_ = std::make_unique<ExpertCache>(*ctx_, *file_, end_block_, prompt_window_, options.experts,
+                                                 first_block_);
+    routing_ids_.assign(static_cast<size_t>(end_block_), nullptr);
     if (options.cuda_profile) profiler_ = std::make_unique<cuda::StreamProfiler>(kOpKindNames);
 }
 
@@ -192,7 +198,9 @@ void CudaHybridModel::moe_window(const MoeDevice& m, const float* x, float* out,
 void CudaHybridModel::finish_loading(const WindowShape& shape, const Tensor* token_embd, const Tensor* output) {
     token_embd_ = token_embd;
     output_ = output;
+    STRATA_ASSERT((token_embd_ != nullptr) == first_stage() && (output_ != nullptr) == last_stage());
     n_streams_ = shape.n_streams;
+    pending_write_ = shape.pending_write;
     const int64_t T = prompt_window_, H = info_.n_embd, hc = shape.n_streams, HC = hc * H, V = info_.n_vocab;
     const GdnShape& g = gdn_;
     const AttentionShape& a = attention_;
@@ -241,9 +249,9 @@ void CudaHybridModel::finish_loading(const WindowShape& shape, const Tensor* tok
     parts.push_back({&w_.mixed_q8_0, cuda::q8_0_activation_bytes(H), stage});
     f32(&w_.hc_work, shape.hc_work_floats);
     f32(&w_.hidden, T * H);
-    f32(&w_.logits, std::min(T, kHeadRows) * V);
+    f32(&w_.logits, output_ ? std::min(T, kHeadRows) * V : 0);  // the stage with the head
     stage = 1;
-    parts.push_back({&w_.embed_staging, cuda::embed_staging_bytes(*token_embd_, T), stage});
+    parts.push_back({&w_.embed_staging, token_embd_ ? cuda::embed_staging_bytes(*token_embd_, T) : 0, stage});
     stage = 2;
     f32(&w_.qkv, T * g.conv_dim());
     f32(&w_.z, T * g.value_dim());
@@ -292,7 +300,7 @@ void CudaHybridModel::finish_loading(const WindowShape& shape, const Tensor* tok
     // a decode window (the graphs keep its address) and a prompt window (its GEMM path takes more), the head at
     // kHeadRows tokens at most (the embedding table is read by rows, unless it is the head).
     ctx_->scratch(std::max({weights_->max_matmul_scratch(kWindow), weights_->max_matmul_scratch(T, {output_, token_embd_}),
-                            cuda::matmul_scratch_bytes(*output_, std::min(T, kHeadRows))}));
+                            output_ ? cuda::matmul_scratch_bytes(*output_, std::min(T, kHeadRows)) : size_t{0}}));
     if (ctx_->blas_products() && T >= cuda::kBlasMinTokens) ctx_->blas();  // its workspace in the plan below
     if (experts_) experts_->set_routing_sources(routing_ids_);
     std::fprintf(stderr, "strata: CUDA %s, VRAM plan after loading:\n%s", ctx_->info().name.c_str(),
@@ -354,8 +362,33 @@ void CudaHybridModel::forward_with_residual(SequenceState& state, std::span<cons
     forward_rows(own(state, "forward_with_residual"), tokens, logits, last_only, residual);
 }
 
+void CudaHybridModel::forward_windows(SequenceState& seq, std::span<const int32_t> tokens, std::span<float> logits,
+                                      std::span<float> residual, bool last_only, const WindowRun& run) const {
+    STRATA_ASSERT(last_stage() && run);
+    if (!residual.empty() && std::ssize(residual) < std::ssize(tokens) * n_streams_ * info_.n_embd)
+        throw Error("forward_with_residual: the residual buffer holds " + std::to_string(residual.size()) +
+                    " floats, needs " + std::to_string(std::ssize(tokens) * n_streams_ * info_.n_embd));
+    forward_rows(own(seq, "forward"), tokens, logits, last_only, residual, run);
+}
+
+void CudaHybridModel::stage_window(SequenceState& seq, std::span<const int32_t> tokens,
+                                   const std::function<void()>& head) const {
+    run_window(own(seq, "forward"), tokens, head);
+}
+
+std::vector<std::pair<void*, size_t>> CudaHybridModel::handoff_rows(int64_t T) const {
+    STRATA_ASSERT(T >= 1 && T <= prompt_window_);
+    const auto floats = [](int64_t n) { return static_cast<size_t>(n) * sizeof(float); };
+    std::vector<std::pair<void*, size_t>> rows = {{w_.residual, floats(T * n_streams_ * info_.n_embd)}};
+    if (pending_write_) {
+        rows.push_back({w_.out, floats(T * info_.n_embd)});
+        rows.push_back({w_.inject, floats(T * n_streams_)});
+    }
+    return rows;
+}
+
 void CudaHybridModel::forward_rows(CudaSequence& s, std::span<const int32_t> tokens, std::span<float> logits,
-                                   bool last_only, std::span<float> residual) const {
+                                   bool last_only, std::span<float> residual, const WindowRun& run) const {
     CudaSequence* seq = &s;
     const int64_t T = static_cast<int64_t>(tokens.size()), V = info_.n_vocab;
     const size_t want = last_only ? static_cast<size_t>(V) : static_cast<size_t>(T * V);
@@ -396,7 +429,11 @@ void CudaHybridModel::forward_rows(CudaSequence& s, std::span<const int32_t> tok
                                static_cast<size_t>(rows * V) * sizeof(float));
             }
         };
-        run_window(*seq, tokens.subspan(static_cast<size_t>(start), static_cast<size_t>(n)), head);
+        const std::span<const int32_t> window = tokens.subspan(static_cast<size_t>(start), static_cast<size_t>(n));
+        if (run)
+            run(window, head);
+        else
+            run_window(*seq, window, head);
         // The window's final residual rows stay in w_.residual after it (the head reads w_.hidden).
         if (!residual.empty()) {
             const int64_t width = n_streams_ * info_.n_embd;
@@ -422,6 +459,14 @@ void CudaHybridModel::check_weights_fit() const {
             continue;
         }
         if (is_mtp_block_tensor(t.name, info_.n_layer)) continue;
+        // A stage of a split: its own blocks; the token table on the first, output* (or a tied table) on the last,
+        // anything else outside the blocks on the first (runtime/memory_plan.cpp counts the same).
+        const int64_t block = block_of(t.name);
+        if (block >= 0 && (block < first_block_ || block >= end_block_)) continue;
+        const bool tied_head = t.name == "token_embd.weight" && !file_->find_tensor("output.weight");
+        if (block < 0 && !((first_stage() && !t.name.starts_with("output")) ||
+                           (last_stage() && (t.name.starts_with("output") || tied_head))))
+            continue;
         if (experts_in_host_ && t.name.find("_exps.") != std::string::npos && t.name.find("shexp") == std::string::npos)
             host_experts += t.n_bytes;
         else

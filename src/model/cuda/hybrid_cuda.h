@@ -155,6 +155,9 @@ struct WindowShape {
     int64_t hc_work_floats = 0;
     const PleShape* ple = nullptr;
     size_t ple_row_bytes = 0;
+    // The architecture leaves each block's write into the residual pending for the next block's read to apply
+    // (hyper-connections): a stage of a split hands that write on with the residual (CudaHybridModel::handoff_rows).
+    bool pending_write = false;
 };
 
 class CudaHybridModel : public Model {
@@ -174,6 +177,26 @@ class CudaHybridModel : public Model {
     // Page-locked (heap memory when the system will not pin more).
     HostFloats host_floats(size_t n) const override;
     std::optional<ExpertOffloadStats> expert_offload_stats() const override;
+
+    // ---- one stage of a split over several GPUs (LoadOptions::first_block; split_cuda.cpp) ----
+    // One window through every stage: the window's tokens, and the head to queue after the last stage's part.
+    using WindowRun = std::function<void(std::span<const int32_t> tokens, const std::function<void()>& head)>;
+    // forward() (with the residual rows of forward_with_residual, or residual empty) of the split whose last stage
+    // this is, on this stage's sequence: the windows cut, the head run and the logits and residual downloaded as
+    // forward() does, each window run by `run` (which runs this stage's part with stage_window).
+    void forward_windows(SequenceState& seq, std::span<const int32_t> tokens, std::span<float> logits,
+                         std::span<float> residual, bool last_only, const WindowRun& run) const;
+    // This stage's part of one window on its sequence, queued on its stream (head: a no-op but on the last stage).
+    // The caller holds the split's lock and has made this stage's device current.
+    void stage_window(SequenceState& seq, std::span<const int32_t> tokens, const std::function<void()>& head) const;
+    // The device rows a window of T tokens hands from this stage to the next, which takes them into the same rows of
+    // its own: the residual streams, and where the architecture leaves a block's write pending (WindowShape::
+    // pending_write), that write's block output and inject, which the next stage's first read applies.
+    std::vector<std::pair<void*, size_t>> handoff_rows(int64_t T) const;
+    cuda::Context& context() const { return *ctx_; }
+    int64_t first_block() const { return first_block_; }
+    int64_t end_block() const { return end_block_; }
+    int64_t prompt_window() const { return prompt_window_; }
 
   protected:
     // Reads general.* and the sizes, starts the device, checks that the weights fit the budget.
@@ -215,10 +238,16 @@ class CudaHybridModel : public Model {
     void mark(OpKind kind) const {
         if (profiler_) profiler_->mark(*ctx_, kind);
     }
+    // A stage of a split (LoadOptions::first_block): the first embeds the tokens, the last runs the head; a model on
+    // one card is both. Block indices in blocks_, layout_ and a sequence's layers count from first_block_; the expert
+    // cache and the routing are by trunk block.
+    bool first_stage() const { return first_block_ == 0; }
+    bool last_stage() const { return end_block_ == info_.n_layer; }
 
     std::unique_ptr<gguf::File> file_;
     ModelInfo info_;
     int64_t n_block_all_ = 0;
+    int64_t first_block_ = 0, end_block_ = 0;  // the trunk blocks this model runs (all of them on one card)
     std::unique_ptr<cuda::Context> ctx_;
     std::unique_ptr<DeviceWeights> weights_;
     std::unique_ptr<ExpertCache> experts_;  // experts in host RAM (LoadOptions::experts.in_host), else null
@@ -236,8 +265,9 @@ class CudaHybridModel : public Model {
   private:
     void check_weights_fit() const;
     // forward() and forward_with_residual(): residual empty, or [tokens x n_streams x n_embd] floats.
+    // run: a split's window over its stages (forward_windows); null: run_window on this model alone.
     void forward_rows(CudaSequence& seq, std::span<const int32_t> tokens, std::span<float> logits, bool last_only,
-                      std::span<float> residual) const;
+                      std::span<float> residual, const WindowRun& run = nullptr) const;
     CudaSequence& own(const SequenceState& seq, const char* call) const;
     void allocate_sequence(CudaSequence& s) const;
     void clear_sequence(CudaSequence& s) const;
@@ -262,6 +292,7 @@ class CudaHybridModel : public Model {
     PleShape ple_;
     bool has_ple_ = false;
     int64_t n_streams_ = 1;  // residual streams (WindowShape::n_streams)
+    bool pending_write_ = false;  // WindowShape::pending_write
     std::unique_ptr<cuda::StreamProfiler> profiler_;
     mutable int64_t profiled_tokens_ = 0;
     mutable std::mutex mutex_;

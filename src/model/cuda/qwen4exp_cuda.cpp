@@ -68,23 +68,30 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
         TensorBinder binder(*file_);
         const HybridEmbeddings embeddings = bind_hybrid_embeddings(*file_, binder, info_);
         const HyperConnectionWeights output_hc = bind_hyper_connection(binder, "output_hc", h_.hc, false);
-        const std::vector<Qwen4ExpBlock> blocks = bind_qwen4exp_blocks(binder, h_, info_.n_layer);
+        const std::vector<Qwen4ExpBlock> all_blocks = bind_qwen4exp_blocks(binder, h_, info_.n_layer);
+        // This model's blocks (all of them, or a stage's of a split).
+        const std::span<const Qwen4ExpBlock> blocks(all_blocks.data() + first_block_,
+                                                    static_cast<size_t>(end_block_ - first_block_));
         std::vector<BlockLayout> layout;
-        for (const Qwen4ExpBlock& b : blocks)
+        for (const Qwen4ExpBlock& b : blocks) {
             layout.push_back({.recurrent = b.recurrent, .indexer = b.indexer, .has_ple = b.has_ple});
-        set_shapes(h_.gdn, h_.attention, std::move(layout), !h_.ple_blocks.empty() ? &h_.ple : nullptr);
-        output_hc_ = hc_device(output_hc);
+            has_ple_blocks_ = has_ple_blocks_ || b.has_ple;
+        }
+        set_shapes(h_.gdn, h_.attention, std::move(layout), has_ple_blocks_ ? &h_.ple : nullptr);
+        if (last_stage()) output_hc_ = hc_device(output_hc);
         for (const Qwen4ExpBlock& b : blocks) blocks_.push_back(block_device(b));
-        bind_draft_layer(binder, embeddings.token_embd, options);
-        if (ple_from_file_ && !h_.ple_blocks.empty()) {  // prepare_window's scratch, sized once
+        if (last_stage()) bind_draft_layer(binder, embeddings.token_embd, options);
+        if (ple_from_file_ && has_ple_blocks_) {  // prepare_window's scratch, sized once
             ple_rows_.assign(static_cast<size_t>(prompt_window_ * h_.ple.n_heads()), 0);
             ple_window_history_.reserve(static_cast<size_t>(h_.ple.ngram - 1 + prompt_window_));
         }
         finish_loading({.n_streams = h_.hc.n_streams,
                         .hc_work_floats = cuda::hyper_connection_workspace_floats(hc_dims(), prompt_window_),
-                        .ple = !h_.ple_blocks.empty() ? &h_.ple : nullptr,
-                        .ple_row_bytes = ple_row_bytes_},
-                       weights_->tensor(embeddings.token_embd), weights_->tensor(embeddings.output));
+                        .ple = has_ple_blocks_ ? &h_.ple : nullptr,
+                        .ple_row_bytes = ple_row_bytes_,
+                        .pending_write = true},
+                       first_stage() ? weights_->tensor(embeddings.token_embd) : nullptr,
+                       last_stage() ? weights_->tensor(embeddings.output) : nullptr);
     }
 
     int64_t draft_residual_width() const override { return draft_ ? draft_->layer.width() : 0; }
@@ -148,7 +155,7 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
         } else {
             d.attention = upload_attention(b.attention, b.indexer);
         }
-        d.moe = upload_moe(b.moe, h_.moe, static_cast<int64_t>(blocks_.size()));
+        d.moe = upload_moe(b.moe, h_.moe, first_block_ + static_cast<int64_t>(blocks_.size()));
         if (b.has_ple) {
             d.has_ple = true;
             const PleWeights& p = b.ple;
@@ -193,16 +200,19 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
         const int64_t hc = h_.hc.n_streams;
         const cuda::HyperConnectionDims dims = hc_dims();
         mark(kEmbed);
-        cuda::embed_rows(ctx, {.table = token_embd_,
-                               .tokens = w_.tokens,
-                               .n_tokens = T,
-                               .copies = hc,
-                               .out = w_.residual,
-                               .staging = w_.embed_staging});
+        if (first_stage())
+            cuda::embed_rows(ctx, {.table = token_embd_,
+                                   .tokens = w_.tokens,
+                                   .n_tokens = T,
+                                   .copies = hc,
+                                   .out = w_.residual,
+                                   .staging = w_.embed_staging});
         // A block's write into the residual streams waits for the next read, whose first kernel applies it (fused
         // read, backend/cuda/hyper_connection.cu); the PLE and the final mixer need it applied first. In a decode
-        // window the MoE leaves its combine to that kernel too (pending_moe).
-        const float* pending = nullptr;
+        // window the MoE leaves its combine to that kernel too (pending_moe). A stage of a split after the first
+        // starts with the previous stage's last write pending: its block output and inject were handed in with the
+        // residual (handoff_rows).
+        const float* pending = first_stage() ? nullptr : w_.out;
         cuda::MoeCombine moe_combine{};
         const cuda::MoeCombine* pending_moe = nullptr;
         const bool defer_combine = T <= kWindow;
@@ -255,6 +265,12 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
             if (defer_combine) pending_moe = &moe_combine;
         }
         mark(kResidual);
+        if (!last_stage()) {
+            // The next stage's first read applies this stage's last write. A deferred combine runs here (its values
+            // with the bits the fused read forms them with), so that the write handed on is a block output.
+            if (pending_moe) cuda::moe_combine(ctx, *pending_moe);
+            return;
+        }
         apply_pending();
         read(output_hc_, w_.hidden, nullptr);
     }
@@ -264,7 +280,7 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
     // previous window's copy out of the staging has run) they go into the pinned staging. Then the history moves
     // past the window.
     void prepare_window(CudaSequence& s, std::span<const int32_t> tokens) const override {
-        if (!ple_from_file_ || h_.ple_blocks.empty()) return;
+        if (!ple_from_file_ || !has_ple_blocks_) return;
         const PleShape& p = h_.ple;
         const int64_t T = static_cast<int64_t>(tokens.size()), n_heads = p.n_heads(), N = p.ngram;
         STRATA_ASSERT(T <= prompt_window_ && static_cast<int64_t>(s.ple_history.size()) == N - 1);
@@ -356,6 +372,7 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
     cuda::HyperConnectionDeviceWeights output_hc_;
     std::vector<BlockDevice> blocks_;
     size_t ple_row_bytes_ = 0;
+    bool has_ple_blocks_ = false;  // a PLE block is among this model's (a stage of a split may have none)
     PleRowSourceFactory ple_reader_;
     mutable std::vector<int64_t> ple_rows_;            // a window's row ids, [T x n_heads]
     mutable std::vector<int32_t> ple_window_history_;  // the history, then the window's tokens

@@ -2,6 +2,7 @@
 // (the shared machinery, windows and graphs in hybrid_cuda.h): attn_norm -> GDN or gated attention -> residual add
 // -> post_attention_norm -> MoE (or qwen3next's dense MLP) -> residual add; output_norm feeds the head.
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "backend/cuda/block_ops.h"
@@ -32,8 +33,12 @@ class SingleStreamCudaModel final : public CudaHybridModel {
         h_ = read_single_stream_hparams(*file_, arch, info_, n_block_all_);
         TensorBinder binder(*file_);
         const HybridEmbeddings embeddings = bind_hybrid_embeddings(*file_, binder, info_);
-        output_norm_ = weights_->floats(binder.require_f32("output_norm.weight", {info_.n_embd}));
-        const std::vector<SingleStreamBlock> blocks = bind_single_stream_blocks(binder, h_, info_.n_layer);
+        const std::vector<float> output_norm = binder.require_f32("output_norm.weight", {info_.n_embd});
+        if (last_stage()) output_norm_ = weights_->floats(output_norm);
+        const std::vector<SingleStreamBlock> all_blocks = bind_single_stream_blocks(binder, h_, info_.n_layer);
+        // This model's blocks (all of them, or a stage's of a split).
+        const std::span<const SingleStreamBlock> blocks(all_blocks.data() + first_block_,
+                                                        static_cast<size_t>(end_block_ - first_block_));
         std::vector<BlockLayout> layout;
         for (const SingleStreamBlock& b : blocks) layout.push_back({.recurrent = b.recurrent});
         set_shapes(h_.gdn, h_.attention, std::move(layout), nullptr);
@@ -52,7 +57,7 @@ class SingleStreamCudaModel final : public CudaHybridModel {
                 d.ffn_up = weights_->tensor(b.ffn.up);
                 d.ffn_down = weights_->tensor(b.ffn.down);
             } else {
-                d.moe = upload_moe(b.moe, h_.moe, static_cast<int64_t>(blocks_.size()));
+                d.moe = upload_moe(b.moe, h_.moe, first_block_ + static_cast<int64_t>(blocks_.size()));
             }
             blocks_.push_back(std::move(d));
         }
@@ -64,7 +69,8 @@ class SingleStreamCudaModel final : public CudaHybridModel {
             ffn_gate_ = static_cast<float*>(ffn_buffer_.data());
             ffn_up_ = ffn_gate_ + floats;
         }
-        finish_loading({.n_streams = 1}, weights_->tensor(embeddings.token_embd), weights_->tensor(embeddings.output));
+        finish_loading({.n_streams = 1}, first_stage() ? weights_->tensor(embeddings.token_embd) : nullptr,
+                       last_stage() ? weights_->tensor(embeddings.output) : nullptr);
     }
 
   private:
@@ -82,12 +88,13 @@ class SingleStreamCudaModel final : public CudaHybridModel {
         cuda::Context& ctx = *ctx_;
         const int64_t H = info_.n_embd;
         mark(kEmbed);
-        cuda::embed_rows(ctx, {.table = token_embd_,
-                               .tokens = w_.tokens,
-                               .n_tokens = T,
-                               .copies = 1,
-                               .out = w_.residual,
-                               .staging = w_.embed_staging});
+        if (first_stage())  // a later stage of a split: the residual was handed in (handoff_rows)
+            cuda::embed_rows(ctx, {.table = token_embd_,
+                                   .tokens = w_.tokens,
+                                   .n_tokens = T,
+                                   .copies = 1,
+                                   .out = w_.residual,
+                                   .staging = w_.embed_staging});
         for (size_t il = 0; il < blocks_.size(); ++il) {
             const BlockDevice& b = blocks_[il];
             LayerDeviceState& l = s.layers[il];
@@ -107,7 +114,7 @@ class SingleStreamCudaModel final : public CudaHybridModel {
             mark(kResidual);
             cuda::add_inplace(ctx, w_.residual, w_.out, T * H);
         }
-        norm(w_.residual, w_.hidden, output_norm_, T);
+        if (last_stage()) norm(w_.residual, w_.hidden, output_norm_, T);
     }
 
     // out = down . (silu(gate . x) * up . x), as dense_ffn_forward (the CPU's) computes it.

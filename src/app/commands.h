@@ -3,15 +3,18 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "app/flags.h"
+#include "format/gguf.h"
 #include "model/model.h"
+#include "runtime/expert_profile.h"
 #include "runtime/memory_plan.h"
-#include "runtime/stage_plan.h"
 #include "runtime/speculative_decode.h"
+#include "runtime/stage_plan.h"
 
 namespace strata::app {
 
@@ -67,6 +70,16 @@ LoadOptions load_options(const Args& args, bool read_threads = true);
 // cpu, or without --vram-budget on a machine or build without a CUDA device (loading then says why).
 std::optional<MemoryPlan> plan_memory_for_load(const Args& args, const std::string& path, LoadOptions& options,
                                                int64_t n_ctx, int64_t n_sequences = 1);
+// --expert-profile: the profile read and checked against the file (nullopt without the flag, or when the file does
+// not exist yet: said on stderr).
+std::optional<ExpertProfile> expert_profile_flag(const Args& args, const gguf::File& file);
+// Experts in host RAM for one card or split stage: its plan's placement with `slots` (by trunk block), the warm set
+// from `profile`, the --expert-policy advisor and the CPU workers (`workers`, shared by the stages: made on first use
+// unless --cpu-experts 0), over `flags` (--cpu-share). `where` begins its errors ("split stage 1: ").
+ExpertPlacement host_expert_placement(const Args& args, const gguf::File& file, const ExpertPlacement& planned,
+                                      const std::vector<int64_t>& slots, const std::optional<ExpertProfile>& profile,
+                                      const ExpertPlacement& flags, std::shared_ptr<HostExpertCompute>& workers,
+                                      const std::string& where);
 // The flags load_options reads, for the commands' flag lists.
 extern const std::vector<FlagSpec> kLoadFlags;
 // split_load.cpp (issue 29): --split auto|K1,K2,... and --devices LIST. check_split_flags (from load_options): Error

@@ -284,6 +284,55 @@ LoadOptions load_options(const Args& args, bool read_threads) {
     return o;
 }
 
+std::optional<ExpertProfile> expert_profile_flag(const Args& args, const gguf::File& file) {
+    const auto path = args.get("--expert-profile");
+    if (!path) return std::nullopt;
+    if (!std::filesystem::exists(*path)) {
+        std::fprintf(stderr,
+                     "strata: %s does not exist yet: the expert cache starts empty (strata serve writes it "
+                     "when it stops)\n",
+                     path->c_str());
+        return std::nullopt;
+    }
+    ExpertProfile profile = read_expert_profile(*path);
+    const int64_t n_expert = file.get_u32(file.get_str("general.architecture") + ".expert_count");
+    if (profile.n_expert != n_expert)
+        throw Error(*path + ": a profile of " + std::to_string(profile.n_expert) + " experts a layer, but " +
+                    file.path() + " has " + std::to_string(n_expert));
+    return profile;
+}
+
+ExpertPlacement host_expert_placement(const Args& args, const gguf::File& file, const ExpertPlacement& planned,
+                                      const std::vector<int64_t>& slots, const std::optional<ExpertProfile>& profile,
+                                      const ExpertPlacement& flags, std::shared_ptr<HostExpertCompute>& workers,
+                                      const std::string& where) {
+    ExpertPlacement p = flags;  // --cpu-share
+    p.in_host = true;
+    p.cache_slots = slots;
+    p.stream_ranges = planned.stream_ranges;
+    p.stream_buffers = planned.stream_buffers;
+    p.from_file = planned.from_file;
+    if (profile) p.warm = warm_experts(*profile, slots);
+    p.advisor =
+        make_expert_cache_advisor(parse_expert_cache_policy(args.get("--expert-policy").value_or("lfu-decay")), slots);
+    const int64_t n_workers = args.get_int("--cpu-experts", 0, 1024).value_or(-1);
+    if (n_workers == 0 && p.from_file)
+        throw Error(where +
+                    "the routed experts do not fit the RAM budget, so they are read from the mapped file, "
+                    "where only the CPU expert workers can compute a miss: drop --cpu-experts 0 (or raise "
+                    "--ram-budget)");
+    if (n_workers != 0 && !workers) {
+        const std::string arch = file.get_str("general.architecture");
+        workers = std::make_shared<CpuExpertPool>(
+            CpuExpertPoolOptions{.n_workers = static_cast<int>(std::max<int64_t>(n_workers, 0)),
+                                 .max_n_embd = file.get_u32(arch + ".embedding_length"),
+                                 .max_n_ff = file.get_u32(arch + ".expert_feed_forward_length"),
+                                 .max_expert_used = file.get_u32(arch + ".expert_used_count")});
+    }
+    p.cpu_workers = workers;
+    return p;
+}
+
 std::optional<MemoryPlan> plan_memory_for_load(const Args& args, const std::string& path, LoadOptions& options,
                                                int64_t n_ctx, int64_t n_sequences) {
     if (auto stages = plan_split_for_load(args, path, options, n_ctx, n_sequences)) return stages->back().plan;
@@ -317,35 +366,9 @@ std::optional<MemoryPlan> plan_memory_for_load(const Args& args, const std::stri
                          "strata: every expert fits in VRAM: --expert-policy and --expert-profile do nothing\n");
         return plan;
     }
-    options.experts.from_file = plan.placement().from_file;
-    const std::vector<int64_t>& slots = options.experts.cache_slots;
-    if (auto profile_path = args.get("--expert-profile"); profile_path && !std::filesystem::exists(*profile_path)) {
-        std::fprintf(stderr, "strata: %s does not exist yet: the expert cache starts empty (strata serve writes it "
-                     "when it stops)\n", profile_path->c_str());
-    } else if (profile_path) {
-        const ExpertProfile profile = read_expert_profile(*profile_path);
-        const std::string arch = file->get_str("general.architecture");
-        const int64_t n_expert = file->get_u32(arch + ".expert_count");
-        if (profile.n_expert != n_expert)
-            throw Error(*profile_path + ": a profile of " + std::to_string(profile.n_expert) +
-                        " experts a layer, but " + path + " has " + std::to_string(n_expert));
-        options.experts.warm = warm_experts(profile, slots);
-    }
-    const ExpertCachePolicySpec spec = parse_expert_cache_policy(args.get("--expert-policy").value_or("lfu-decay"));
-    options.experts.advisor = make_expert_cache_advisor(spec, slots);
-    const int64_t workers = args.get_int("--cpu-experts", 0, 1024).value_or(-1);
-    if (workers == 0 && options.experts.from_file)
-        throw Error(
-            "the routed experts do not fit the RAM budget, so they are read from the mapped file, where only "
-            "the CPU expert workers can compute a miss: drop --cpu-experts 0 (or raise --ram-budget)");
-    if (workers != 0) {
-        const std::string arch = file->get_str("general.architecture");
-        options.experts.cpu_workers = std::make_shared<CpuExpertPool>(CpuExpertPoolOptions{
-            .n_workers = static_cast<int>(std::max<int64_t>(workers, 0)),
-            .max_n_embd = file->get_u32(arch + ".embedding_length"),
-            .max_n_ff = file->get_u32(arch + ".expert_feed_forward_length"),
-            .max_expert_used = file->get_u32(arch + ".expert_used_count")});
-    }
+    std::shared_ptr<HostExpertCompute> workers;
+    options.experts = host_expert_placement(args, *file, plan.placement(), options.experts.cache_slots,
+                                            expert_profile_flag(args, *file), options.experts, workers, "");
     return plan;
 }
 

@@ -132,15 +132,7 @@ std::optional<std::vector<StagePlan>> plan_split_for_load(const Args& args, cons
 
     const std::string arch = file->get_str("general.architecture");
     const int64_t n_trunk = stages.back().end_block;
-    std::optional<ExpertProfile> profile;
-    if (auto profile_path = args.get("--expert-profile"); profile_path && std::filesystem::exists(*profile_path)) {
-        profile = read_expert_profile(*profile_path);
-        const int64_t n_expert = file->get_u32(arch + ".expert_count");
-        if (profile->n_expert != n_expert)
-            throw Error(*profile_path + ": a profile of " + std::to_string(profile->n_expert) +
-                        " experts a layer, but " + path + " has " + std::to_string(n_expert));
-    }
-    const ExpertCachePolicySpec spec = parse_expert_cache_policy(args.get("--expert-policy").value_or("lfu-decay"));
+    const std::optional<ExpertProfile> profile = expert_profile_flag(args, *file);
     std::shared_ptr<HostExpertCompute> workers;  // one pool for every stage: the host drives them one at a time
     options.split.clear();
     options.experts.in_host = false;
@@ -158,28 +150,9 @@ std::optional<std::vector<StagePlan>> plan_split_for_load(const Args& args, cons
         if (placement.in_host) {
             // The stage's cache slots by trunk block (the plan counts its own blocks from 0).
             std::vector<int64_t> slots(static_cast<size_t>(n_trunk), 0);
-            std::copy(placement.cache_slots.begin(), placement.cache_slots.end(),
-                      slots.begin() + s.first_block);
-            stage.experts = options.experts;  // --cpu-share
-            stage.experts.in_host = true;
-            stage.experts.cache_slots = slots;
-            stage.experts.stream_ranges = placement.stream_ranges;
-            stage.experts.stream_buffers = placement.stream_buffers;
-            stage.experts.from_file = placement.from_file;
-            if (profile) stage.experts.warm = warm_experts(*profile, slots);
-            stage.experts.advisor = make_expert_cache_advisor(spec, slots);
-            const int64_t n_workers = args.get_int("--cpu-experts", 0, 1024).value_or(-1);
-            if (n_workers == 0 && placement.from_file)
-                throw Error("split stage " + std::to_string(k) + ": the routed experts do not fit the RAM budget, so "
-                            "they are read from the mapped file, where only the CPU expert workers can compute a "
-                            "miss: drop --cpu-experts 0 (or raise --ram-budget)");
-            if (n_workers != 0 && !workers)
-                workers = std::make_shared<CpuExpertPool>(CpuExpertPoolOptions{
-                    .n_workers = static_cast<int>(std::max<int64_t>(n_workers, 0)),
-                    .max_n_embd = file->get_u32(arch + ".embedding_length"),
-                    .max_n_ff = file->get_u32(arch + ".expert_feed_forward_length"),
-                    .max_expert_used = file->get_u32(arch + ".expert_used_count")});
-            stage.experts.cpu_workers = workers;
+            std::copy(placement.cache_slots.begin(), placement.cache_slots.end(), slots.begin() + s.first_block);
+            stage.experts = host_expert_placement(args, *file, placement, slots, profile, options.experts, workers,
+                                                  "split stage " + std::to_string(k) + ": ");
             options.experts.in_host = true;  // what the server asks (the profile it writes when it stops)
         }
         if (s.plan.has_ple && !s.plan.ple_pinned) {

@@ -189,10 +189,14 @@ int run_info(const Args& args) {
     // The CUDA plan needs no GPU: it is worked out for a card of --vram-budget (people plan a purchase with it), not
     // for the device this machine may have.
     if (args.has("--vram-budget") || args.has("--ram-budget") || args.has("--kv-cache") || args.has("--qsa-union") ||
-        args.has("--prompt-chunk") || args.has("--split")) {
-        MemoryPlanInputs in{.n_ctx = n_ctx,
-                            .qsa_union = args.has("--qsa-union"),
-                            .prompt_chunk = args.get_int("--prompt-chunk", kMinPromptChunk, kMaxPromptChunk).value_or(0)};
+        args.has("--prompt-chunk") || args.has("--split") || args.has("--no-expert-stream") ||
+        args.has("--expert-ring")) {
+        MemoryPlanInputs in{
+            .n_ctx = n_ctx,
+            .qsa_union = args.has("--qsa-union"),
+            .prompt_chunk = args.get_int("--prompt-chunk", kMinPromptChunk, kMaxPromptChunk).value_or(0),
+            .stream_experts = !args.has("--no-expert-stream"),
+            .stream_buffers = expert_ring_flag(args)};
         const auto size_flag = [&](const char* flag, const char* example) -> std::optional<uint64_t> {
             const auto text = args.get(flag);
             if (!text) return std::nullopt;
@@ -244,7 +248,8 @@ Command info_command() {
                 .name = "info",
                 .summary = "show a GGUF's metadata, tensors, vocabulary and memory plan for this machine",
                 .usage = "strata info FILE.gguf [--ctx N] [--vram-budget SIZE[,SIZE...] [--split auto|K1,K2,...] "
-                         "[--ram-budget SIZE] [--kv-cache TYPE] [--qsa-union] [--prompt-chunk N]]",
+                         "[--ram-budget SIZE] [--kv-cache TYPE] [--qsa-union] [--prompt-chunk N] [--no-expert-stream] "
+                         "[--expert-ring N]]",
                 .flags =
                     {
                         {"--model", "FILE.gguf", "the file (instead of the positional FILE)"},
@@ -257,7 +262,11 @@ Command info_command() {
                          "host memory the plan may pin for experts and the PLE table (default: what is available)"},
                         {"--kv-cache", "TYPE", "the CUDA plan's KV cache storage: f16 (default) or int8"},
                         {"--qsa-union", "", "the CUDA plan includes the workspace of --qsa-union"},
-                        {"--prompt-chunk", "N", "the CUDA plan's prompt window in tokens (default 512)"},
+                        {"--prompt-chunk", "N",
+                         "the CUDA plan's prompt window in tokens (default: the plan's choice, as --backend cuda)"},
+                        {"--no-expert-stream", "",
+                         "the CUDA plan without the ring that streams prompt windows' misses"},
+                        {"--expert-ring", "N", "the CUDA plan's ring of N buffers (1, 2, 4 (default), 8 or 16)"},
                         {"--split", "auto|K1,K2,...",
                          "plan the trunk split over several cards, one --vram-budget each (e.g. 12G,12G): auto by "
                          "the budgets, or K_i blocks on card i (what --backend cuda --split runs)"},

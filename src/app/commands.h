@@ -64,6 +64,9 @@ int thread_count(const Args& args);
 // How to load the model: --threads, --backend cpu|cuda, --vram-budget SIZE, --no-cuda-graphs, --gdn-recurrence K.
 // Throws Error on a bad value; a CUDA backend that this build or machine lacks is reported when the model loads.
 LoadOptions load_options(const Args& args, bool read_threads = true);
+// --expert-ring N: the buffers of the ring that streams prompt windows' misses (0 without the flag); Error unless N
+// divides a layer's 2 x kStreamRanges copies.
+int expert_ring_flag(const Args& args);
 // With --backend cuda, before the model loads: the memory plan (runtime/memory_plan.h) for `path` with n_ctx tokens
 // in each of n_sequences sequences, from --vram-budget, --ram-budget and the device's free memory; printed to stderr
 // and its expert placement put in options.experts. Throws Error (exit 2) when no plan fits. nullopt with --backend

@@ -198,7 +198,8 @@ const std::vector<FlagSpec> kLoadFlags = {
     {"--split", "auto|K1,K2,...",
      "cuda: split the layers over several GPUs, contiguous ranges in order (token table on the first, head on the "
      "last): auto by each card's budget, or K_i blocks on stage i; bit-exact with one card"},
-    {"--devices", "LIST", "cuda, with --split: the GPU of each stage, e.g. 0,1 (default: 0,1,...; 0,0 puts two stages on one GPU)"},
+    {"--devices", "LIST",
+     "cuda, with --split: the GPU of each stage, e.g. 0,1 (default: 0,1,...; 0,0 puts two stages on one GPU)"},
     {"--ram-budget", "SIZE",
      "cuda: host memory the routed experts and the PLE table may pin, e.g. 64G (default: what is available)"},
     {"--expert-policy", "P",
@@ -228,12 +229,24 @@ const std::vector<FlagSpec> kLoadFlags = {
      "strata info shows the plan)"},
     {"--no-cuda-blas", "",
      "cuda: dense products of prompt windows on strata's own GEMM instead of cuBLAS (for comparisons)"},
+    {"--expert-ring", "N",
+     "cuda, experts in host RAM: buffers of the ring that streams a prompt window's misses, 1, 2, 4 (default), 8 or "
+     "16 (each holds an eighth of a layer's gate and up, or down: more let the copies run further ahead of the "
+     "products, for fewer expert cache slots)"},
     {"--no-expert-stream", "",
      "cuda, experts in host RAM: prompt windows read missed experts over PCIe in place instead of streaming them "
      "into VRAM through a ring of copies (for comparisons)"},
     {"--routing-trace", "FILE",
      "cpu: write the experts every token routes to at every MoE layer to FILE (replay: strata bench expert-cache)"},
 };
+
+int expert_ring_flag(const Args& args) {
+    const int buffers = static_cast<int>(args.get_int("--expert-ring", 1, 2 * kStreamRanges).value_or(0));
+    if (buffers > 0 && (2 * kStreamRanges) % buffers != 0)
+        throw Error("--expert-ring " + std::to_string(buffers) + ": the ring's buffers must divide the " +
+                    std::to_string(2 * kStreamRanges) + " copies of a layer (1, 2, 4, 8 or 16)");
+    return buffers;
+}
 
 LoadOptions load_options(const Args& args, bool read_threads) {
     LoadOptions o;
@@ -257,14 +270,17 @@ LoadOptions load_options(const Args& args, bool read_threads) {
     o.prompt_chunk = args.get_int("--prompt-chunk", kMinPromptChunk, kMaxPromptChunk).value_or(0);
     o.cuda_blas = !args.has("--no-cuda-blas");
     o.stream_experts = !args.has("--no-expert-stream");
+    o.stream_buffers = expert_ring_flag(args);
     if (o.backend == Backend::Cpu &&
         (args.has("--vram-budget") || args.has("--ram-budget") || args.has("--prompt-chunk") ||
          args.has("--no-cuda-blas") || args.has("--no-cuda-graphs") || args.has("--gdn-recurrence") ||
          args.has("--kv-cache") || o.qsa_union || args.has("--expert-policy") || args.has("--expert-profile") ||
-         args.has("--cpu-experts") || args.has("--cpu-share") || o.ple_from_file || !o.stream_experts))
+         args.has("--cpu-experts") || args.has("--cpu-share") || o.ple_from_file || !o.stream_experts ||
+         o.stream_buffers > 0))
         throw Error(
             "--vram-budget, --ram-budget, --prompt-chunk, --no-cuda-blas, --expert-policy, --expert-profile, "
-            "--cpu-experts, --cpu-share, --no-expert-stream, --no-cuda-graphs, --gdn-recurrence, --kv-cache, "
+            "--cpu-experts, --cpu-share, --no-expert-stream, --expert-ring, --no-cuda-graphs, --gdn-recurrence, "
+            "--kv-cache, "
             "--qsa-union and --ple-from-file apply to --backend cuda only");
     (void)args.get_int("--cpu-experts", 0, 1024);
     if (auto text = args.get("--cpu-share")) {
@@ -345,6 +361,7 @@ std::optional<MemoryPlan> plan_memory_for_load(const Args& args, const std::stri
                         .qsa_union = options.qsa_union,
                         .prompt_chunk = options.prompt_chunk,
                         .stream_experts = options.stream_experts,
+                        .stream_buffers = options.stream_buffers,
                         .device = cuda_device_memory(options.cuda_device)};
     // No budget and no device: loading says why there is no CUDA backend or device.
     if (in.vram_budget == 0 && !in.device) return std::nullopt;

@@ -107,6 +107,7 @@ std::optional<std::vector<StagePlan>> plan_split_for_load(const Args& args, cons
                             .qsa_union = options.qsa_union,
                             .prompt_chunk = options.prompt_chunk,
                             .stream_experts = options.stream_experts,
+                            .stream_buffers = options.stream_buffers,
                             .device = device_memory(devices[k])};
         if (const auto ram = args.get("--ram-budget")) in.ram_budget = parse_size(*ram);
         // Stages on one device share its free memory.

@@ -172,6 +172,9 @@ struct LoadOptions {
     // CUDA with experts in host RAM: the plan may stream prompt windows' misses into VRAM (ExpertPlacement::
     // stream_ranges); false (--no-expert-stream): they are read over PCIe in place, for comparisons.
     bool stream_experts = true;
+    // With stream_experts: the ring's buffers (--expert-ring; 0: the plan's default, runtime/memory_plan.h). More run
+    // the copies further ahead of the products, for fewer cache slots.
+    int stream_buffers = 0;
     // CUDA: prompt windows' MoE through the grouped expert GEMM (fp16 operands on tensor cores; false: in slices on
     // the decode windows' kernels, for parity checks and A/B benchmarks).
     bool cuda_grouped_moe = true;

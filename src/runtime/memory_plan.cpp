@@ -557,7 +557,7 @@ ExpertPlacement MemoryPlan::placement() const {
     if (p.in_host) p.cache_slots = cache_slots;
     if (p.in_host && stream_ring_bytes > 0) {
         p.stream_ranges = kStreamRanges;
-        p.stream_buffers = kStreamBuffers;
+        p.stream_buffers = stream_buffers;
     }
     return p;
 }
@@ -783,8 +783,10 @@ MemoryPlan plan_for_window(const gguf::File& file, const MemoryPlanInputs& in) {
         uint64_t ring_buffer = 0;
         for (const std::vector<uint64_t>& pass : t.pass_bytes)
             for (uint64_t b : pass) ring_buffer = std::max(ring_buffer, b * u(s.moe.n_expert / kStreamRanges));
-        if (in.stream_experts && s.moe.n_expert % kStreamRanges == 0 && booked(ring_buffer * kStreamBuffers) < left) {
-            plan.stream_ring_bytes = booked(ring_buffer * kStreamBuffers);
+        const int buffers = in.stream_buffers > 0 ? in.stream_buffers : kStreamBuffers;
+        if (in.stream_experts && s.moe.n_expert % kStreamRanges == 0 && booked(ring_buffer * u(buffers)) < left) {
+            plan.stream_ring_bytes = booked(ring_buffer * u(buffers));
+            plan.stream_buffers = buffers;
             left -= plan.stream_ring_bytes;
             vram("expert stream ring (prompt windows)", plan.stream_ring_bytes);
         }

@@ -51,6 +51,7 @@ struct MemoryPlanInputs {
     bool qsa_union = false;  // --qsa-union: each sequence also holds the union kernel's workspace
     int64_t prompt_chunk = 0;  // --prompt-chunk: tokens of a prompt window (0: the plan chooses)
     bool stream_experts = true;  // false (--no-expert-stream): prompt windows read misses over PCIe in place
+    int stream_buffers = 0;      // --expert-ring: the ring's buffers (0: kStreamBuffers)
     std::optional<DeviceMemory> device;
     // One stage of a split over several GPUs (issue 29; runtime/stage_plan.h): the trunk blocks [first_block,
     // end_block) alone (end_block 0: to the last), the token table where block 0 is, the head and the MTP block
@@ -99,6 +100,7 @@ struct MemoryPlan {
     std::vector<int64_t> cache_slots;    // per trunk block, when !experts_in_vram
     bool experts_pinned = false;         // host side: pinned arena (else read from the mapped file)
     uint64_t stream_ring_bytes = 0;      // the ring that streams prompt windows' misses (0: none)
+    int stream_buffers = 0;              // its buffers
     bool has_ple = false;
     bool ple_pinned = false;  // else rows read from the file with a row cache
     uint64_t ple_row_cache_bytes = 0;  // when !ple_pinned: each PLE block's row cache (LoadOptions::ple_reader)

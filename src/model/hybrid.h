@@ -121,7 +121,7 @@ class HybridModel : public Model {
     bool repack_ = false;
     // batch.cpp. Checks every entry before anything is touched (the sequences land in scratch_); `single` words the
     // messages as forward()'s.
-    void run(std::span<const BatchEntry> batch, bool single, float* residual_out = nullptr) const;
+    void run(std::span<const BatchEntry> batch, bool single) const;
     std::span<HybridSequence* const> validate(std::span<const BatchEntry> batch, bool single) const;
     void head(std::span<const BatchEntry> batch, std::span<const SequenceRows> rows, const float* hidden) const;
 

@@ -180,7 +180,10 @@ void Model::forward_batch(std::span<const BatchEntry> batch) const {
     }
     for (const BatchEntry& entry : batch) {
         if (entry.seq == nullptr) throw Error("forward_batch: an entry has no sequence");
-        forward(*entry.seq, entry.tokens, entry.logits, entry.last_only);
+        if (entry.residual.empty())
+            forward(*entry.seq, entry.tokens, entry.logits, entry.last_only);
+        else
+            forward_with_residual(*entry.seq, entry.tokens, entry.logits, entry.residual, entry.last_only);
     }
 }
 

@@ -90,6 +90,9 @@ struct BatchEntry {
     std::span<const int32_t> tokens;
     std::span<float> logits;  // as in Model::forward
     bool last_only = false;
+    // Empty, or room for the trunk's final residual after each token [tokens x draft_residual_width()], as
+    // forward_with_residual writes it (what the MTP draft layer of this sequence reads).
+    std::span<float> residual;
 };
 
 enum class Backend { Cpu, Cuda };

@@ -73,6 +73,8 @@ class SpeculationPolicy {
     // stops building its cells (which cost every token something).
     bool mtp_may_pay() const;
     void retire_mtp() { has_mtp_ = false; }
+    // The MTP layer may draft again (a server slot's next request), judged on what was measured so far.
+    void allow_mtp() { has_mtp_ = true; }
     bool has_mtp() const { return has_mtp_; }
 
     // A round offered `offered` draft tokens of `drafter` and the target accepted the first `accepted` of them.

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -57,6 +58,24 @@ struct SpeculativeStats {
     }
     SpeculativeStats& operator+=(const SpeculativeStats& o);
 };
+
+// One round's drafts, picked as speculative_decode picks them (the server's slots use the same): prompt lookup's
+// proposal over `history` (every token the sequence holds plus the target's next token, last), the policy's plan
+// (or, not adaptive, `room` tokens: lookup where it matches, else MTP), and the drafts. MTP passes are timed into the
+// policy. `room`: the most drafts the sequence and the request allow.
+struct RoundDrafts {
+    DraftPlan plan;
+    std::vector<int32_t> lookup;  // prompt lookup's whole proposal (judged after the round whoever drafted)
+    std::vector<int32_t> tokens;  // the drafts to feed after the target's token
+    int64_t mtp_passes = 0;
+};
+RoundDrafts draft_round(SpeculationPolicy& policy, MtpDrafter* mtp, std::span<const int32_t> history, int room,
+                        const SpeculativeOptions& options);
+// What verification found: the first `accepted` drafts kept, then the target's own token `following` (nullopt when
+// the round ended before one was picked: only the accepted positions are judged).
+void judge_round(SpeculationPolicy& policy, const RoundDrafts& round, int accepted, std::optional<int32_t> following);
+// After a round, adaptive: stops the MTP drafter where the policy finds it cannot pay (true when it did).
+bool retire_mtp_if_unpaid(SpeculationPolicy& policy, MtpDrafter& mtp);
 
 // Feeds `prompt` after what `seq` holds, `chunk` tokens a pass, and writes the last token's logits (n_vocab floats).
 // With an MTP drafter, also builds its cells for the prompt, chunk by chunk. An empty prompt is a no-op.

@@ -3,12 +3,14 @@
 // (the oracle: the same model decoding one token a call), which must give the same tokens whatever the window.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "model/model.h"
 #include "runtime/prompt_lookup.h"
 #include "runtime/sampler.h"
@@ -305,7 +307,9 @@ TEST(SpeculativeDecode, RejectedDraftsLeaveNoTrace) {
             got.push_back(t);
             return true;
         });
-    ASSERT_GT(st.refeeds, 0) << "the prompt should make some draft fail (pick another prompt if the model changed)";
+    ASSERT_GT(st.refeeds + st.commits, 0)
+        << "the prompt should make some draft fail (pick another prompt if the model changed)";
+    EXPECT_EQ(st.refeeds, 0) << "the CPU keeps the accepted prefix by a commit, without a second pass";
     // The speculative sequence goes on with the emitted tokens it has not been fed, then one more token; a fresh one
     // is fed the prompt, every emitted token and that token: the logits after it must be the same.
     V all = prompt;
@@ -320,6 +324,59 @@ TEST(SpeculativeDecode, RejectedDraftsLeaveNoTrace) {
     auto fresh = m->new_sequence(static_cast<int64_t>(all.size()) + 1);
     m->forward(*fresh, all, b, true);
     EXPECT_EQ(a, b);
+}
+
+// A commit keeps a prefix of a verification window bit for bit: the sequence then gives the logits of one that was
+// fed only that prefix, for every prefix length, with the window crossing QSA blocks of 4 cells past the indexer's
+// top-k of 64 cells (so pooled keys decide the selection) and the PLE n-gram history. The window must be the last pass after the checkpoint given.
+TEST(Commit, KeepsAPrefixOfAWindowBitForBit) {
+    auto m = load_model(bundled(), {.n_threads = 2});
+    const int64_t vocab = m->info().n_vocab;
+    std::mt19937 rng(5);
+    std::uniform_int_distribution<int32_t> pick(1, static_cast<int32_t>(vocab - 1));
+    V prompt, window, tail;
+    for (int i = 0; i < 98; ++i) prompt.push_back(pick(rng));
+    for (int i = 0; i < 6; ++i) window.push_back(pick(rng));
+    for (int i = 0; i < 3; ++i) tail.push_back(pick(rng));
+    for (int64_t keep = 0; keep <= std::ssize(window); ++keep) {
+        auto seq = m->new_sequence(128);
+        std::vector<float> rows(window.size() * static_cast<size_t>(vocab)), a(static_cast<size_t>(vocab)),
+            b(static_cast<size_t>(vocab));
+        m->forward(*seq, prompt, {}, true);
+        const auto before = m->checkpoint(*seq);
+        const BatchEntry entry{.seq = seq.get(), .tokens = window, .logits = rows, .window = true};
+        m->forward_batch({&entry, 1});
+        ASSERT_TRUE(m->commit(*seq, *before, keep));
+        EXPECT_EQ(seq->n_past(), std::ssize(prompt) + keep);
+        EXPECT_THROW(m->commit(*seq, *before, 0), Error) << "the window is spent";
+        m->forward(*seq, tail, a, true);
+        V all = prompt;
+        all.insert(all.end(), window.begin(), window.begin() + keep);
+        all.insert(all.end(), tail.begin(), tail.end());
+        auto fresh = m->new_sequence(128);
+        m->forward(*fresh, all, b, true);
+        EXPECT_EQ(a, b) << "keep " << keep;
+        // The window's logits of the kept rows are those of the kept tokens fed alone.
+        if (keep > 0) {
+            auto again = m->new_sequence(128);
+            std::vector<float> c(static_cast<size_t>(vocab));
+            V upto = prompt;
+            upto.insert(upto.end(), window.begin(), window.begin() + keep);
+            m->forward(*again, upto, c, true);
+            EXPECT_TRUE(std::equal(c.begin(), c.end(), rows.begin() + (keep - 1) * vocab)) << "keep " << keep;
+        }
+    }
+    // Misuse: a pass that was no window, and a prefix longer than the window.
+    auto seq = m->new_sequence(128);
+    m->forward(*seq, prompt, {}, true);
+    const auto before = m->checkpoint(*seq);
+    m->forward(*seq, window, {}, true);
+    EXPECT_THROW(m->commit(*seq, *before, 1), Error);
+    m->restore(*seq, *before);
+    const BatchEntry entry{.seq = seq.get(), .tokens = window, .window = true};
+    m->forward_batch({&entry, 1});
+    EXPECT_THROW(m->commit(*seq, *before, std::ssize(window) + 1), Error);
+    EXPECT_EQ(seq->n_past(), std::ssize(prompt) + std::ssize(window)) << "a refused commit changes nothing";
 }
 
 }  // namespace

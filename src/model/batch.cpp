@@ -93,6 +93,17 @@ void HybridModel::run(std::span<const BatchEntry> batch, bool single) const {
         n_rows += T;
     }
     if (n_rows == 0) return;
+    // A window's sequence records its inputs (the trunk's blocks that can fill their window logs); any other pass
+    // leaves nothing to commit.
+    for (int64_t i = 0; i < n_entries; ++i) {
+        HybridSequence& seq = *all[static_cast<size_t>(i)];
+        const bool window = batch[static_cast<size_t>(i)].window && rows[i].count > 0;
+        if (rows[i].count == 0) continue;
+        seq.window_pos0 = seq.n_past();
+        seq.window_count = window ? rows[i].count : 0;
+        if (window)
+            for (LayerState& l : seq.layers) l.gdn_window.count = l.ple_window.count = 0;
+    }
     int32_t* tokens = scratch_.take<int32_t>(n_rows);
     SequenceRows* active = scratch_.take<SequenceRows>(n_seq);
     for (int64_t i = 0, k = 0; i < n_entries; ++i) {

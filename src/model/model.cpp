@@ -195,6 +195,10 @@ void Model::restore(SequenceState&, const SequenceCheckpoint&) const {
     throw Error("this model does not support sequence checkpoints");
 }
 
+bool Model::commit(SequenceState&, const SequenceCheckpoint&, int64_t) const {
+    return false;
+}
+
 // Models without an MTP draft layer (draft_residual_width() == 0).
 void Model::forward_with_residual(SequenceState&, std::span<const int32_t>, std::span<float>, std::span<float>,
                                   bool) const {

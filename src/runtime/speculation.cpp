@@ -95,7 +95,7 @@ double SpeculationPolicy::rate(Drafter d, int k) const {
     const int refeed = refeed_window(expected);
     // MTP: k passes, and the cells kept in step for every token the round gives.
     const double drafting = d == Drafter::Mtp ? k * draft_pass_cost() + expected * cell_cost_ : 0.0;
-    return expected / (drafting + cost(k + 1) + (1.0 - chain) * cost(refeed));
+    return expected / (drafting + cost(k + 1) + (commits_ ? 0.0 : (1.0 - chain) * cost(refeed)));
 }
 
 DraftPlan SpeculationPolicy::plan(int lookup_available) {

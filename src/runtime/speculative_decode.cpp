@@ -25,6 +25,7 @@ SpeculativeStats& SpeculativeStats::operator+=(const SpeculativeStats& o) {
     drafted += o.drafted;
     accepted += o.accepted;
     refeeds += o.refeeds;
+    commits += o.commits;
     emitted += o.emitted;
     mtp_passes += o.mtp_passes;
     mtp_retired = mtp_retired || o.mtp_retired;
@@ -173,11 +174,12 @@ SpeculativeStats speculative_decode(const Model& model, SequenceState& seq, std:
         window.insert(window.end(), draft.begin(), draft.end());
         const int k = static_cast<int>(draft.size());
         const auto start = std::chrono::steady_clock::now();
-        const std::span<float> out(rows.data(), static_cast<size_t>((k + 1) * V));
-        if (mtp)
-            model.forward_with_residual(seq, window, out, residual);
-        else
-            model.forward(seq, window, out);
+        const BatchEntry entry{.seq = &seq,
+                               .tokens = window,
+                               .logits = std::span<float>(rows.data(), static_cast<size_t>((k + 1) * V)),
+                               .residual = mtp ? std::span<float>(residual) : std::span<float>(),
+                               .window = k > 0};
+        model.forward_batch({&entry, 1});
         policy.record_cost(k + 1, seconds_since(start));
         ++stats.rounds;
         // Accept drafts while each equals the target's pick after the tokens before it.
@@ -201,13 +203,19 @@ SpeculativeStats speculative_decode(const Model& model, SequenceState& seq, std:
         stats.drafted += k;
         stats.accepted += accepted;
         if (accepted < k) {
-            // The sequence holds rejected drafts: back to before the round, then the accepted prefix again (the same
-            // logits: batching does not change them).
-            model.restore(seq, *before);
-            const std::span<const int32_t> keep(window.data(), static_cast<size_t>(accepted + 1));
-            model.forward(seq, keep, std::span<float>(rows.data(), static_cast<size_t>((accepted + 1) * V)));
-            ++stats.rounds;
-            ++stats.refeeds;
+            // The sequence holds rejected drafts: keep the accepted prefix's state from the window's recorded inputs
+            // (a commit), or go back to before the round and feed the prefix again (the same logits: batching does not
+            // change them).
+            if (model.commit(seq, *before, accepted + 1)) {
+                ++stats.commits;
+                policy.record_commit();
+            } else {
+                model.restore(seq, *before);
+                const std::span<const int32_t> keep(window.data(), static_cast<size_t>(accepted + 1));
+                model.forward(seq, keep, std::span<float>(rows.data(), static_cast<size_t>((accepted + 1) * V)));
+                ++stats.rounds;
+                ++stats.refeeds;
+            }
         }
         // The trunk keeps `next` and the accepted drafts: the MTP layer's cells follow (their residual rows are the
         // window pass's, which the rejected rows after them did not touch).

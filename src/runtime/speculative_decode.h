@@ -1,9 +1,10 @@
 // Decoding with speculation (issue 28), CPU side: each round a policy (runtime/speculation.h) picks the drafter
 // (prompt lookup, or the model's MTP layer: runtime/mtp_drafter.h) and the draft length from measured costs and
 // acceptance; the last token plus the drafts run as one batched forward pass; the longest prefix of drafts equal to
-// the model's own picks is accepted, plus the model's next token; the sequence comes back to the accepted prefix (a
-// checkpoint before the round, restored and re-fed when a draft was rejected). Lossless: the tokens equal those of
-// decoding one token a call, since a forward pass gives the same logits however its tokens are batched.
+// the model's own picks is accepted, plus the model's next token; after a rejection the sequence keeps the accepted
+// prefix: committed from the window's recorded inputs where the backend can (the CPU), else the checkpoint taken
+// before the round is restored and the prefix re-fed. Lossless: the tokens equal those of decoding one token a call,
+// since a forward pass gives the same logits however its tokens are batched.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +41,7 @@ struct SpeculativeStats {
     int64_t drafted = 0;   // draft tokens offered
     int64_t accepted = 0;  // of them, accepted
     int64_t refeeds = 0;   // rounds that had to restore and re-feed the accepted prefix
+    int64_t commits = 0;   // rounds whose accepted prefix was kept by Model::commit (no second pass)
     int64_t emitted = 0;   // tokens emitted
     std::array<int64_t, kDrafters> drafted_by{}, accepted_by{}, rounds_by{};  // per drafter
     int64_t mtp_passes = 0;    // passes of the MTP layer (catch-up included)

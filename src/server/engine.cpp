@@ -554,6 +554,7 @@ void Engine::speculate(Slot& slot, BatchEntry& entry) {
     entry.tokens = slot.window;
     entry.logits = std::span<float>(slot.logits.data(), slot.window.size() * static_cast<size_t>(n_vocab_));
     entry.last_only = false;
+    entry.window = true;
 }
 
 // Samples a window's rows in order, as one-token steps would, while each sampled token is the next draft; then brings
@@ -573,8 +574,13 @@ void Engine::verify(Slot& slot, int drafted, bool alone, double seconds) {
     const std::span<const int32_t> kept(window.data(), static_cast<size_t>(used));
     if (used < static_cast<int>(window.size())) {
         try {
-            model_.restore(*slot.seq, *slot.before_window);
-            model_.forward(*slot.seq, kept, {});
+            // Keep the used prefix from the window's recorded inputs, or restore and feed it again.
+            if (model_.commit(*slot.seq, *slot.before_window, used)) {
+                if (slot.policy) slot.policy->record_commit();
+            } else {
+                model_.restore(*slot.seq, *slot.before_window);
+                model_.forward(*slot.seq, kept, {});
+            }
         } catch (const std::exception& e) {
             // Not expected (the checkpoint is this sequence's, just taken); start the slot over.
             slot.seq->reset();

@@ -17,8 +17,8 @@
 // runtime/speculative_decode.h does for one sequence. The rows are then sampled in order exactly as one-token steps
 // would sample them (same sampler calls, same constraint, same random stream), so the output does not change;
 // sampling stops at the first row whose token differs from the next draft, and the slot's sequence is brought back to
-// what it used (checkpoint, restore, re-feed). A slot's drafter keeps a mark beside each sequence checkpoint, so a
-// reused prefix drafts at once.
+// what it used (Model::commit from the window's recorded inputs; where the backend cannot, restore and re-feed). A
+// slot's drafter keeps a mark beside each sequence checkpoint, so a reused prefix drafts at once.
 //
 // Each request's tokens reach its HTTP thread through a RequestChannel (events: tokens with their visible text and
 // log-probabilities, then one final event). A client that goes away cancels its channel; the scheduler notices at the

@@ -19,21 +19,25 @@ body=$(python3 -c 'import json, sys
 print(json.dumps({"prompt": open("tools/goldens/make_goldens.py", "rb").read()[:1500].decode(),
                   "max_tokens": int(sys.argv[1]), "temperature": 0, "ignore_eos": True}))' "$N")
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+pid=""
+trap 'rm -f "$log"; if [[ -n $pid ]]; then kill "$pid" 2>/dev/null || true; fi' EXIT
 for ((round = 1; round <= ROUNDS; ++round)); do
   for mode in "${modes[@]}"; do
+    : >"$log"  # emptied here, not by the redirection below, which may come after the first look at it
     # shellcheck disable=SC2086
     "$STRATA" serve --port "$PORT" --threads 1 --parallel 1 ${flags[$mode]} 2>"$log" >/dev/null &
     pid=$!
     for _ in $(seq 300); do grep -q "listening on" "$log" && break; sleep 0.1; done
+    grep -q "listening on" "$log" || { cat "$log" >&2; exit 1; }
     texts=""
     for ((r = 0; r < REPEAT; ++r)); do
-      texts+=$(curl -s "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' -d "$body" |
+      texts+=$(curl -sf "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' -d "$body" |
                python3 -c 'import json, sys; print(json.load(sys.stdin)["choices"][0]["text"])')
     done
     metrics=$(curl -s "http://127.0.0.1:$PORT/metrics")
     kill "$pid"
     wait "$pid" || true
+    pid=""
     python3 - "$round" "$mode" "$(printf %s "$texts" | md5sum | cut -c1-8)" "$metrics" <<'PY'
 import re, sys
 round_, mode, md5, text = sys.argv[1:5]

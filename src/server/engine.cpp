@@ -494,7 +494,12 @@ void Engine::step() {
         if (work[i].wants_logits) sample(slot, std::span<float>(slot.logits.data(), static_cast<size_t>(n_vocab_)));
         if (work[i].n_prompt == 0 && slot.policy && slot.active && slot.pending)
             judge_round(*slot.policy, slot.round, 0, *slot.pending);
-        if (work[i].n_prompt == 0) slot.round = {};
+        if (work[i].n_prompt == 0) {
+            slot.round = {};
+            // As run does after every round: a drafter the measurements say cannot pay stops costing its cells.
+            if (slot.mtp_on && options_.spec_adaptive && retire_mtp_if_unpaid(*slot.policy, *slot.mtp))
+                slot.mtp_on = false;
+        }
     }
 }
 

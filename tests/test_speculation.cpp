@@ -74,6 +74,20 @@ TEST(SpeculationPolicy, DraftsOnlyWhenTheMeasurementsSayItPays) {
     EXPECT_NEAR(h.acceptance(0), 0.5, 0.1);
 }
 
+// A stalled window (another process on a shared core) must not stop drafting: measured slower than its tokens one at a
+// time, it is left out of the cost line, where as its only point off one token it would set the slope.
+TEST(SpeculationPolicy, AStalledFirstWindowDoesNotPriceWindowsOut) {
+    SpeculationPolicy p(4);
+    for (int i = 0; i < 26; ++i) p.record_cost(1, 0.001);
+    for (int i = 0; i < 50; ++i) p.record_round(4, 4);
+    p.record_cost(3, 0.0059);  // 5.9x a token for 3 tokens: a stall
+    EXPECT_EQ(p.choose(), 4);
+    EXPECT_LT(p.cost(5), 0.002);
+    // A window that costs as much as its tokens one by one is measured: then windows do not pay.
+    for (int i = 0; i < 40; ++i) p.record_cost(3, 0.0030);
+    EXPECT_EQ(p.choose(), 0);
+}
+
 TEST(SpeculationPolicy, PicksTheDrafterThatPaysAndNeitherWhenNoneDoes) {
     // Memory-bound windows (5 tokens cost 1.2 single tokens) and a cheap MTP pass (a tenth of a token): MTP drafts at
     // 0.8 acceptance beat plain decoding; prompt lookup, always accepted here, beats MTP where it has a match.

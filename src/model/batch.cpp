@@ -96,9 +96,9 @@ void HybridModel::run(std::span<const BatchEntry> batch, bool single) const {
     // A window's sequence records its inputs (the trunk's blocks that can fill their window logs); any other pass
     // leaves nothing to commit.
     for (int64_t i = 0; i < n_entries; ++i) {
-        HybridSequence& seq = *all[static_cast<size_t>(i)];
-        const bool window = batch[static_cast<size_t>(i)].window && rows[i].count > 0;
         if (rows[i].count == 0) continue;
+        HybridSequence& seq = *all[static_cast<size_t>(i)];
+        const bool window = batch[static_cast<size_t>(i)].window;
         seq.window_pos0 = seq.n_past();
         seq.window_count = window ? rows[i].count : 0;
         if (window)

@@ -123,10 +123,11 @@ void gdn_forward(const GdnForwardArgs& args) {
     auto window = [&](int64_t i) { return args.windows.empty() ? nullptr : args.windows[static_cast<size_t>(i)]; };
     for (int64_t i = 0; i < n_seq; ++i)
         if (GdnWindow* wl = window(i)) {
-            const int64_t n = args.sequences[static_cast<size_t>(i)].count;
-            *wl = {.shape = s, .count = n};
-            wl->raw.assign(in.qkv + args.sequences[static_cast<size_t>(i)].begin * CD,
-                           in.qkv + (args.sequences[static_cast<size_t>(i)].begin + n) * CD);
+            const SequenceRows& rows = args.sequences[static_cast<size_t>(i)];
+            const int64_t n = rows.count;
+            wl->shape = s;  // field by field: the vectors keep their memory from window to window
+            wl->count = n;
+            wl->raw.assign(in.qkv + rows.begin * CD, in.qkv + (rows.begin + n) * CD);
             wl->conv.resize(static_cast<size_t>(n * CD));
             wl->g.resize(static_cast<size_t>(n * nv));
             wl->beta.resize(static_cast<size_t>(n * nv));
@@ -214,10 +215,6 @@ void gdn_forward(const GdnForwardArgs& args) {
         heads(0, n_seq * nv);
     cpu::matmul({.w = w.out, .x = core, .y = args.out, .n_tokens = T, .pool = args.pool});
 }
-
-}  // namespace strata
-
-namespace strata {
 
 void gdn_commit(GdnState& state, const GdnWindow& wl, int64_t n_keep) {
     const GdnShape& s = wl.shape;

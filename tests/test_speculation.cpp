@@ -341,7 +341,7 @@ TEST(SpeculativeDecode, RejectedDraftsLeaveNoTrace) {
 }
 
 // A commit keeps a prefix of a verification window bit for bit: the sequence then gives the logits of one that was
-// fed only that prefix, for every prefix length, with the window crossing QSA blocks of 4 cells past the indexer's
+// fed only that prefix, for every prefix length, alone and for two windows of one batch, with the window crossing QSA blocks of 4 cells past the indexer's
 // top-k of 64 cells (so pooled keys decide the selection) and the PLE n-gram history. The window must be the last pass after the checkpoint given.
 TEST(Commit, KeepsAPrefixOfAWindowBitForBit) {
     auto m = load_model(bundled(), {.n_threads = 2});
@@ -379,6 +379,34 @@ TEST(Commit, KeepsAPrefixOfAWindowBitForBit) {
             m->forward(*again, upto, c, true);
             EXPECT_TRUE(std::equal(c.begin(), c.end(), rows.begin() + (keep - 1) * vocab)) << "keep " << keep;
         }
+    }
+    // Two windows in one batch (the server's slots), each keeping its own prefix: the same as each fed alone.
+    {
+        auto s1 = m->new_sequence(128), s2 = m->new_sequence(128);
+        const V p2(prompt.begin() + 10, prompt.end());
+        m->forward(*s1, prompt, {}, true);
+        m->forward(*s2, p2, {}, true);
+        const auto c1 = m->checkpoint(*s1), c2 = m->checkpoint(*s2);
+        const V w2(window.rbegin(), window.rend());
+        const BatchEntry both[] = {{.seq = s1.get(), .tokens = window, .window = true},
+                                   {.seq = s2.get(), .tokens = w2, .window = true}};
+        m->forward_batch(both);
+        ASSERT_TRUE(m->commit(*s1, *c1, 2));
+        ASSERT_TRUE(m->commit(*s2, *c2, 5));
+        std::vector<float> a1(static_cast<size_t>(vocab)), a2(a1.size()), b1(a1.size()), b2(a1.size());
+        const BatchEntry next[] = {{.seq = s1.get(), .tokens = tail, .logits = a1, .last_only = true},
+                                   {.seq = s2.get(), .tokens = tail, .logits = a2, .last_only = true}};
+        m->forward_batch(next);
+        V all1 = prompt, all2 = p2;
+        all1.insert(all1.end(), window.begin(), window.begin() + 2);
+        all2.insert(all2.end(), w2.begin(), w2.begin() + 5);
+        all1.insert(all1.end(), tail.begin(), tail.end());
+        all2.insert(all2.end(), tail.begin(), tail.end());
+        auto f1 = m->new_sequence(128), f2 = m->new_sequence(128);
+        m->forward(*f1, all1, b1, true);
+        m->forward(*f2, all2, b2, true);
+        EXPECT_EQ(a1, b1);
+        EXPECT_EQ(a2, b2);
     }
     // Misuse: a pass that was no window, and a prefix longer than the window.
     auto seq = m->new_sequence(128);

@@ -699,6 +699,15 @@ TEST(Server, MtpSpeculationGivesTheSameOutputAloneAndBatched) {
     EXPECT_GT(policy.metric("strata:spec_rounds_total"), 0);
 }
 
+// The speculation flags' user errors: one line, status 2, before the server listens (timeout: a server that started
+// anyway is ended, and the status then fails the test).
+TEST(Server, SpeculationFlagErrors) {
+    const std::string serve = "timeout 60 " + shell_quote(STRATA_BINARY) + " serve --port 0 --model ";
+    expect_user_error(run_shell(serve + shell_quote(tiny_model()) + " --spec-drafter mtp"), "no MTP layer");
+    expect_user_error(run_shell(serve + shell_quote(tiny_model()) + " --spec-drafter bogus"), "--spec-drafter");
+    expect_user_error(run_shell(serve + shell_quote(tiny_model()) + " --spec-min-p 2"), "--spec-min-p");
+}
+
 // Opens a stream with a raw socket, reads until `min_bytes` arrived, and closes the connection.
 void open_and_abandon_stream(int port, const Json& body, size_t min_bytes) {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);

@@ -134,10 +134,10 @@ Engine::Engine(const Model& model, const Tokenizer& tokenizer, std::vector<int32
     n_vocab_ = model_.info().n_vocab;
     if (options_.n_slots < 1) throw Error("--parallel must be at least 1");
     const bool has_mtp = model_.draft_residual_width() > 0;
+    if (!options_.spec_lookup && !has_mtp)
+        throw Error("--spec-drafter mtp: this model has no MTP layer this backend runs");
     if (options_.spec < 0) options_.spec = has_mtp ? 4 : 0;
     options_.spec = std::min(options_.spec, SpeculationPolicy::kMaxDraft);
-    if (options_.spec > 0 && !options_.spec_lookup && !has_mtp)
-        throw Error("--spec-drafter mtp: this model has no MTP layer this backend runs");
     const bool mtp = options_.spec > 0 && options_.spec_mtp && has_mtp;
     for (int i = 0; i < options_.n_slots; ++i) {
         auto slot = std::make_unique<Slot>();

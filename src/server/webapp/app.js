@@ -1180,6 +1180,8 @@
     const queue = findKey(status, ['queue', 'scheduler']);
     fillKV($('mon-queue'), queue !== undefined ? flatten(queue, 'queue') : []);
 
+    showStages(status.cuda_stages);
+
     const experts = findKey(status, ['expert_cache', 'experts']) ??
       (memory && typeof memory === 'object' ? findKey(memory, ['expert_cache', 'experts']) : undefined);
     const panel = $('mon-experts-panel');
@@ -1189,6 +1191,39 @@
     } else {
       panel.hidden = true;
     }
+  }
+
+  // A split over several GPUs (--split): each stage's card, its blocks and their share, its VRAM and expert slots.
+  function showStages(stages) {
+    const panel = $('mon-stages-panel');
+    if (!Array.isArray(stages) || !stages.length) {
+      panel.hidden = true;
+      return;
+    }
+    const num = (v) => (typeof v === 'number' && Number.isFinite(v) ? v : null);
+    const slotsText = (slots) => {
+      const s = Array.isArray(slots) ? slots.filter((v) => typeof v === 'number' && v > 0) : [];
+      if (!s.length) return 'all in VRAM';
+      const lo = Math.min(...s), hi = Math.max(...s);
+      return (lo === hi ? String(lo) : `${lo}-${hi}`) + ' a layer';
+    };
+    const head = el('tr', null, ['Stage', 'GPU', 'Blocks', 'Share', 'VRAM', 'Expert slots'].map(
+      (c) => el('th', { scope: 'col', text: c })));
+    const rows = stages.slice(0, 16).map((s, k) => {
+      const first = num(s?.first_block), last = num(s?.last_block), share = num(s?.block_share);
+      const used = num(s?.vram_bytes), budget = num(s?.vram_budget_bytes);
+      return el('tr', { 'data-testid': 'monitor-stage', title: typeof s?.summary === 'string' ? s.summary : null }, [
+        el('td', { text: String(num(s?.stage) ?? k) }),
+        el('td', { text: num(s?.device) !== null && s.device >= 0 ? String(s.device) : '?' }),
+        el('td', { text: first !== null && last !== null ? `${first}-${last}` : '?' }),
+        el('td', { text: share !== null ? (100 * share).toFixed(0) + '%' : '?' }),
+        el('td', { text: used !== null ? fmtBytes(used) + (budget !== null ? ' of ' + fmtBytes(budget) : '') : '?' }),
+        el('td', { text: slotsText(s?.expert_cache_slots) }),
+      ]);
+    });
+    $('mon-stages').replaceChildren(el('div', { className: 'table-scroll' }, [
+      el('table', { className: 'slots-table' }, [el('thead', null, [head]), el('tbody', null, rows)])]));
+    panel.hidden = false;
   }
 
   // ---------------------------------------------------------------------------------------------------------------

@@ -229,6 +229,12 @@ TEST(MemoryPlan, KvCacheAndGdnStateFollowTheHyperparameters) {
     const uint64_t checkpoint = gdn + line(one, "PLE token + conv history") + n_attention * 256;
     EXPECT_EQ(line(one, "sequence checkpoint"), checkpoint);
     EXPECT_EQ(line(two, "sequence checkpoint"), 2 * checkpoint);
+    // The server's slots hold their prefix-cache checkpoints too (app/cmd_serve.cpp asks for 5 a slot by default).
+    const MemoryPlan served = plan_device_memory(
+        *f, {.vram_budget = 64 * kGiB, .ram_budget = kGiB, .n_sequences = 2, .checkpoints_per_sequence = 5});
+    EXPECT_EQ(line(served, "sequence checkpoints (5 a sequence"), 2 * 5 * checkpoint);
+    EXPECT_EQ(served.vram_total() - two.vram_total(), 2 * 4 * checkpoint);
+    EXPECT_THROW(plan_device_memory(*f, {.vram_budget = 64 * kGiB, .checkpoints_per_sequence = 0}), Error);
 }
 
 // Without --prompt-chunk: the longest window (4096, 2048, 1024) with which every routed expert still fits in VRAM,

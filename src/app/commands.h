@@ -72,7 +72,8 @@ int expert_ring_flag(const Args& args);
 // and its expert placement put in options.experts. Throws Error (exit 2) when no plan fits. nullopt with --backend
 // cpu, or without --vram-budget on a machine or build without a CUDA device (loading then says why).
 std::optional<MemoryPlan> plan_memory_for_load(const Args& args, const std::string& path, LoadOptions& options,
-                                               int64_t n_ctx, int64_t n_sequences = 1);
+                                               int64_t n_ctx, int64_t n_sequences = 1,
+                                               int64_t checkpoints_per_sequence = 1);
 // --expert-profile: the profile read and checked against the file (nullopt without the flag, or when the file does
 // not exist yet: said on stderr).
 std::optional<ExpertProfile> expert_profile_flag(const Args& args, const gguf::File& file);
@@ -92,7 +93,8 @@ extern const std::vector<FlagSpec> kLoadFlags;
 // window, the PLE rows' source). Error (exit 2) when no plan fits.
 void check_split_flags(const Args& args, Backend backend);
 std::optional<std::vector<StagePlan>> plan_split_for_load(const Args& args, const std::string& path,
-                                                          LoadOptions& options, int64_t n_ctx, int64_t n_sequences);
+                                                          LoadOptions& options, int64_t n_ctx, int64_t n_sequences,
+                                                          int64_t checkpoints_per_sequence = 1);
 // "12G" or "12G,24G": one size of at least 1M a stage (Error otherwise).
 std::vector<uint64_t> parse_budget_list(const std::string& text);
 // Throws Error when path is not a readable regular file ("what" names it in the message).

@@ -350,13 +350,15 @@ ExpertPlacement host_expert_placement(const Args& args, const gguf::File& file, 
 }
 
 std::optional<MemoryPlan> plan_memory_for_load(const Args& args, const std::string& path, LoadOptions& options,
-                                               int64_t n_ctx, int64_t n_sequences) {
-    if (auto stages = plan_split_for_load(args, path, options, n_ctx, n_sequences)) return stages->back().plan;
+                                               int64_t n_ctx, int64_t n_sequences, int64_t checkpoints_per_sequence) {
+    if (auto stages = plan_split_for_load(args, path, options, n_ctx, n_sequences, checkpoints_per_sequence))
+        return stages->back().plan;
     if (options.backend != Backend::Cuda) return std::nullopt;
     MemoryPlanInputs in{.vram_budget = options.vram_budget,
                         .ram_budget = budget_flag(args, "--ram-budget"),
                         .n_ctx = std::max<int64_t>(n_ctx, 1),
                         .n_sequences = std::max<int64_t>(n_sequences, 1),
+                        .checkpoints_per_sequence = std::max<int64_t>(checkpoints_per_sequence, 1),
                         .kv_cache = options.kv_cache,
                         .qsa_union = options.qsa_union,
                         .prompt_chunk = options.prompt_chunk,

@@ -70,7 +70,8 @@ void check_split_flags(const Args& args, Backend backend) {
 }
 
 std::optional<std::vector<StagePlan>> plan_split_for_load(const Args& args, const std::string& path,
-                                                          LoadOptions& options, int64_t n_ctx, int64_t n_sequences) {
+                                                          LoadOptions& options, int64_t n_ctx, int64_t n_sequences,
+                                                          int64_t checkpoints_per_sequence) {
     if (!args.has("--split")) return std::nullopt;
     check_split_flags(args, options.backend);
     StageSplit split = parse_stage_split(*args.get("--split"));
@@ -103,6 +104,7 @@ std::optional<std::vector<StagePlan>> plan_split_for_load(const Args& args, cons
                             .ram_budget = std::nullopt,
                             .n_ctx = std::max<int64_t>(n_ctx, 1),
                             .n_sequences = std::max<int64_t>(n_sequences, 1),
+                            .checkpoints_per_sequence = std::max<int64_t>(checkpoints_per_sequence, 1),
                             .kv_cache = options.kv_cache,
                             .qsa_union = options.qsa_union,
                             .prompt_chunk = options.prompt_chunk,

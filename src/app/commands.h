@@ -84,6 +84,10 @@ ExpertPlacement host_expert_placement(const Args& args, const gguf::File& file, 
                                       const std::vector<int64_t>& slots, const std::optional<ExpertProfile>& profile,
                                       const ExpertPlacement& flags, std::shared_ptr<HostExpertCompute>& workers,
                                       const std::string& where);
+// The plan's inputs every card or stage shares: --ram-budget, the context, sequences and checkpoints, and the load
+// options' KV cache, prompt window and stream ring (the caller sets the VRAM budget and the device).
+MemoryPlanInputs plan_inputs(const Args& args, const LoadOptions& options, int64_t n_ctx, int64_t n_sequences,
+                             int64_t checkpoints_per_sequence);
 // The flags load_options reads, for the commands' flag lists.
 extern const std::vector<FlagSpec> kLoadFlags;
 // split_load.cpp (issue 29): --split auto|K1,K2,... and --devices LIST. check_split_flags (from load_options): Error

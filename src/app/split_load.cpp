@@ -100,18 +100,9 @@ std::optional<std::vector<StagePlan>> plan_split_for_load(const Args& args, cons
     for (const int d : devices) ++stages_on[d];
     std::vector<MemoryPlanInputs> cards;
     for (size_t k = 0; k < n; ++k) {
-        MemoryPlanInputs in{.vram_budget = budgets.empty() ? 0 : budgets[k],
-                            .ram_budget = std::nullopt,
-                            .n_ctx = std::max<int64_t>(n_ctx, 1),
-                            .n_sequences = std::max<int64_t>(n_sequences, 1),
-                            .checkpoints_per_sequence = std::max<int64_t>(checkpoints_per_sequence, 1),
-                            .kv_cache = options.kv_cache,
-                            .qsa_union = options.qsa_union,
-                            .prompt_chunk = options.prompt_chunk,
-                            .stream_experts = options.stream_experts,
-                            .stream_buffers = options.stream_buffers,
-                            .device = device_memory(devices[k])};
-        if (const auto ram = args.get("--ram-budget")) in.ram_budget = parse_size(*ram);
+        MemoryPlanInputs in = plan_inputs(args, options, n_ctx, n_sequences, checkpoints_per_sequence);
+        in.vram_budget = budgets.empty() ? 0 : budgets[k];
+        in.device = device_memory(devices[k]);
         // Stages on one device share its free memory.
         if (in.device) in.device->free_bytes /= static_cast<uint64_t>(stages_on[devices[k]]);
         if (in.vram_budget == 0 && !in.device)

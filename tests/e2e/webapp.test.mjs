@@ -284,6 +284,30 @@ test('a server error shows in the reply and the composer resets', { skip }, asyn
   }
 });
 
+// Speculation's card reads the server's spec counters (src/server/metrics.cpp); they are set here so the figures are
+// known: 3 of 4 drafts accepted over 2 rounds is 75% and (3 + 2) / 2 = 2.5 tokens a round.
+test('Monitor shows the acceptance of speculative decoding', { skip }, async () => {
+  let seen = false;
+  await page.route('**/metrics', async (route) => {
+    const response = await route.fetch();
+    const text = (await response.text()).split('\n').filter((l) => !/^strata:spec_/.test(l)).join('\n');
+    seen = true;
+    await route.fulfill({ status: 200, contentType: 'text/plain; version=0.0.4', body: text +
+      'strata:spec_rounds_total 2\nstrata:spec_draft_tokens_total 4\nstrata:spec_accepted_tokens_total 3\n' });
+  });
+  try {
+    await page.locator(byId('tab-monitor')).click();
+    await waitFor(async () => /%/.test(await page.locator(byId('monitor-spec-acceptance')).innerText()),
+      { what: 'an acceptance figure', timeoutMs: 10000 });
+    assert.ok(seen);
+    assert.equal(await page.locator(byId('monitor-spec-acceptance')).innerText(), '75.0 %');
+    assert.match(await page.locator(byId('monitor-spec-sub')).innerText(), /2\.50 tokens a round over 2 rounds/);
+  } finally {
+    await page.unroute('**/metrics');
+  }
+  await page.locator(byId('tab-chat')).click();
+});
+
 // The stages of a split over GPUs come from /v1/status's cuda_stages (src/server/http_server.cpp); no GPU here, so
 // the server's own status gets two stages added in the shape it writes them.
 test('Monitor shows the stages of a split over GPUs', { skip }, async () => {
@@ -349,7 +373,7 @@ test('Monitor shows tokens/s, time to first token and the memory plan', { skip }
     else await page.waitForTimeout(200);
   }
   await gen;
-  assert.ok(sawTokens, 'tokens/s stayed at 0 while generating');
+  assert.ok(sawTokens, 'tokens/s stayed at 0 while generating; ' + await page.locator(byId('monitor-updated')).innerText() + ' / ' + await page.locator(byId('monitor-tokens-per-second')).innerText());
   // Keyboard: arrow keys move between tabs.
   await page.locator(byId('tab-monitor')).focus();
   await page.keyboard.press('ArrowLeft');

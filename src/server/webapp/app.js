@@ -1104,6 +1104,23 @@
       $('mon-kv-bar').style.width = Math.min(100, Math.max(0, pct)) + '%';
     }
 
+    // Speculative decoding since the start: the share of draft tokens accepted, and the tokens a verification round
+    // gives (its accepted drafts plus the model's own next token).
+    const rounds = metric(values, 'strata:spec_rounds_total');
+    const drafted = metric(values, 'strata:spec_draft_tokens_total');
+    const accepted = metric(values, 'strata:spec_accepted_tokens_total');
+    if (rounds === undefined || drafted === undefined || accepted === undefined) {
+      $('mon-spec').textContent = '–';
+      $('mon-spec-sub').textContent = 'not reported';
+    } else if (!(rounds > 0) || !(drafted > 0)) {
+      $('mon-spec').textContent = '–';
+      $('mon-spec-sub').textContent = 'no speculative rounds yet';
+    } else {
+      $('mon-spec').textContent = fmtNumber(100 * accepted / drafted, 1) + ' %';
+      $('mon-spec-sub').textContent = `accepted; ${fmtNumber((accepted + rounds) / rounds, 2)} tokens a round over ` +
+        `${fmtNumber(rounds)} rounds`;
+    }
+
     const totals = [];
     for (const [name, v] of values) {
       if (/_total$/.test(name)) totals.push([name, v]);

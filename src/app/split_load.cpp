@@ -111,7 +111,10 @@ std::optional<std::vector<StagePlan>> plan_split_for_load(const Args& args, cons
         cards.push_back(in);
     }
     const std::unique_ptr<gguf::File> file = gguf::File::open(path);
-    std::vector<StagePlan> stages = plan_stages(*file, split, cards);
+    // --expert-profile: "auto" weighs each layer by the routing it measured (and the caches start from it, below).
+    const std::optional<ExpertProfile> profile = expert_profile_flag(args, *file);
+    const ExpertProfile* routing = profile ? &*profile : nullptr;
+    std::vector<StagePlan> stages = plan_stages(*file, split, cards, routing);
     // One prompt window for all (every stage cuts a call into the same windows): the shortest any stage planned.
     int64_t window = stages.front().plan.prompt_window;
     for (const StagePlan& s : stages) window = std::min(window, s.plan.prompt_window);
@@ -119,14 +122,13 @@ std::optional<std::vector<StagePlan>> plan_split_for_load(const Args& args, cons
         split = {.automatic = false, .blocks = {}};
         for (const StagePlan& s : stages) split.blocks.push_back(s.end_block - s.first_block);
         for (MemoryPlanInputs& c : cards) c.prompt_chunk = window;
-        stages = plan_stages(*file, split, cards);
+        stages = plan_stages(*file, split, cards, routing);
     }
-    std::fputs(("strata: " + stages_table(stages)).c_str(), stderr);
+    std::fputs(("strata: " + stages_table(stages, routing)).c_str(), stderr);
     options.prompt_chunk = window;
 
     const std::string arch = file->get_str("general.architecture");
     const int64_t n_trunk = stages.back().end_block;
-    const std::optional<ExpertProfile> profile = expert_profile_flag(args, *file);
     std::shared_ptr<HostExpertCompute> workers;  // one pool for every stage: the host drives them one at a time
     options.split.clear();
     options.experts.in_host = false;

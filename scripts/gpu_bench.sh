@@ -15,8 +15,12 @@
 #                        12G); default both
 #   STRATA_OFFLOAD_SKEWS, STRATA_OFFLOAD_BUDGETS, STRATA_OFFLOAD_RUNS  the offload mode's parts: default "1 0",
 #                        "12G 24G" ("all": every expert in VRAM) and "tg tg-pcie pp512 pp4096 d8k d32k" (also
-#                        pp512-profile). One call of the GPU machine holds a few runs: each copies the 43 GB of
-#                        experts into pinned RAM first
+#                        pp512-profile; pp4096-ring8 and pp4096-ring16: --expert-ring 8 / 16; file: --ram-budget 8G,
+#                        so the experts are read from the mapped file). One call of the GPU machine holds a few
+#                        runs: each copies the 43 GB of experts into pinned RAM first
+#   STRATA_OFFLOAD_TYPE  the experts' type (default iq2_xs; q4_k makes an ~85 GB file: more than the one-GPU
+#                        machine's 64 GB disk, so point STRATA_BENCH_MODELS at a tmpfs with room, e.g. /dev/shm, and
+#                        run "file" there: the page cache is the file's pages, and nothing else is pinned)
 #   STRATA_CUDA_BENCH=spec  speculation (issue 28): `--window-costs` (decode windows of 1..8 tokens at 8K depth,
 #                        projected at 0.90 per draft) on flash-next with --router-skew 1, all in VRAM and at
 #                        --vram-budget 12G, then uniform routing all in VRAM; the bundled model's window costs and
@@ -84,29 +88,36 @@ if [[ $mode == spec ]]; then
 fi
 if [[ $mode == offload ]]; then
     {
+        type=${STRATA_OFFLOAD_TYPE:-iq2_xs}
         for skew in ${STRATA_OFFLOAD_SKEWS:-1 0}; do
-            [[ -s $dir/fn-skew$skew.gguf ]] || rm -f "$dir"/fn-skew*.gguf
-            synth "fn-skew$skew" --preset flash-next --type iq2_xs --ple-vocab-base 200000 --router-skew "$skew"
+            name=fn-skew$skew
+            [[ $type == iq2_xs ]] || name=fn-$type-skew$skew
+            [[ -s $dir/$name.gguf ]] || rm -f "$dir"/fn-*skew*.gguf
+            synth "$name" --preset flash-next --type "$type" --ple-vocab-base 200000 --router-skew "$skew"
             for budget in ${STRATA_OFFLOAD_BUDGETS:-12G 24G}; do
                 local_budget=(--vram-budget "$budget")
                 [[ $budget == all ]] && local_budget=()  # every expert in VRAM: the reference
                 for part in ${STRATA_OFFLOAD_RUNS:-tg tg-pcie pp512 pp4096 d8k d32k}; do
                     case $part in
-                        tg) run "fn-skew$skew" "${local_budget[@]}" -p 0 -n 64 -r 2 ;;
-                        tg-pcie) run "fn-skew$skew" "${local_budget[@]}" --cpu-experts 0 -p 0 -n 64 -r 1 ;;
-                        pp512) run "fn-skew$skew" "${local_budget[@]}" -p 512 -n 0 -r 1 ;;
-                        pp4096) run "fn-skew$skew" "${local_budget[@]}" -p 4096 -n 0 -r 1 ;;
-                        d8k) run "fn-skew$skew" "${local_budget[@]}" -p 0 -n 32 -r 1 -d 8192 ;;
-                        pp512-profile) run "fn-skew$skew" "${local_budget[@]}" -p 512 -n 0 -r 1 --profile ;;
-                        d32k) run "fn-skew$skew" "${local_budget[@]}" -p 0 -n 32 -r 1 -d 32768 ;;
+                        tg) run "$name" "${local_budget[@]}" -p 0 -n 64 -r 2 ;;
+                        tg-pcie) run "$name" "${local_budget[@]}" --cpu-experts 0 -p 0 -n 64 -r 1 ;;
+                        pp512) run "$name" "${local_budget[@]}" -p 512 -n 0 -r 1 ;;
+                        pp4096) run "$name" "${local_budget[@]}" -p 4096 -n 0 -r 1 ;;
+                        pp4096-ring8) run "$name" "${local_budget[@]}" --expert-ring 8 -p 4096 -n 0 -r 1 ;;
+                        pp4096-ring16) run "$name" "${local_budget[@]}" --expert-ring 16 -p 4096 -n 0 -r 1 ;;
+                        # Experts read from the mapped file (a RAM budget that cannot pin them): decode and prompts.
+                        file) run "$name" "${local_budget[@]}" --ram-budget 8G -p 4096 -n 64 -r 1 ;;
+                        d8k) run "$name" "${local_budget[@]}" -p 0 -n 32 -r 1 -d 8192 ;;
+                        pp512-profile) run "$name" "${local_budget[@]}" -p 512 -n 0 -r 1 --profile ;;
+                        d32k) run "$name" "${local_budget[@]}" -p 0 -n 32 -r 1 -d 32768 ;;
                         *) echo "gpu_bench.sh: unknown offload run $part" >&2; exit 2 ;;
                     esac
                 done
             done
             if [[ -n ${LLAMA_BENCH:-} ]]; then
                 for n in 40 48; do
-                    echo "== llama-bench -ncmoe $n fn-skew$skew"
-                    "$LLAMA_BENCH" -m "$dir/fn-skew$skew.gguf" -ngl 99 -fa 1 -ncmoe "$n" -p 512 -n 64 -r 2
+                    echo "== llama-bench -ncmoe $n $name"
+                    "$LLAMA_BENCH" -m "$dir/$name.gguf" -ngl 99 -fa 1 -ncmoe "$n" -p 512 -n 64 -r 2
                 done
             fi
         done

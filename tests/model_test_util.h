@@ -3,12 +3,31 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <random>
 #include <span>
 #include <vector>
 
 #include "model/model.h"
 
 namespace strata::testing {
+
+// n pseudo-random token ids below V (a fixed seed gives the same list).
+inline std::vector<int32_t> random_tokens(int64_t V, int n, unsigned seed) {
+    std::vector<int32_t> tokens;
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(V - 1));
+    for (int i = 0; i < n; ++i) tokens.push_back(pick(rng));
+    return tokens;
+}
+
+// The floats that differ bit for bit (every one of them when the sizes differ).
+inline size_t bit_mismatches(const std::vector<float>& a, const std::vector<float>& b) {
+    if (a.size() != b.size()) return std::max(a.size(), b.size());
+    size_t n = 0;
+    for (size_t i = 0; i < a.size(); ++i) n += std::memcmp(&a[i], &b[i], 4) != 0;
+    return n;
+}
 
 // The logits after each token, the tokens fed `per_call` at a time to one fresh sequence.
 inline std::vector<float> logits_fed(const Model& m, const std::vector<int32_t>& tokens, size_t per_call) {

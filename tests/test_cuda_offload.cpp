@@ -37,6 +37,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using strata::testing::bit_mismatches;
+using strata::testing::random_tokens;
+
 constexpr const char* kSkippedTests = "CUDA offload tests";  // cuda_skip.h
 
 // Swaps as much as a policy can: every routed expert that is not intended for a slot is admitted into the next slot
@@ -91,21 +94,6 @@ int64_t n_expert_of(const std::string& path) {
     return file->get_u32(file->get_str("general.architecture") + ".expert_count");
 }
 
-std::vector<int32_t> some_tokens(int64_t V, int n, unsigned seed) {
-    std::vector<int32_t> tokens;
-    std::mt19937 rng(seed);
-    std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(V - 1));
-    for (int i = 0; i < n; ++i) tokens.push_back(pick(rng));
-    return tokens;
-}
-
-size_t mismatches(const std::vector<float>& a, const std::vector<float>& b) {
-    if (a.size() != b.size()) return std::max(a.size(), b.size());
-    size_t n = 0;
-    for (size_t i = 0; i < a.size(); ++i) n += std::memcmp(&a[i], &b[i], 4) != 0;
-    return n;
-}
-
 // Every placement against the all-in-VRAM run of the same file: a prompt in one call (prompt windows), then the same
 // tokens fed 1 and 3 a call (decode windows, graphs), 40 tokens each. The streamed cases cut the prompt into
 // 16-token windows (the grouped path's least at these shapes) whose misses go through the ring; `grouped`: the
@@ -124,7 +112,7 @@ void expect_placement_free(const std::string& path, const char* what, bool group
         auto reference = load_model(path, options);
         V = reference->info().n_vocab;
         L = reference->info().n_layer;
-        tokens = some_tokens(V, 40, 5);
+        tokens = random_tokens(V, 40, 5);
         for (size_t per_call : per_calls)
             want[chunked].push_back(strata::testing::logits_fed(*reference, tokens, per_call));
     }
@@ -162,7 +150,7 @@ void expect_placement_free(const std::string& path, const char* what, bool group
         auto m = load_model(path, options);
         for (size_t i = 0; i < std::size(per_calls); ++i) {
             const std::vector<float> got = strata::testing::logits_fed(*m, tokens, per_calls[i]);
-            EXPECT_EQ(mismatches(got, want[c.stream_ranges ? 1 : 0][i]), 0u)
+            EXPECT_EQ(bit_mismatches(got, want[c.stream_ranges ? 1 : 0][i]), 0u)
                 << what << ", " << c.name << ", " << per_calls[i] << " a call";
         }
         if (c.churn) {
@@ -245,7 +233,7 @@ void expect_cpu_share_close(const std::string& path, const char* what) {
     auto reference = load_model(path, {.backend = Backend::Cuda});
     const int64_t V = reference->info().n_vocab, L = reference->info().n_layer;
     const int64_t n_expert = n_expert_of(path);
-    const std::vector<int32_t> tokens = some_tokens(V, 40, 9);
+    const std::vector<int32_t> tokens = random_tokens(V, 40, 9);
     // The reference is fed as the offload run is: a prompt window takes the GEMM path (fp16 operands), which moves
     // the logits by more than the CPU workers' rounding does.
     const size_t per_calls[] = {1, 3, tokens.size()};  // the last: prompt windows
@@ -282,7 +270,7 @@ void expect_file_experts_close(const std::string& path, const char* what, bool g
         auto reference = load_model(path, options);
         V = reference->info().n_vocab;
         L = reference->info().n_layer;
-        tokens = some_tokens(V, 40, 11);
+        tokens = random_tokens(V, 40, 11);
         if (chunked) {
             streamed_prompt = strata::testing::logits_fed(*reference, tokens, tokens.size());
             continue;
@@ -431,8 +419,8 @@ TEST(CudaOffloadPerf, DecodeWithWarmSlots) {
         const int64_t V = m->info().n_vocab;
         auto seq = m->new_sequence(128);
         HostFloats logits = m->host_floats(static_cast<size_t>(V));
-        m->forward(*seq, some_tokens(V, 16, 3), logits, true);
-        std::vector<int32_t> next = some_tokens(V, 72, 4);
+        m->forward(*seq, random_tokens(V, 16, 3), logits, true);
+        std::vector<int32_t> next = random_tokens(V, 72, 4);
         for (int i = 0; i < 8; ++i)
             m->forward(*seq, std::span<const int32_t>(&next[static_cast<size_t>(i)], 1), logits);
         const auto start = std::chrono::steady_clock::now();

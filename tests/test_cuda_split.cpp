@@ -32,6 +32,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using strata::testing::bit_mismatches;
+using strata::testing::random_tokens;
+
 constexpr const char* kSkippedTests = "CUDA split tests";  // cuda_skip.h
 
 // A transformers golden converted at f32, once per process.
@@ -45,21 +48,6 @@ std::string converted(const std::string& name) {
                         .out_type = DType::F32,
                         .vocab_placeholder = !fs::exists(dir / "hf" / "tokenizer.json")});
     return cache[name] = out;
-}
-
-std::vector<int32_t> some_tokens(int64_t V, int n, unsigned seed) {
-    std::vector<int32_t> tokens;
-    std::mt19937 rng(seed);
-    std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(V - 1));
-    for (int i = 0; i < n; ++i) tokens.push_back(pick(rng));
-    return tokens;
-}
-
-size_t mismatches(const std::vector<float>& a, const std::vector<float>& b) {
-    if (a.size() != b.size()) return std::max(a.size(), b.size());
-    size_t n = 0;
-    for (size_t i = 0; i < a.size(); ++i) n += std::memcmp(&a[i], &b[i], 4) != 0;
-    return n;
 }
 
 int64_t n_layer_of(const std::string& path) {
@@ -128,7 +116,7 @@ void expect_split_exact(const std::string& path, const char* what, int64_t chunk
     base.prompt_chunk = chunk;
     auto one = load_model(path, base);
     const int64_t V = one->info().n_vocab;
-    const std::vector<int32_t> tokens = some_tokens(V, 40, 11), more = some_tokens(V, 3, 12);
+    const std::vector<int32_t> tokens = random_tokens(V, 40, 11), more = random_tokens(V, 3, 12);
     // 40 at once: prompt windows (40 = 16 + 16 + a decode window of 8 with chunk 16); 1 and 3 a call: decode windows
     // (graphs); 13 a call: a prompt window, then decode windows, cut where the windows of other calls are not.
     const size_t per_calls[] = {40, 1, 3, 13};
@@ -148,15 +136,15 @@ void expect_split_exact(const std::string& path, const char* what, int64_t chunk
         ASSERT_EQ(split->info().n_vocab, V);
         for (size_t i = 0; i < std::size(per_calls); ++i) {
             const Fed got = fed(*split, tokens, per_calls[i], more);
-            EXPECT_EQ(mismatches(got.logits, want[i].logits), 0u)
+            EXPECT_EQ(bit_mismatches(got.logits, want[i].logits), 0u)
                 << what << ", cut at " << cut << ", chunk " << chunk << ", " << per_calls[i] << " a call";
-            EXPECT_EQ(mismatches(got.again, want[i].again), 0u)
+            EXPECT_EQ(bit_mismatches(got.again, want[i].again), 0u)
                 << what << ", cut at " << cut << ", chunk " << chunk << ", " << per_calls[i]
                 << " a call: checkpoint and restore";
         }
         const Greedy got = greedy(*split, tokens, 10);
         EXPECT_EQ(got.tokens, want_greedy.tokens) << what << ", cut at " << cut << ", chunk " << chunk;
-        EXPECT_EQ(mismatches(got.logits, want_greedy.logits), 0u)
+        EXPECT_EQ(bit_mismatches(got.logits, want_greedy.logits), 0u)
             << what << ", cut at " << cut << ", chunk " << chunk << ": greedy steps' logits";
         std::printf("[ split %s ] cut at %lld of %lld blocks, prompt chunk %lld: logits and greedy tokens equal to "
                     "one context\n",
@@ -193,7 +181,7 @@ TEST(CudaSplit, ExpertsInHostRamOnTheStagesAreBitExact) {
         LoadOptions base{.backend = Backend::Cuda};
         base.prompt_chunk = 16;
         auto one = load_model(path, base);
-        const std::vector<int32_t> tokens = some_tokens(one->info().n_vocab, 40, 13);
+        const std::vector<int32_t> tokens = random_tokens(one->info().n_vocab, 40, 13);
         std::vector<std::vector<float>> want;
         for (const size_t per_call : {size_t{40}, size_t{1}, size_t{3}})
             want.push_back(strata::testing::logits_fed(*one, tokens, per_call));
@@ -208,7 +196,7 @@ TEST(CudaSplit, ExpertsInHostRamOnTheStagesAreBitExact) {
         auto split = load_model(path, options);
         size_t i = 0;
         for (const size_t per_call : {size_t{40}, size_t{1}, size_t{3}}) {
-            EXPECT_EQ(mismatches(strata::testing::logits_fed(*split, tokens, per_call), want[i++]), 0u)
+            EXPECT_EQ(bit_mismatches(strata::testing::logits_fed(*split, tokens, per_call), want[i++]), 0u)
                 << name << ", experts in host RAM on a split, " << per_call << " a call";
         }
         const std::optional<ExpertOffloadStats> stats = split->expert_offload_stats();

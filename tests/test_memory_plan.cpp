@@ -229,6 +229,12 @@ TEST(MemoryPlan, KvCacheAndGdnStateFollowTheHyperparameters) {
     const uint64_t checkpoint = gdn + line(one, "PLE token + conv history") + n_attention * 256;
     EXPECT_EQ(line(one, "sequence checkpoint"), checkpoint);
     EXPECT_EQ(line(two, "sequence checkpoint"), 2 * checkpoint);
+    // The server's slots hold their prefix-cache checkpoints too (app/cmd_serve.cpp asks for 5 a slot by default).
+    const MemoryPlan served = plan_device_memory(
+        *f, {.vram_budget = 64 * kGiB, .ram_budget = kGiB, .n_sequences = 2, .checkpoints_per_sequence = 5});
+    EXPECT_EQ(line(served, "sequence checkpoints (5 a sequence"), 2 * 5 * checkpoint);
+    EXPECT_EQ(served.vram_total() - two.vram_total(), 2 * 4 * checkpoint);
+    EXPECT_THROW(plan_device_memory(*f, {.vram_budget = 64 * kGiB, .checkpoints_per_sequence = 0}), Error);
 }
 
 // Without --prompt-chunk: the longest window (4096, 2048, 1024) with which every routed expert still fits in VRAM,
@@ -612,6 +618,44 @@ TEST(StagePlan, AutomaticSplitFollowsTheBudgets) {
     EXPECT_NE(ok.out.find("stage 1: blocks "), std::string::npos) << ok.out;
     testing::expect_user_error(run_strata("info " + shell_quote(mid_path()) + " --split 8,8 --vram-budget 4G"),
                                "two cards");
+}
+
+// With a routing profile, "auto" weighs each layer by its measured routing. Layers 0-3 route evenly and 4-15 send
+// almost everything to 4 experts: the skewed layers are served by a few slots, so the evenly routed ones, the worst
+// served, get more of a card (fewer blocks beside them) than uniform weighting gives them (half the blocks).
+TEST(StagePlan, AutomaticSplitWeighsARoutingProfile) {
+    const auto f = gguf::File::open(mid_path());
+    const int64_t n_expert = f->get_u32("qwen4exp.expert_count");
+    ExpertProfile profile{.n_layer = 16, .n_expert = n_expert, .counts = {}};
+    for (int64_t l = 0; l < 16; ++l) {
+        std::vector<uint64_t> counts(static_cast<size_t>(n_expert), 1);
+        if (l >= 4)
+            for (size_t e = 0; e < 4; ++e) counts[e] = 1000;
+        profile.counts.push_back(counts);
+    }
+    MemoryPlanInputs card{.vram_budget = 1 * kGiB, .ram_budget = 1024 * kGiB};
+    const std::vector<StagePlan> uniform = plan_stages(*f, parse_stage_split("auto"), {card, card});
+    const std::vector<StagePlan> weighted = plan_stages(*f, parse_stage_split("auto"), {card, card}, &profile);
+    ASSERT_FALSE(uniform[1].plan.experts_in_vram);
+    EXPECT_NEAR(static_cast<double>(uniform[0].end_block), 8.0, 1.0);
+    EXPECT_LT(weighted[0].end_block, uniform[0].end_block);
+    EXPECT_GE(weighted[0].end_block, 4);
+    // Judged by the profile, the weighted cut serves its worst layer better; judged evenly, the uniform one does.
+    EXPECT_GT(worst_held_routing(weighted, &profile), worst_held_routing(uniform, &profile));
+    EXPECT_GE(worst_held_routing(uniform), worst_held_routing(weighted));
+    // A skewed layer's share comes from its most-routed experts: 4 slots hold 4000 of its 4000 + (E - 4) routings.
+    EXPECT_GT(worst_held_routing({weighted[1]}, &profile),
+              4000.0 / (4000.0 + static_cast<double>(n_expert - 4)) - 1e-9);
+    // strata info prints the share, by the profile when it is given.
+    const std::string profile_path = process_temp_dir() / "split.profile";
+    write_expert_profile(profile_path, profile);
+    const testing::ShellRun r =
+        run_strata("info " + shell_quote(mid_path()) +
+                   " --split auto --vram-budget 1G,1G --ram-budget 64G --expert-profile " + shell_quote(profile_path));
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("stage 1: blocks " + std::to_string(weighted[0].end_block) + "-15"), std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("of its routing in VRAM (by the routing profile)"), std::string::npos) << r.out;
 }
 
 // --split and --devices on the commands that load a model (app/split_load.cpp): the stages are planned before

@@ -18,6 +18,9 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "format/gguf.h"
+#include "runtime/stage_plan.h"
+#include "server/api_common.h"
 #include "server/metrics.h"
 #include "server/reply_parser.h"
 #include "test_util.h"
@@ -937,6 +940,41 @@ TEST(Server, BadRequestsGetJsonErrors) {
     auto ok = s.client().Get("/health");
     ASSERT_TRUE(ok);
     EXPECT_EQ(ok->status, 200) << "the server is still up";
+}
+
+// /v1/status's cuda_stages, from the plans of a real split of the tiny model (planned without a GPU, as strata info
+// does) and the stages' devices: what the web app's Monitor reads (tests/e2e/webapp.test.mjs uses this shape).
+TEST(ServerStatus, CudaStagesShowEachCardsShare) {
+    EXPECT_TRUE(strata::server::cuda_stages_json(nullptr, nullptr).is_null());
+    const auto file = strata::gguf::File::open(tiny_model());
+    const int64_t n_block = file->get_u32(file->get_str("general.architecture") + ".block_count");
+    ASSERT_GE(n_block, 2);
+    const strata::MemoryPlanInputs card{.vram_budget = uint64_t{1} << 30, .ram_budget = uint64_t{1} << 30};
+    const std::vector<strata::StagePlan> plans = strata::plan_stages(
+        *file, {.automatic = false, .blocks = {1, n_block - 1}}, std::vector<strata::MemoryPlanInputs>(2, card));
+    const std::vector<strata::CudaStage> split = {{.device = 0, .first_block = 0, .end_block = 1},
+                                                  {.device = 1, .first_block = 1, .end_block = n_block}};
+    const Json stages = strata::server::cuda_stages_json(&plans, &split);
+    ASSERT_TRUE(stages.is_array());
+    ASSERT_EQ(stages.size(), 2u);
+    double share = 0;
+    for (size_t k = 0; k < 2; ++k) {
+        const Json& s = stages[k];
+        EXPECT_EQ(s["stage"], k);
+        EXPECT_EQ(s["device"], static_cast<int>(k));
+        EXPECT_EQ(s["first_block"], k == 0 ? 0 : 1);
+        EXPECT_EQ(s["last_block"], k == 0 ? 0 : n_block - 1);
+        EXPECT_EQ(s["vram_budget_bytes"], uint64_t{1} << 30);
+        EXPECT_GT(s["vram_bytes"].get<uint64_t>(), 0u);
+        EXPECT_LE(s["vram_bytes"].get<uint64_t>(), uint64_t{1} << 30);
+        EXPECT_TRUE(s["expert_cache_slots"].is_array());
+        EXPECT_FALSE(s["summary"].get<std::string>().empty());
+        share += s["block_share"].get<double>();
+    }
+    EXPECT_DOUBLE_EQ(share, 1.0);
+    EXPECT_DOUBLE_EQ(stages[0]["block_share"].get<double>(), 1.0 / static_cast<double>(n_block));
+    // Without the devices (a plan alone), each card is unknown.
+    EXPECT_EQ(strata::server::cuda_stages_json(&plans, nullptr)[1]["device"], -1);
 }
 
 }  // namespace

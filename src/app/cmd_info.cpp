@@ -226,8 +226,10 @@ int run_info(const Args& args) {
                 cards.back().vram_budget = *size;
                 start = comma + 1;
             }
+            const std::optional<ExpertProfile> profile = expert_profile_flag(args, *file);
+            const ExpertProfile* routing = profile ? &*profile : nullptr;
             std::fflush(stdout);
-            std::printf("%s", stages_table(plan_stages(*file, stages, cards)).c_str());
+            std::printf("%s", stages_table(plan_stages(*file, stages, cards, routing), routing).c_str());
             return 0;
         }
         const auto vram = size_flag("--vram-budget", "12G");
@@ -247,7 +249,8 @@ Command info_command() {
             {
                 .name = "info",
                 .summary = "show a GGUF's metadata, tensors, vocabulary and memory plan for this machine",
-                .usage = "strata info FILE.gguf [--ctx N] [--vram-budget SIZE[,SIZE...] [--split auto|K1,K2,...] "
+                .usage = "strata info FILE.gguf [--ctx N] [--vram-budget SIZE[,SIZE...] [--split auto|K1,K2,... "
+                         "[--expert-profile FILE]] "
                          "[--ram-budget SIZE] [--kv-cache TYPE] [--qsa-union] [--prompt-chunk N] [--no-expert-stream] "
                          "[--expert-ring N]]",
                 .flags =
@@ -267,6 +270,9 @@ Command info_command() {
                         {"--no-expert-stream", "",
                          "the CUDA plan without the ring that streams prompt windows' misses"},
                         {"--expert-ring", "N", "the CUDA plan's ring of N buffers (1, 2, 4 (default), 8 or 16)"},
+                        {"--expert-profile", "FILE",
+                         "with --split auto: weigh each layer by this routing profile (strata profile, strata bench "
+                         "expert-cache --write-profile) instead of uniform routing"},
                         {"--split", "auto|K1,K2,...",
                          "plan the trunk split over several cards, one --vram-budget each (e.g. 12G,12G): auto by "
                          "the budgets, or K_i blocks on card i (what --backend cuda --split runs)"},

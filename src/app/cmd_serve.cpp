@@ -59,11 +59,14 @@ int run_serve(const Args& args) {
             const auto trained = file->get_u32_opt(file->get_str("general.architecture") + ".context_length");
             per_slot = trained && *trained > 0 ? std::min<int64_t>(*trained, 4096) : 4096;
         }
-        if (auto stages = plan_split_for_load(args, o.model_path, o.load, per_slot, o.engine.n_slots)) {
+        // A slot holds its prefix-cache checkpoints (the engine keeps at least 2) and one more during a speculation
+        // round: the plan books them all.
+        const int64_t checkpoints = o.engine.prefix_cache ? std::max(o.engine.max_checkpoints_per_slot, 2) + 1 : 1;
+        if (auto stages = plan_split_for_load(args, o.model_path, o.load, per_slot, o.engine.n_slots, checkpoints)) {
             o.cuda_stages = std::move(*stages);
             o.cuda_plan = o.cuda_stages.back().plan;
         } else {
-            o.cuda_plan = plan_memory_for_load(args, o.model_path, o.load, per_slot, o.engine.n_slots);
+            o.cuda_plan = plan_memory_for_load(args, o.model_path, o.load, per_slot, o.engine.n_slots, checkpoints);
         }
         if (o.load.experts.in_host) o.expert_profile_path = args.get("--expert-profile").value_or("");
     }

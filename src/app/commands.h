@@ -72,7 +72,8 @@ int expert_ring_flag(const Args& args);
 // and its expert placement put in options.experts. Throws Error (exit 2) when no plan fits. nullopt with --backend
 // cpu, or without --vram-budget on a machine or build without a CUDA device (loading then says why).
 std::optional<MemoryPlan> plan_memory_for_load(const Args& args, const std::string& path, LoadOptions& options,
-                                               int64_t n_ctx, int64_t n_sequences = 1);
+                                               int64_t n_ctx, int64_t n_sequences = 1,
+                                               int64_t checkpoints_per_sequence = 1);
 // --expert-profile: the profile read and checked against the file (nullopt without the flag, or when the file does
 // not exist yet: said on stderr).
 std::optional<ExpertProfile> expert_profile_flag(const Args& args, const gguf::File& file);
@@ -83,6 +84,10 @@ ExpertPlacement host_expert_placement(const Args& args, const gguf::File& file, 
                                       const std::vector<int64_t>& slots, const std::optional<ExpertProfile>& profile,
                                       const ExpertPlacement& flags, std::shared_ptr<HostExpertCompute>& workers,
                                       const std::string& where);
+// The plan's inputs every card or stage shares: --ram-budget, the context, sequences and checkpoints, and the load
+// options' KV cache, prompt window and stream ring (the caller sets the VRAM budget and the device).
+MemoryPlanInputs plan_inputs(const Args& args, const LoadOptions& options, int64_t n_ctx, int64_t n_sequences,
+                             int64_t checkpoints_per_sequence);
 // The flags load_options reads, for the commands' flag lists.
 extern const std::vector<FlagSpec> kLoadFlags;
 // split_load.cpp (issue 29): --split auto|K1,K2,... and --devices LIST. check_split_flags (from load_options): Error
@@ -92,7 +97,8 @@ extern const std::vector<FlagSpec> kLoadFlags;
 // window, the PLE rows' source). Error (exit 2) when no plan fits.
 void check_split_flags(const Args& args, Backend backend);
 std::optional<std::vector<StagePlan>> plan_split_for_load(const Args& args, const std::string& path,
-                                                          LoadOptions& options, int64_t n_ctx, int64_t n_sequences);
+                                                          LoadOptions& options, int64_t n_ctx, int64_t n_sequences,
+                                                          int64_t checkpoints_per_sequence = 1);
 // "12G" or "12G,24G": one size of at least 1M a stage (Error otherwise).
 std::vector<uint64_t> parse_budget_list(const std::string& text);
 // Throws Error when path is not a readable regular file ("what" names it in the message).

@@ -351,20 +351,27 @@ ExpertPlacement host_expert_placement(const Args& args, const gguf::File& file, 
     return p;
 }
 
+MemoryPlanInputs plan_inputs(const Args& args, const LoadOptions& options, int64_t n_ctx, int64_t n_sequences,
+                             int64_t checkpoints_per_sequence) {
+    return {.ram_budget = budget_flag(args, "--ram-budget"),
+            .n_ctx = std::max<int64_t>(n_ctx, 1),
+            .n_sequences = std::max<int64_t>(n_sequences, 1),
+            .checkpoints_per_sequence = std::max<int64_t>(checkpoints_per_sequence, 1),
+            .kv_cache = options.kv_cache,
+            .qsa_union = options.qsa_union,
+            .prompt_chunk = options.prompt_chunk,
+            .stream_experts = options.stream_experts,
+            .stream_buffers = options.stream_buffers};
+}
+
 std::optional<MemoryPlan> plan_memory_for_load(const Args& args, const std::string& path, LoadOptions& options,
-                                               int64_t n_ctx, int64_t n_sequences) {
-    if (auto stages = plan_split_for_load(args, path, options, n_ctx, n_sequences)) return stages->back().plan;
+                                               int64_t n_ctx, int64_t n_sequences, int64_t checkpoints_per_sequence) {
+    if (auto stages = plan_split_for_load(args, path, options, n_ctx, n_sequences, checkpoints_per_sequence))
+        return stages->back().plan;
     if (options.backend != Backend::Cuda) return std::nullopt;
-    MemoryPlanInputs in{.vram_budget = options.vram_budget,
-                        .ram_budget = budget_flag(args, "--ram-budget"),
-                        .n_ctx = std::max<int64_t>(n_ctx, 1),
-                        .n_sequences = std::max<int64_t>(n_sequences, 1),
-                        .kv_cache = options.kv_cache,
-                        .qsa_union = options.qsa_union,
-                        .prompt_chunk = options.prompt_chunk,
-                        .stream_experts = options.stream_experts,
-                        .stream_buffers = options.stream_buffers,
-                        .device = cuda_device_memory(options.cuda_device)};
+    MemoryPlanInputs in = plan_inputs(args, options, n_ctx, n_sequences, checkpoints_per_sequence);
+    in.vram_budget = options.vram_budget;
+    in.device = cuda_device_memory(options.cuda_device);
     // No budget and no device: loading says why there is no CUDA backend or device.
     if (in.vram_budget == 0 && !in.device) return std::nullopt;
     const std::unique_ptr<gguf::File> file = gguf::File::open(path);

@@ -70,7 +70,8 @@ void check_split_flags(const Args& args, Backend backend) {
 }
 
 std::optional<std::vector<StagePlan>> plan_split_for_load(const Args& args, const std::string& path,
-                                                          LoadOptions& options, int64_t n_ctx, int64_t n_sequences) {
+                                                          LoadOptions& options, int64_t n_ctx, int64_t n_sequences,
+                                                          int64_t checkpoints_per_sequence) {
     if (!args.has("--split")) return std::nullopt;
     check_split_flags(args, options.backend);
     StageSplit split = parse_stage_split(*args.get("--split"));
@@ -99,17 +100,9 @@ std::optional<std::vector<StagePlan>> plan_split_for_load(const Args& args, cons
     for (const int d : devices) ++stages_on[d];
     std::vector<MemoryPlanInputs> cards;
     for (size_t k = 0; k < n; ++k) {
-        MemoryPlanInputs in{.vram_budget = budgets.empty() ? 0 : budgets[k],
-                            .ram_budget = std::nullopt,
-                            .n_ctx = std::max<int64_t>(n_ctx, 1),
-                            .n_sequences = std::max<int64_t>(n_sequences, 1),
-                            .kv_cache = options.kv_cache,
-                            .qsa_union = options.qsa_union,
-                            .prompt_chunk = options.prompt_chunk,
-                            .stream_experts = options.stream_experts,
-                            .stream_buffers = options.stream_buffers,
-                            .device = device_memory(devices[k])};
-        if (const auto ram = args.get("--ram-budget")) in.ram_budget = parse_size(*ram);
+        MemoryPlanInputs in = plan_inputs(args, options, n_ctx, n_sequences, checkpoints_per_sequence);
+        in.vram_budget = budgets.empty() ? 0 : budgets[k];
+        in.device = device_memory(devices[k]);
         // Stages on one device share its free memory.
         if (in.device) in.device->free_bytes /= static_cast<uint64_t>(stages_on[devices[k]]);
         if (in.vram_budget == 0 && !in.device)
@@ -118,7 +111,10 @@ std::optional<std::vector<StagePlan>> plan_split_for_load(const Args& args, cons
         cards.push_back(in);
     }
     const std::unique_ptr<gguf::File> file = gguf::File::open(path);
-    std::vector<StagePlan> stages = plan_stages(*file, split, cards);
+    // --expert-profile: "auto" weighs each layer by the routing it measured (and the caches start from it, below).
+    const std::optional<ExpertProfile> profile = expert_profile_flag(args, *file);
+    const ExpertProfile* routing = profile ? &*profile : nullptr;
+    std::vector<StagePlan> stages = plan_stages(*file, split, cards, routing);
     // One prompt window for all (every stage cuts a call into the same windows): the shortest any stage planned.
     int64_t window = stages.front().plan.prompt_window;
     for (const StagePlan& s : stages) window = std::min(window, s.plan.prompt_window);
@@ -126,14 +122,13 @@ std::optional<std::vector<StagePlan>> plan_split_for_load(const Args& args, cons
         split = {.automatic = false, .blocks = {}};
         for (const StagePlan& s : stages) split.blocks.push_back(s.end_block - s.first_block);
         for (MemoryPlanInputs& c : cards) c.prompt_chunk = window;
-        stages = plan_stages(*file, split, cards);
+        stages = plan_stages(*file, split, cards, routing);
     }
-    std::fputs(("strata: " + stages_table(stages)).c_str(), stderr);
+    std::fputs(("strata: " + stages_table(stages, routing)).c_str(), stderr);
     options.prompt_chunk = window;
 
     const std::string arch = file->get_str("general.architecture");
     const int64_t n_trunk = stages.back().end_block;
-    const std::optional<ExpertProfile> profile = expert_profile_flag(args, *file);
     std::shared_ptr<HostExpertCompute> workers;  // one pool for every stage: the host drives them one at a time
     options.split.clear();
     options.experts.in_host = false;

@@ -259,7 +259,8 @@ uint64_t qsa_union_bytes(int64_t prompt_window, int64_t max_cells, int64_t n_hea
                   round256(rows * u(head_dim) * 4) + 2 * round256(rows * 4));
 }
 
-SequenceCost sequence_cost(const Shapes& s, int64_t cap, KvCacheType kv, int multiprocessors, bool qsa_union) {
+SequenceCost sequence_cost(const Shapes& s, int64_t cap, KvCacheType kv, int multiprocessors, bool qsa_union,
+                           int64_t checkpoints) {
     SequenceCost c;
     const GdnShape& g = s.gdn;
     const AttentionShape& a = s.attention;
@@ -268,7 +269,7 @@ SequenceCost sequence_cost(const Shapes& s, int64_t cap, KvCacheType kv, int mul
     bool any_dense = false, any_sparse = false;
     // model/cuda/checkpoint_cuda.cpp: one checkpoint slot copies every buffer a later token overwrites (GDN state,
     // cache lengths, PLE history), each at a 256-byte boundary, in one allocation. Speculation takes one a round and
-    // the server's prefix cache keeps some: the plan holds one a sequence, so that speculation fits any budget.
+    // the server's prefix cache keeps some: the caller says how many a sequence holds at once.
     uint64_t checkpoint = 0;
     for (size_t il = 0; il < s.recurrent.size(); ++il) {
         if (s.recurrent[il]) {
@@ -302,7 +303,7 @@ SequenceCost sequence_cost(const Shapes& s, int64_t cap, KvCacheType kv, int mul
                           round256(u(p.history_rows() * p.n_streams * p.n_embd) * 4);
         }
     }
-    c.checkpoint = booked(checkpoint);
+    c.checkpoint = booked(checkpoint) * u(checkpoints);
     // QSA scores and keys of the queries one qsa_select launch takes (model/cuda/hybrid_cuda.h kQsaSelectGroup).
     const int64_t group = any_sparse ? std::min(kQsaSelectGroup, s.prompt_window) : 1;
     c.attention_workspace = booked(u(group * max_blocks) * 4) + booked(u(group * max_blocks) * 8);
@@ -635,6 +636,7 @@ namespace {
 MemoryPlan plan_for_window(const gguf::File& file, const MemoryPlanInputs& in) {
     if (in.n_ctx < 1) throw Error("the memory plan needs a context of at least one token");
     if (in.n_sequences < 1) throw Error("the memory plan needs at least one sequence");
+    if (in.checkpoints_per_sequence < 1) throw Error("the memory plan needs at least one checkpoint a sequence");
     if (in.prompt_chunk != 0 && (in.prompt_chunk < kMinPromptChunk || in.prompt_chunk > kMaxPromptChunk))
         throw Error("a prompt window of " + std::to_string(in.prompt_chunk) + " tokens is outside " +
                     std::to_string(kMinPromptChunk) + ".." + std::to_string(kMaxPromptChunk));
@@ -682,7 +684,8 @@ MemoryPlan plan_for_window(const gguf::File& file, const MemoryPlanInputs& in) {
     const bool context_in_budget = in.vram_budget > 0 && plan.vram_budget == in.vram_budget;
     const uint64_t reserve = (context_in_budget ? kCudaContextReserve : 0) + kAllocatorSlack;
     auto states = [&](int64_t ctx) {
-        return sequence_cost(s, ctx, in.kv_cache, sms, in.qsa_union).total() * u(in.n_sequences);
+        return sequence_cost(s, ctx, in.kv_cache, sms, in.qsa_union, in.checkpoints_per_sequence).total() *
+               u(in.n_sequences);
     };
     // Without --prompt-chunk the prompt window grows only into memory the experts would not use: the longest of
     // kLongPromptChunks with which every routed expert still fits in VRAM beside everything else, else the default
@@ -745,7 +748,7 @@ MemoryPlan plan_for_window(const gguf::File& file, const MemoryPlanInputs& in) {
                     ": ask for a smaller context or raise --vram-budget to at least " + size_text(minimum));
     }
 
-    const SequenceCost seq = sequence_cost(s, in.n_ctx, in.kv_cache, sms, in.qsa_union);
+    const SequenceCost seq = sequence_cost(s, in.n_ctx, in.kv_cache, sms, in.qsa_union, in.checkpoints_per_sequence);
     auto vram = [&](const std::string& what, uint64_t bytes) {
         if (bytes > 0) plan.lines.push_back({what, PlanPlace::Vram, bytes});
     };
@@ -758,7 +761,10 @@ MemoryPlan plan_for_window(const gguf::File& file, const MemoryPlanInputs& in) {
     vram("GDN conv + recurrent state", seq.gdn * n);
     vram("QSA indexer keys (raw + pooled)", seq.indexer * n);
     vram("PLE token + conv history", seq.ple * n);
-    vram("sequence checkpoint (speculation, prefix cache)", seq.checkpoint * n);
+    vram(in.checkpoints_per_sequence == 1 ? "sequence checkpoint (speculation, prefix cache)"
+                                          : "sequence checkpoints (" + std::to_string(in.checkpoints_per_sequence) +
+                                                " a sequence: speculation, prefix cache)",
+         seq.checkpoint * n);
     vram("attention workspaces", seq.attention_workspace * n);
     vram("QSA union workspace (--qsa-union)", seq.union_workspace * n);
     vram("window buffers (" + std::to_string(s.prompt_window) + "-token window)", window_bytes(s, t.moe_prompt));

@@ -47,6 +47,9 @@ struct MemoryPlanInputs {
     std::optional<uint64_t> ram_budget;
     int64_t n_ctx = 4096;     // tokens each sequence holds
     int64_t n_sequences = 1;  // sequences alive at once (server slots)
+    // Sequence checkpoints each sequence may hold at once: speculation takes one a round, the server's prefix cache
+    // keeps more (server/engine.h EngineOptions::max_checkpoints_per_slot).
+    int64_t checkpoints_per_sequence = 1;
     KvCacheType kv_cache = KvCacheType::F16;
     bool qsa_union = false;  // --qsa-union: each sequence also holds the union kernel's workspace
     int64_t prompt_chunk = 0;  // --prompt-chunk: tokens of a prompt window (0: the plan chooses)

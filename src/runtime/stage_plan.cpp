@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
+#include <functional>
 
 #include "core/error.h"
 #include "format/gguf.h"
@@ -119,11 +121,26 @@ std::vector<StagePlan> plan_counts(const gguf::File& file, const std::vector<int
     return stages;
 }
 
-// The share of its layers' experts the worst-served stage could keep in VRAM (1 where all fit): what its expert cache
-// and the budget left beside it would hold, in slots of one expert in every layer, over the experts a layer. With
-// uniform routing, the share of the routing mass its cache holds. Fractional, so that a move which does not yet gain a
-// whole slot still counts.
-double cached_share(const std::vector<StagePlan>& stages) {
+// A routing profile as what a layer's most-routed experts hold: mass[layer][i], the share of the layer's routing its
+// i most-routed experts take (mass[layer][0] = 0); empty for a layer the profile saw no routing in.
+std::vector<std::vector<double>> routing_mass(const ExpertProfile& profile) {
+    std::vector<std::vector<double>> mass(profile.counts.size());
+    for (size_t l = 0; l < profile.counts.size(); ++l) {
+        std::vector<uint64_t> sorted = profile.counts[l];
+        std::sort(sorted.begin(), sorted.end(), std::greater<>());
+        double total = 0;
+        for (const uint64_t c : sorted) total += static_cast<double>(c);
+        if (total <= 0) continue;
+        mass[l].push_back(0.0);
+        for (const uint64_t c : sorted) mass[l].push_back(mass[l].back() + static_cast<double>(c) / total);
+    }
+    return mass;
+}
+
+}  // namespace
+
+double worst_held_routing(const std::vector<StagePlan>& stages, const ExpertProfile* profile) {
+    const std::vector<std::vector<double>> mass = profile ? routing_mass(*profile) : std::vector<std::vector<double>>{};
     double worst = 1.0;
     for (const StagePlan& s : stages) {
         const MemoryPlan& p = s.plan;
@@ -133,16 +150,32 @@ double cached_share(const std::vector<StagePlan>& stages) {
             if (l.place == PlanPlace::Vram && l.what.starts_with("expert cache")) cache += l.bytes;
         for (const uint64_t b : p.expert_bytes) row += b;
         if (row == 0) continue;
-        const double room = static_cast<double>(cache + (p.vram_budget - std::min(p.vram_budget, p.vram_total())));
-        worst = std::min(worst, room / static_cast<double>(row) / static_cast<double>(p.n_expert));
+        // Slots of one expert in every layer: what the cache and the budget left beside it would hold.
+        const double room = static_cast<double>(cache + (p.vram_budget - std::min(p.vram_budget, p.vram_total()))) /
+                            static_cast<double>(row);
+        for (size_t i = 0; i < p.expert_bytes.size(); ++i) {
+            if (p.expert_bytes[i] == 0) continue;
+            const size_t layer = static_cast<size_t>(s.first_block) + i;
+            if (layer >= mass.size() || mass[layer].empty()) {
+                worst = std::min(worst, room / static_cast<double>(p.n_expert));  // uniform routing
+                continue;
+            }
+            const std::vector<double>& m = mass[layer];
+            const double at = std::clamp(room, 0.0, static_cast<double>(m.size() - 1));
+            const auto whole = static_cast<size_t>(at);
+            const double held = whole + 1 < m.size()
+                                    ? m[whole] + (at - static_cast<double>(whole)) * (m[whole + 1] - m[whole])
+                                    : m[whole];
+            worst = std::min(worst, held);
+        }
     }
     return worst;
 }
 
-}  // namespace
+namespace {}  // namespace
 
 std::vector<StagePlan> plan_stages(const gguf::File& file, const StageSplit& split,
-                                   const std::vector<MemoryPlanInputs>& cards) {
+                                   const std::vector<MemoryPlanInputs>& cards, const ExpertProfile* profile) {
     if (cards.size() < 2) throw Error("a split needs two cards or more (one --vram-budget each)");
     int64_t n_all = 0;
     const int64_t n_trunk = read_hybrid_info(file, &n_all).n_layer;
@@ -158,11 +191,11 @@ std::vector<StagePlan> plan_stages(const gguf::File& file, const StageSplit& spl
             budgets.push_back(b);
         }
         counts = automatic_split(file, n_trunk, budgets);
-        // Then blocks move across the cuts while that raises the worst-served layer's share of cached experts (each
-        // card keeps its own reserve, windows and workspaces, which a cut by weights alone does not see).
+        // Then blocks move across the cuts while that raises the routing share the worst-served layer keeps in VRAM
+        // (each card keeps its own reserve, windows and workspaces, which a cut by weights alone does not see).
         auto score = [&](const std::vector<int64_t>& c) {
             try {
-                return cached_share(plan_counts(file, c, cards));
+                return worst_held_routing(plan_counts(file, c, cards), profile);
             } catch (const Error&) {
                 return -1.0;
             }
@@ -195,13 +228,22 @@ std::vector<StagePlan> plan_stages(const gguf::File& file, const StageSplit& spl
     return plan_counts(file, counts, cards);
 }
 
-std::string stages_table(const std::vector<StagePlan>& stages) {
+std::string stages_table(const std::vector<StagePlan>& stages, const ExpertProfile* profile) {
     std::string out;
+    bool in_host = false;
     for (size_t k = 0; k < stages.size(); ++k) {
         const StagePlan& s = stages[k];
+        in_host = in_host || !s.plan.experts_in_vram;
         out += "stage " + std::to_string(k) + ": blocks " + std::to_string(s.first_block) + "-" +
                std::to_string(s.end_block - 1) + (k == 0 ? " and the token table" : "") +
                (k + 1 == stages.size() ? " and the head" : "") + "\n" + s.plan.table();
+    }
+    if (in_host) {
+        char line[160];
+        std::snprintf(line, sizeof line, "the worst-served layer keeps %.1f%% of its routing in VRAM (%s)\n",
+                      100.0 * worst_held_routing(stages, profile),
+                      profile ? "by the routing profile" : "uniform routing");
+        out += line;
     }
     return out;
 }

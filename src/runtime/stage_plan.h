@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/expert_profile.h"
 #include "runtime/memory_plan.h"
 
 namespace strata {
@@ -39,10 +40,19 @@ struct StagePlan {
 // closest to its share of the budgets, then moves blocks across the cuts while that raises the smallest share of a
 // layer's experts any stage's cache holds (with uniform routing, its share of the routing mass). A split whose block
 // counts do not add up to the trunk, or a stage that does not fit its card, is a one-line Error naming the stage.
+// With a routing profile (--expert-profile), "auto" weighs each layer by its measured routing: the share its
+// most-routed experts that fit the stage's cache take (worst_held_routing).
 std::vector<StagePlan> plan_stages(const gguf::File& file, const StageSplit& split,
-                                   const std::vector<MemoryPlanInputs>& cards);
+                                   const std::vector<MemoryPlanInputs>& cards, const ExpertProfile* profile = nullptr);
+
+// The smallest share of a layer's routing that its stage's VRAM holds, over every layer with experts in host RAM (1
+// where all fit): the stage's expert cache and the budget left beside it, in slots of one expert a layer (fractional),
+// filled by the layer's most-routed experts in `profile`; without one, or for a layer it saw no routing in, slots over
+// the experts a layer (uniform routing).
+double worst_held_routing(const std::vector<StagePlan>& stages, const ExpertProfile* profile = nullptr);
 
 // The stages' plans one after another, each under a line "stage i: blocks a-b".
-std::string stages_table(const std::vector<StagePlan>& stages);
+// With experts in host RAM, a last line: worst_held_routing's share.
+std::string stages_table(const std::vector<StagePlan>& stages, const ExpertProfile* profile = nullptr);
 
 }  // namespace strata

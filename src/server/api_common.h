@@ -73,6 +73,11 @@ struct ServerContext {
     const std::vector<CudaStage>* cuda_split = nullptr;   // --split: each stage's device
 };
 
+// /v1/status's cuda_stages (issue 29): each stage of a split, its card (split; -1 where unknown), blocks and their
+// share of the trunk, VRAM budget and planned use, expert cache slots by block and the plan's summary; null without a
+// split.
+Json cuda_stages_json(const std::vector<StagePlan>* plans, const std::vector<CudaStage>* split);
+
 // Per-request facts for the one log line the server writes per request (filled by the handlers, printed by the
 // logger on the same connection thread).
 struct RequestLog {

@@ -165,29 +165,6 @@ Json cuda_plan_json(const MemoryPlan* plan) {
             {"lines", lines}};
 }
 
-// --split (issue 29): each stage's card, its blocks and their share of the trunk, and its plan's VRAM; null on one
-// card.
-Json cuda_stages_json(const ServerContext& ctx) {
-    if (!ctx.cuda_stages || ctx.cuda_stages->empty()) return nullptr;
-    const std::vector<StagePlan>& stages = *ctx.cuda_stages;
-    const double n_trunk = static_cast<double>(std::max<int64_t>(stages.back().end_block, 1));
-    Json out = Json::array();
-    for (size_t k = 0; k < stages.size(); ++k) {
-        const StagePlan& s = stages[k];
-        const bool known = ctx.cuda_split && k < ctx.cuda_split->size();
-        out.push_back({{"stage", k},
-                       {"device", known ? (*ctx.cuda_split)[k].device : -1},
-                       {"first_block", s.first_block},
-                       {"last_block", s.end_block - 1},
-                       {"block_share", static_cast<double>(s.end_block - s.first_block) / n_trunk},
-                       {"vram_budget_bytes", s.plan.vram_budget},
-                       {"vram_bytes", s.plan.vram_total()},
-                       {"expert_cache_slots", s.plan.cache_slots},
-                       {"summary", s.plan.summary()}});
-    }
-    return out;
-}
-
 Json status_json(const ServerContext& ctx, const gguf::File& file) {
     const EngineSnapshot snap = ctx.engine->snapshot();
     Json slots = Json::array();
@@ -226,7 +203,7 @@ Json status_json(const ServerContext& ctx, const gguf::File& file) {
               {"chat_template", ctx.builtin_template ? "built-in ChatML" : "from the model"}}},
             {"memory_plan", {{"per_slot_context", o.ctx_per_slot}, {"items", plan}, {"total_bytes", total}}},
             {"cuda_memory_plan", cuda_plan_json(ctx.cuda_plan)},
-            {"cuda_stages", cuda_stages_json(ctx)},
+            {"cuda_stages", cuda_stages_json(ctx.cuda_stages, ctx.cuda_split)},
             {"expert_cache", expert_cache_json(ctx.model->expert_offload_stats())},
             {"slots", slots},
             {"queue", {{"waiting", snap.load.waiting}, {"limit", snap.queue_limit}, {"running", snap.load.running}}},
@@ -514,6 +491,29 @@ int serve(const ServeOptions& options) {
     std::fprintf(stderr, "strata serve: stopped\n");
     if (!listened && !stopping) throw Error("the server stopped unexpectedly");
     return 0;
+}
+
+// --split (issue 29): each stage's card, its blocks and their share of the trunk, and its plan's VRAM; null on one
+// card.
+Json cuda_stages_json(const std::vector<StagePlan>* plans, const std::vector<CudaStage>* split) {
+    if (!plans || plans->empty()) return nullptr;
+    const std::vector<StagePlan>& stages = *plans;
+    const double n_trunk = static_cast<double>(std::max<int64_t>(stages.back().end_block, 1));
+    Json out = Json::array();
+    for (size_t k = 0; k < stages.size(); ++k) {
+        const StagePlan& s = stages[k];
+        const bool known = split && k < split->size();
+        out.push_back({{"stage", k},
+                       {"device", known ? (*split)[k].device : -1},
+                       {"first_block", s.first_block},
+                       {"last_block", s.end_block - 1},
+                       {"block_share", static_cast<double>(s.end_block - s.first_block) / n_trunk},
+                       {"vram_budget_bytes", s.plan.vram_budget},
+                       {"vram_bytes", s.plan.vram_total()},
+                       {"expert_cache_slots", s.plan.cache_slots},
+                       {"summary", s.plan.summary()}});
+    }
+    return out;
 }
 
 }  // namespace strata::server

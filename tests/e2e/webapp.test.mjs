@@ -284,6 +284,63 @@ test('a server error shows in the reply and the composer resets', { skip }, asyn
   }
 });
 
+// Speculation's card reads the server's spec counters (src/server/metrics.cpp); they are set here so the figures are
+// known: 3 of 4 drafts accepted over 2 rounds is 75% and (3 + 2) / 2 = 2.5 tokens a round.
+test('Monitor shows the acceptance of speculative decoding', { skip }, async () => {
+  let seen = false;
+  await page.route('**/metrics', async (route) => {
+    const response = await route.fetch();
+    const text = (await response.text()).split('\n').filter((l) => !/^strata:spec_/.test(l)).join('\n');
+    seen = true;
+    await route.fulfill({ status: 200, contentType: 'text/plain; version=0.0.4', body: text +
+      'strata:spec_rounds_total 2\nstrata:spec_draft_tokens_total 4\nstrata:spec_accepted_tokens_total 3\n' });
+  });
+  try {
+    await page.locator(byId('tab-monitor')).click();
+    await waitFor(async () => /%/.test(await page.locator(byId('monitor-spec-acceptance')).innerText()),
+      { what: 'an acceptance figure', timeoutMs: 10000 });
+    assert.ok(seen);
+    assert.equal(await page.locator(byId('monitor-spec-acceptance')).innerText(), '75.0 %');
+    assert.match(await page.locator(byId('monitor-spec-sub')).innerText(), /2\.50 tokens a round over 2 rounds/);
+  } finally {
+    await page.unroute('**/metrics');
+  }
+  await page.locator(byId('tab-chat')).click();
+});
+
+// The stages of a split over GPUs come from /v1/status's cuda_stages (src/server/http_server.cpp); no GPU here, so
+// the server's own status gets two stages added in the shape it writes them.
+test('Monitor shows the stages of a split over GPUs', { skip }, async () => {
+  const stages = [
+    { stage: 0, device: 0, first_block: 0, last_block: 23, block_share: 0.5, vram_budget_bytes: 12 * 2 ** 30,
+      vram_bytes: 11.5 * 2 ** 30, expert_cache_slots: [202, 202], summary: 'expert cache 202 of 512 per layer' },
+    { stage: 1, device: 1, first_block: 24, last_block: 47, block_share: 0.5, vram_budget_bytes: 12 * 2 ** 30,
+      vram_bytes: 11.6 * 2 ** 30, expert_cache_slots: [0, 203, 203], summary: 'expert cache 203 of 512 per layer' },
+  ];
+  let ownStages;
+  await page.route('**/v1/status', async (route) => {
+    const response = await route.fetch();
+    const json = await response.json();
+    ownStages = json.cuda_stages;
+    await route.fulfill({ status: 200, contentType: 'application/json', body: JSON.stringify({ ...json, cuda_stages: stages }) });
+  });
+  try {
+    await page.locator(byId('tab-monitor')).click();
+    await waitFor(async () => (await page.locator(byId('monitor-stage')).count()) === 2,
+      { what: 'two stage rows', timeoutMs: 10000 });
+    assert.equal(ownStages, null, 'a server on one card (or the CPU) reports no stages');
+    const rows = await page.locator(byId('monitor-stage')).allInnerTexts();
+    assert.match(rows[0], /0\s+0\s+0-23\s+50%\s+11\.5 GiB of 12\.0 GiB\s+202 a layer/);
+    assert.match(rows[1], /1\s+1\s+24-47\s+50%\s+11\.6 GiB of 12\.0 GiB\s+203 a layer/);
+  } finally {
+    await page.unroute('**/v1/status');
+  }
+  // Back to the server's own status: the panel goes away.
+  await waitFor(async () => !(await page.locator(byId('monitor-stages')).isVisible()),
+    { what: 'the stages panel hidden again', timeoutMs: 10000 });
+  await page.locator(byId('tab-chat')).click();
+});
+
 test('Monitor shows tokens/s, time to first token and the memory plan', { skip }, async () => {
   await page.locator(byId('tab-monitor')).click();
   assert.equal(await page.locator(byId('view-monitor')).isVisible(), true);
@@ -316,7 +373,7 @@ test('Monitor shows tokens/s, time to first token and the memory plan', { skip }
     else await page.waitForTimeout(200);
   }
   await gen;
-  assert.ok(sawTokens, 'tokens/s stayed at 0 while generating');
+  assert.ok(sawTokens, 'tokens/s stayed at 0 while generating; ' + await page.locator(byId('monitor-updated')).innerText() + ' / ' + await page.locator(byId('monitor-tokens-per-second')).innerText());
   // Keyboard: arrow keys move between tabs.
   await page.locator(byId('tab-monitor')).focus();
   await page.keyboard.press('ArrowLeft');

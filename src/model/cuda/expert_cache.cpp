@@ -207,7 +207,9 @@ void ExpertCache::point(Layer& l, int32_t expert, int64_t slot) {
                         : nullptr;  // in the file: a window that would read it streams it or runs as decode windows
         l.mirror[p * E + static_cast<size_t>(expert)] = cpu ? nullptr : at;
         l.mirror[set + p * E + static_cast<size_t>(expert)] = at;
-        if (ring_) l.mirror[2 * set + p * E + static_cast<size_t>(expert)] = slot < 0 ? ring_address(l, p, expert) : at;
+        if (ring_)
+            l.mirror[2 * set + p * E + static_cast<size_t>(expert)] =
+                slot < 0 && l.streams ? ring_address(l, p, expert) : at;
     }
     const int32_t before = l.slot_of[static_cast<size_t>(expert)];
     if (before >= 0) l.serving[static_cast<size_t>(before)] = -1;
@@ -249,6 +251,18 @@ void ExpertCache::admit(Layer& l, int64_t slot, int32_t expert) {
     for (const Part& part : l.parts) stats_.swap_bytes += static_cast<int64_t>(part.bytes);
 }
 
+void ExpertCache::set_streams(int64_t block, bool streams) {
+    STRATA_ASSERT(block >= 0 && block < static_cast<int64_t>(layers_.size()) && !ring_);
+    layers_[static_cast<size_t>(block)].streams = streams;
+}
+
+bool ExpertCache::streams_every_layer() const {
+    if (!ring_) return false;
+    for (const Layer& l : layers_)
+        if (l.block >= 0 && !l.streams) return false;
+    return true;
+}
+
 void ExpertCache::set_routing_sources(const std::vector<const int32_t*>& ids_by_block) {
     STRATA_ASSERT(ids_by_block.size() == layers_.size());
     routing_layers_ = static_cast<int64_t>(ids_by_block.size());
@@ -282,14 +296,14 @@ void ExpertCache::make_ring() {
     for (const Layer& l : layers_)
         if (l.block >= 0 && l.n_expert % ranges != 0) {
             std::fprintf(stderr,
-                         "strata: block %lld's %lld experts do not split into %d ranges: prompt windows read "
-                         "their misses over PCIe in place\n",
+                         "strata: block %lld's %lld experts do not split into %d ranges: prompt windows do not "
+                         "stream their misses\n",
                          static_cast<long long>(l.block), static_cast<long long>(l.n_expert), ranges);
             return;
         }
     size_t buffer_bytes = 0;
     for (const Layer& l : layers_) {
-        if (l.block < 0) continue;
+        if (l.block < 0 || !l.streams) continue;
         for (const Part& part : l.parts)
             buffer_bytes =
                 std::max(buffer_bytes, part.ring_offset + part.ring_stride * static_cast<size_t>(l.n_expert / ranges));

@@ -58,6 +58,10 @@ class ExpertCache {
     // Block `block`'s experts: allocates its slots (placement.cache_slots), fills them with the warm set, and points
     // the device weights' expert tensors and address tables at the cache. `host` holds the bound host tensors.
     void add_layer(int64_t block, const MoeWeights& host, const MoeShape& shape, cuda::MoeLayerWeights& device);
+    // Before set_routing_sources: whether block `block`'s prompt windows take the grouped path, so that its misses
+    // can stream through the ring (layers that cannot are left out of it: in place over PCIe, or, with the experts
+    // in the file, only in decode windows).
+    void set_streams(int64_t block, bool streams);
     // After the last add_layer: the device array of the layers' routing outputs (MoeWorkspace::expert_ids), for
     // the copy that hands a decode window's routing to the host.
     void set_routing_sources(const std::vector<const int32_t*>& ids_by_block);
@@ -75,6 +79,8 @@ class ExpertCache {
     // Whether the GPU can read a miss over PCIe in place (the experts are pinned); else a prompt window that does not
     // stream runs as decode windows, whose misses the CPU workers compute.
     bool reads_in_place() const { return registration_ != nullptr; }
+    // Whether every layer with experts streams (what a prompt window with the experts in the file needs).
+    bool streams_every_layer() const;
     // In a streamed window: block `block`'s side of the ring for moe_layer_prompt (layers in block order, each once).
     cuda::MoeExpertStream* expert_stream(int64_t block);
 
@@ -134,6 +140,7 @@ class ExpertCache {
         std::unique_ptr<cuda::MappedHostBuffer> share;  // ids, x, rows of a decode window (CPU share)
         cuda::MoeHostShare device_share;
         std::vector<uint8_t> mine;
+        bool streams = false;  // set_streams: in the ring
     };
     // One layer's ranges of the ring: the chunk of (pass, range) is window_base_ + ordinal x 2 x ranges + pass x
     // ranges + range.

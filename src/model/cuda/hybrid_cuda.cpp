@@ -140,8 +140,10 @@ MoeDevice CudaHybridModel::upload_moe(const MoeWeights& m, const MoeShape& s, in
         d.weights.down = dw.tensor(m.down);
     }
     d.workspace = std::make_unique<cuda::MoeWorkspace>(*ctx_, d.shape, d.weights);
-    if (grouped_moe_ && !moe_prompt_shape_ && cuda::moe_prompt_supported(d.shape, d.weights))
-        moe_prompt_shape_ = d.shape;  // its workspace goes into the window buffers (finish_loading)
+    const bool grouped = grouped_moe_ && cuda::moe_prompt_supported(d.shape, d.weights);
+    if (grouped && !moe_prompt_shape_) moe_prompt_shape_ = d.shape;  // its workspace goes into the window buffers
+    // Only a layer whose prompt windows take the grouped path (the workspace's shape) streams its misses.
+    if (experts_) experts_->set_streams(block, grouped && cuda::same_shape(d.shape, *moe_prompt_shape_));
     STRATA_ASSERT(block >= 0 && block < static_cast<int64_t>(routing_ids_.size()));
     routing_ids_[static_cast<size_t>(block)] = d.workspace->expert_ids();
     return d;
@@ -411,7 +413,8 @@ void CudaHybridModel::forward_rows(CudaSequence& s, std::span<const int32_t> tok
         n = T - start > kWindow ? std::min(prompt_window_, T - start) : T - start;
         // Experts read from the mapped file: the GPU cannot read a miss in place, so a window that does not stream
         // its misses runs as decode windows (the CPU workers compute those).
-        if (n > kWindow && experts_ && !experts_->reads_in_place() && !(experts_->streams() && grouped_window(n)))
+        if (n > kWindow && experts_ && !experts_->reads_in_place() &&
+            !(experts_->streams_every_layer() && grouped_window(n)))
             n = kWindow;
         const bool last = start + n == T;
         auto head = [&] {

@@ -1104,6 +1104,23 @@
       $('mon-kv-bar').style.width = Math.min(100, Math.max(0, pct)) + '%';
     }
 
+    // Speculative decoding since the start: the share of draft tokens accepted, and the tokens a verification round
+    // gives (its accepted drafts plus the model's own next token).
+    const rounds = metric(values, 'strata:spec_rounds_total');
+    const drafted = metric(values, 'strata:spec_draft_tokens_total');
+    const accepted = metric(values, 'strata:spec_accepted_tokens_total');
+    if (rounds === undefined || drafted === undefined || accepted === undefined) {
+      $('mon-spec').textContent = '–';
+      $('mon-spec-sub').textContent = 'not reported';
+    } else if (!(rounds > 0) || !(drafted > 0)) {
+      $('mon-spec').textContent = '–';
+      $('mon-spec-sub').textContent = 'no speculative rounds yet';
+    } else {
+      $('mon-spec').textContent = fmtNumber(100 * accepted / drafted, 1) + ' %';
+      $('mon-spec-sub').textContent = `accepted; ${fmtNumber((accepted + rounds) / rounds, 2)} tokens a round over ` +
+        `${fmtNumber(rounds)} rounds`;
+    }
+
     const totals = [];
     for (const [name, v] of values) {
       if (/_total$/.test(name)) totals.push([name, v]);
@@ -1180,6 +1197,8 @@
     const queue = findKey(status, ['queue', 'scheduler']);
     fillKV($('mon-queue'), queue !== undefined ? flatten(queue, 'queue') : []);
 
+    showStages(status.cuda_stages);
+
     const experts = findKey(status, ['expert_cache', 'experts']) ??
       (memory && typeof memory === 'object' ? findKey(memory, ['expert_cache', 'experts']) : undefined);
     const panel = $('mon-experts-panel');
@@ -1189,6 +1208,39 @@
     } else {
       panel.hidden = true;
     }
+  }
+
+  // A split over several GPUs (--split): each stage's card, its blocks and their share, its VRAM and expert slots.
+  function showStages(stages) {
+    const panel = $('mon-stages-panel');
+    if (!Array.isArray(stages) || !stages.length) {
+      panel.hidden = true;
+      return;
+    }
+    const num = (v) => (typeof v === 'number' && Number.isFinite(v) ? v : null);
+    const slotsText = (slots) => {
+      const s = Array.isArray(slots) ? slots.filter((v) => typeof v === 'number' && v > 0) : [];
+      if (!s.length) return 'all in VRAM';
+      const lo = Math.min(...s), hi = Math.max(...s);
+      return (lo === hi ? String(lo) : `${lo}-${hi}`) + ' a layer';
+    };
+    const head = el('tr', null, ['Stage', 'GPU', 'Blocks', 'Share', 'VRAM', 'Expert slots'].map(
+      (c) => el('th', { scope: 'col', text: c })));
+    const rows = stages.slice(0, 16).map((s, k) => {
+      const first = num(s?.first_block), last = num(s?.last_block), share = num(s?.block_share);
+      const used = num(s?.vram_bytes), budget = num(s?.vram_budget_bytes);
+      return el('tr', { 'data-testid': 'monitor-stage', title: typeof s?.summary === 'string' ? s.summary : null }, [
+        el('td', { text: String(num(s?.stage) ?? k) }),
+        el('td', { text: num(s?.device) !== null && s.device >= 0 ? String(s.device) : '?' }),
+        el('td', { text: first !== null && last !== null ? `${first}-${last}` : '?' }),
+        el('td', { text: share !== null ? (100 * share).toFixed(0) + '%' : '?' }),
+        el('td', { text: used !== null ? fmtBytes(used) + (budget !== null ? ' of ' + fmtBytes(budget) : '') : '?' }),
+        el('td', { text: slotsText(s?.expert_cache_slots) }),
+      ]);
+    });
+    $('mon-stages').replaceChildren(el('div', { className: 'table-scroll' }, [
+      el('table', { className: 'slots-table' }, [el('thead', null, [head]), el('tbody', null, rows)])]));
+    panel.hidden = false;
   }
 
   // ---------------------------------------------------------------------------------------------------------------

@@ -650,6 +650,67 @@ TEST(Server, SpeculationGivesTheSameOutput) {
     EXPECT_EQ(again["text"], without.post_json("/v1/completions", requests[0])["choices"][0]["text"]);
 }
 
+// MTP drafts in the server (each slot's drafter reads the slot's residual rows from the batched pass): the same
+// output as a server without speculation, one request at a time and four batched, with MTP drafting every round
+// (rejections included) and with the default policy; a sampled request, and a second turn that restores a slot's
+// checkpoint and its drafter's mark. /metrics counts the rounds by drafter.
+TEST(Server, MtpSpeculationGivesTheSameOutputAloneAndBatched) {
+    const std::string bundled = std::string(STRATA_SOURCE_DIR) + "/assets/strata-code-19m.gguf";
+    Server plain({"--parallel", "4", "--no-spec"}, {}, bundled);
+    Server forced({"--parallel", "4", "--spec", "3", "--spec-drafter", "mtp", "--spec-fixed", "--spec-min-p", "0"}, {},
+                  bundled);
+    Server policy({"--parallel", "4"}, {}, bundled);
+    const std::string prompts[] = {
+        "import os\n\n\ndef list_files(path):\n",
+        "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, x):\n",
+        "# Read a CSV file and print the sum of the second column\nimport csv\n",
+        "def fib(n):\n    if n < 2:\n        return n\n",
+    };
+    auto request = [&](size_t i) {
+        return Json{{"prompt", prompts[i]}, {"max_tokens", 40}, {"temperature", 0}, {"ignore_eos", true}};
+    };
+    std::vector<std::string> want;
+    for (size_t i = 0; i < 4; ++i) want.push_back(plain.post_json("/v1/completions", request(i))["choices"][0]["text"]);
+    for (Server* s : {&forced, &policy}) {
+        for (size_t i = 0; i < 4; ++i)
+            EXPECT_EQ(s->post_json("/v1/completions", request(i))["choices"][0]["text"], want[i]) << "alone " << i;
+        std::vector<std::future<Json>> together;
+        for (size_t i = 0; i < 4; ++i)
+            together.push_back(std::async(std::launch::async, [&, i] { return s->post_json("/v1/completions", request(i)); }));
+        for (size_t i = 0; i < 4; ++i) EXPECT_EQ(together[i].get()["choices"][0]["text"], want[i]) << "batched " << i;
+    }
+    const Json sampled = {{"prompt", prompts[1]}, {"max_tokens", 40}, {"temperature", 0.8}, {"seed", 5}};
+    EXPECT_EQ(forced.post_json("/v1/completions", sampled)["choices"][0]["text"],
+              plain.post_json("/v1/completions", sampled)["choices"][0]["text"]);
+    // A prompt that goes on from another's end: the slot restores the checkpoint there and its drafter's mark.
+    const Json follow = {{"prompt", prompts[2] + "import sys\n\n\ndef total(path):\n"}, {"max_tokens", 40},
+                         {"temperature", 0}, {"ignore_eos", true}};
+    const double cached = forced.metric("strata:prompt_tokens_cached_total");
+    EXPECT_EQ(forced.post_json("/v1/completions", follow)["choices"][0]["text"],
+              plain.post_json("/v1/completions", follow)["choices"][0]["text"]);
+    EXPECT_GT(forced.metric("strata:prompt_tokens_cached_total"), cached);
+    EXPECT_GT(forced.metric("strata:spec_drafter_rounds_total{drafter=\"mtp\"}"), 0);
+    // A drafter out of step with its slot would still give the same text, but its drafts would rarely be accepted
+    // (`strata generate` accepts 0.46 of these forced drafts on the first two prompts).
+    const double mtp_drafted = forced.metric("strata:spec_drafter_draft_tokens_total{drafter=\"mtp\"}");
+    const double mtp_accepted = forced.metric("strata:spec_drafter_accepted_tokens_total{drafter=\"mtp\"}");
+    std::printf("[ mtp in serve ] %.0f of %.0f forced drafts accepted\n", mtp_accepted, mtp_drafted);
+    EXPECT_GT(mtp_accepted, 0.3 * mtp_drafted);
+    EXPECT_EQ(forced.metric("strata:spec_drafter_rounds_total{drafter=\"lookup\"}"), 0);
+    EXPECT_EQ(forced.metric("strata:spec_rounds_total"),
+              forced.metric("strata:spec_drafter_rounds_total{drafter=\"mtp\"}"));
+    EXPECT_GT(policy.metric("strata:spec_rounds_total"), 0);
+}
+
+// The speculation flags' user errors: one line, status 2, before the server listens (timeout: a server that started
+// anyway is ended, and the status then fails the test).
+TEST(Server, SpeculationFlagErrors) {
+    const std::string serve = "timeout 60 " + shell_quote(STRATA_BINARY) + " serve --port 0 --model ";
+    expect_user_error(run_shell(serve + shell_quote(tiny_model()) + " --spec-drafter mtp"), "no MTP layer");
+    expect_user_error(run_shell(serve + shell_quote(tiny_model()) + " --spec-drafter bogus"), "--spec-drafter");
+    expect_user_error(run_shell(serve + shell_quote(tiny_model()) + " --spec-min-p 2"), "--spec-min-p");
+}
+
 // Opens a stream with a raw socket, reads until `min_bytes` arrived, and closes the connection.
 void open_and_abandon_stream(int port, const Json& body, size_t min_bytes) {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -921,7 +982,7 @@ TEST(ServerStatus, CudaStagesShowEachCardsShare) {
 
 // The expert cache's counters as /metrics renders them when a model has experts in host RAM (the CUDA backend; the
 // values here are given, the rendering is what is checked).
-TEST(ServerMetrics, RendersTheExpertCacheCounters) {
+TEST(ServerMetrics, RendersTheExpertCacheAndSpeculationCounters) {
     strata::server::Metrics metrics;
     const strata::ExpertOffloadStats stats{.tokens = 10,
                                            .lookups = 100,
@@ -933,7 +994,13 @@ TEST(ServerMetrics, RendersTheExpertCacheCounters) {
                                            .cpu_bytes = 1024,
                                            .cpu_share = 0.5,
                                            .streamed_windows = 2};
+    metrics.add_speculation(strata::Drafter::Mtp, 3, 2);
     const std::string with = metrics.render({}, &stats), without = metrics.render({});
+    for (const char* line : {"strata:spec_rounds_total 1\n", "strata:spec_drafter_rounds_total{drafter=\"mtp\"} 1\n",
+                             "strata:spec_drafter_draft_tokens_total{drafter=\"mtp\"} 3\n",
+                             "strata:spec_drafter_accepted_tokens_total{drafter=\"mtp\"} 2\n",
+                             "strata:spec_drafter_rounds_total{drafter=\"lookup\"} 0\n"})
+        EXPECT_NE(with.find(line), std::string::npos) << line;
     for (const char* line : {"strata:expert_cache_lookups_total 100\n", "strata:expert_cache_hits_total 70\n",
                              "strata:expert_cpu_pairs_total 20\n", "strata:expert_cache_swaps_total 3\n",
                              "strata:expert_pcie_bytes_total 8192\n", "strata:expert_cpu_share 0.5\n",

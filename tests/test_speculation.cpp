@@ -3,12 +3,14 @@
 // (the oracle: the same model decoding one token a call), which must give the same tokens whatever the window.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "model/model.h"
 #include "runtime/prompt_lookup.h"
 #include "runtime/sampler.h"
@@ -70,6 +72,20 @@ TEST(SpeculationPolicy, DraftsOnlyWhenTheMeasurementsSayItPays) {
     for (int i = 0; i < 400; ++i) h.record_round(4, i % 2 ? 4 : 0);
     EXPECT_EQ(h.choose(), 4);
     EXPECT_NEAR(h.acceptance(0), 0.5, 0.1);
+}
+
+// A stalled window (another process on a shared core) must not stop drafting: measured slower than its tokens one at a
+// time, it is left out of the cost line, where as its only point off one token it would set the slope.
+TEST(SpeculationPolicy, AStalledFirstWindowDoesNotPriceWindowsOut) {
+    SpeculationPolicy p(4);
+    for (int i = 0; i < 26; ++i) p.record_cost(1, 0.001);
+    for (int i = 0; i < 50; ++i) p.record_round(4, 4);
+    p.record_cost(3, 0.0059);  // 5.9x a token for 3 tokens: a stall
+    EXPECT_EQ(p.choose(), 4);
+    EXPECT_LT(p.cost(5), 0.002);
+    // A window that costs as much as its tokens one by one is measured: then windows do not pay.
+    for (int i = 0; i < 40; ++i) p.record_cost(3, 0.0030);
+    EXPECT_EQ(p.choose(), 0);
 }
 
 TEST(SpeculationPolicy, PicksTheDrafterThatPaysAndNeitherWhenNoneDoes) {
@@ -305,7 +321,9 @@ TEST(SpeculativeDecode, RejectedDraftsLeaveNoTrace) {
             got.push_back(t);
             return true;
         });
-    ASSERT_GT(st.refeeds, 0) << "the prompt should make some draft fail (pick another prompt if the model changed)";
+    ASSERT_GT(st.refeeds + st.commits, 0)
+        << "the prompt should make some draft fail (pick another prompt if the model changed)";
+    EXPECT_EQ(st.refeeds, 0) << "the CPU keeps the accepted prefix by a commit, without a second pass";
     // The speculative sequence goes on with the emitted tokens it has not been fed, then one more token; a fresh one
     // is fed the prompt, every emitted token and that token: the logits after it must be the same.
     V all = prompt;
@@ -320,6 +338,87 @@ TEST(SpeculativeDecode, RejectedDraftsLeaveNoTrace) {
     auto fresh = m->new_sequence(static_cast<int64_t>(all.size()) + 1);
     m->forward(*fresh, all, b, true);
     EXPECT_EQ(a, b);
+}
+
+// A commit keeps a prefix of a verification window bit for bit: the sequence then gives the logits of one that was
+// fed only that prefix, for every prefix length, alone and for two windows of one batch, with the window crossing QSA blocks of 4 cells past the indexer's
+// top-k of 64 cells (so pooled keys decide the selection) and the PLE n-gram history. The window must be the last pass after the checkpoint given.
+TEST(Commit, KeepsAPrefixOfAWindowBitForBit) {
+    auto m = load_model(bundled(), {.n_threads = 2});
+    const int64_t vocab = m->info().n_vocab;
+    std::mt19937 rng(5);
+    std::uniform_int_distribution<int32_t> pick(1, static_cast<int32_t>(vocab - 1));
+    V prompt, window, tail;
+    for (int i = 0; i < 98; ++i) prompt.push_back(pick(rng));
+    for (int i = 0; i < 6; ++i) window.push_back(pick(rng));
+    for (int i = 0; i < 3; ++i) tail.push_back(pick(rng));
+    for (int64_t keep = 0; keep <= std::ssize(window); ++keep) {
+        auto seq = m->new_sequence(128);
+        std::vector<float> rows(window.size() * static_cast<size_t>(vocab)), a(static_cast<size_t>(vocab)),
+            b(static_cast<size_t>(vocab));
+        m->forward(*seq, prompt, {}, true);
+        const auto before = m->checkpoint(*seq);
+        const BatchEntry entry{.seq = seq.get(), .tokens = window, .logits = rows, .window = true};
+        m->forward_batch({&entry, 1});
+        ASSERT_TRUE(m->commit(*seq, *before, keep));
+        EXPECT_EQ(seq->n_past(), std::ssize(prompt) + keep);
+        EXPECT_THROW(m->commit(*seq, *before, 0), Error) << "the window is spent";
+        m->forward(*seq, tail, a, true);
+        V all = prompt;
+        all.insert(all.end(), window.begin(), window.begin() + keep);
+        all.insert(all.end(), tail.begin(), tail.end());
+        auto fresh = m->new_sequence(128);
+        m->forward(*fresh, all, b, true);
+        EXPECT_EQ(a, b) << "keep " << keep;
+        // The window's logits of the kept rows are those of the kept tokens fed alone.
+        if (keep > 0) {
+            auto again = m->new_sequence(128);
+            std::vector<float> c(static_cast<size_t>(vocab));
+            V upto = prompt;
+            upto.insert(upto.end(), window.begin(), window.begin() + keep);
+            m->forward(*again, upto, c, true);
+            EXPECT_TRUE(std::equal(c.begin(), c.end(), rows.begin() + (keep - 1) * vocab)) << "keep " << keep;
+        }
+    }
+    // Two windows in one batch (the server's slots), each keeping its own prefix: the same as each fed alone.
+    {
+        auto s1 = m->new_sequence(128), s2 = m->new_sequence(128);
+        const V p2(prompt.begin() + 10, prompt.end());
+        m->forward(*s1, prompt, {}, true);
+        m->forward(*s2, p2, {}, true);
+        const auto c1 = m->checkpoint(*s1), c2 = m->checkpoint(*s2);
+        const V w2(window.rbegin(), window.rend());
+        const BatchEntry both[] = {{.seq = s1.get(), .tokens = window, .window = true},
+                                   {.seq = s2.get(), .tokens = w2, .window = true}};
+        m->forward_batch(both);
+        ASSERT_TRUE(m->commit(*s1, *c1, 2));
+        ASSERT_TRUE(m->commit(*s2, *c2, 5));
+        std::vector<float> a1(static_cast<size_t>(vocab)), a2(a1.size()), b1(a1.size()), b2(a1.size());
+        const BatchEntry next[] = {{.seq = s1.get(), .tokens = tail, .logits = a1, .last_only = true},
+                                   {.seq = s2.get(), .tokens = tail, .logits = a2, .last_only = true}};
+        m->forward_batch(next);
+        V all1 = prompt, all2 = p2;
+        all1.insert(all1.end(), window.begin(), window.begin() + 2);
+        all2.insert(all2.end(), w2.begin(), w2.begin() + 5);
+        all1.insert(all1.end(), tail.begin(), tail.end());
+        all2.insert(all2.end(), tail.begin(), tail.end());
+        auto f1 = m->new_sequence(128), f2 = m->new_sequence(128);
+        m->forward(*f1, all1, b1, true);
+        m->forward(*f2, all2, b2, true);
+        EXPECT_EQ(a1, b1);
+        EXPECT_EQ(a2, b2);
+    }
+    // Misuse: a pass that was no window, and a prefix longer than the window.
+    auto seq = m->new_sequence(128);
+    m->forward(*seq, prompt, {}, true);
+    const auto before = m->checkpoint(*seq);
+    m->forward(*seq, window, {}, true);
+    EXPECT_THROW(m->commit(*seq, *before, 1), Error);
+    m->restore(*seq, *before);
+    const BatchEntry entry{.seq = seq.get(), .tokens = window, .window = true};
+    m->forward_batch({&entry, 1});
+    EXPECT_THROW(m->commit(*seq, *before, std::ssize(window) + 1), Error);
+    EXPECT_EQ(seq->n_past(), std::ssize(prompt) + std::ssize(window)) << "a refused commit changes nothing";
 }
 
 }  // namespace

@@ -33,6 +33,11 @@ int run_serve(const Args& args) {
     const auto spec = args.get_int("--spec", 0, SpeculationPolicy::kMaxDraft);
     if (spec && args.has("--no-spec")) throw Error("--spec and --no-spec contradict each other: give one");
     o.engine.spec = args.has("--no-spec") ? 0 : static_cast<int>(spec.value_or(-1));
+    const std::string drafter = args.get_choice("--spec-drafter", {"auto", "mtp", "lookup"}).value_or("auto");
+    o.engine.spec_mtp = drafter != "lookup";
+    o.engine.spec_lookup = drafter != "mtp";
+    o.engine.spec_adaptive = !args.has("--spec-fixed");
+    if (const auto p = get_probability(args, "--spec-min-p")) o.engine.spec_min_p = static_cast<float>(*p);
     if (auto n = args.get_int("--http-threads", 1, 4096)) o.http_threads = static_cast<int>(*n);
     if (auto s = args.get("--max-body")) {
         auto bytes = parse_size(*s);
@@ -88,9 +93,14 @@ Command serve_command() {
         {"--max-body", "SIZE", "largest request body (default 1M)"},
         {"--http-threads", "N", "connection threads (default: parallel + queue + 8)"},
         {"--spec", "N",
-         "speculative decoding: a slot's window holds up to N prompt-lookup drafts (0..7; default 4 when the model "
-         "has an MTP layer, else off); the same output as without it"},
+         "speculative decoding: a slot's window holds up to N drafts, the MTP layer's or prompt lookup's, picked per "
+         "round by a per-slot policy (0..7; default 4 when the model has an MTP layer, else off); the same output as "
+         "without it"},
         {"--no-spec", "", "no speculative decoding"},
+        {"--spec-min-p", "P", "an MTP draft ends at a token the MTP layer gives less than P (default 0.3)"},
+        {"--spec-drafter", "auto|mtp|lookup",
+         "for A/B runs: one drafter only (mtp: an error when the model has no MTP layer)"},
+        {"--spec-fixed", "", "for A/B runs: every round drafts N tokens without the policy (may be slower than plain)"},
     };
     flags.insert(flags.end(), kLoadFlags.begin(), kLoadFlags.end());
     return {

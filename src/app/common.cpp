@@ -165,11 +165,13 @@ SpecSettings spec_settings(const Args& args, const Model& model) {
 void print_speculation_stats(const SpeculativeStats& st) {
     const auto lookup = static_cast<size_t>(Drafter::PromptLookup), mtp = static_cast<size_t>(Drafter::Mtp);
     std::fprintf(stderr,
-                 "strata: speculation: %lld tokens in %lld verification rounds (%.2f tokens a round, %lld re-fed); "
+                 "strata: speculation: %lld tokens in %lld verification rounds (%.2f tokens a round, %lld re-fed, "
+                 "%lld committed); "
                  "drafts accepted %lld of %lld (%.3f): mtp %lld of %lld in %lld rounds (%lld layer passes), "
                  "lookup %lld of %lld in %lld rounds\n",
                  static_cast<long long>(st.emitted), static_cast<long long>(st.rounds - st.refeeds),
-                 st.tokens_per_round(), static_cast<long long>(st.refeeds), static_cast<long long>(st.accepted),
+                 st.tokens_per_round(), static_cast<long long>(st.refeeds), static_cast<long long>(st.commits),
+                 static_cast<long long>(st.accepted),
                  static_cast<long long>(st.drafted), st.acceptance(), static_cast<long long>(st.accepted_by[mtp]),
                  static_cast<long long>(st.drafted_by[mtp]), static_cast<long long>(st.rounds_by[mtp]),
                  static_cast<long long>(st.mtp_passes), static_cast<long long>(st.accepted_by[lookup]),

@@ -28,8 +28,8 @@ void HybridModel::forward_with_residual(SequenceState& seq, std::span<const int3
     if (std::ssize(residual) < std::ssize(tokens) * width)
         throw Error("forward_with_residual: the residual buffer holds " + std::to_string(residual.size()) +
                     " floats, needs " + std::to_string(std::ssize(tokens) * width));
-    const BatchEntry entry{.seq = &seq, .tokens = tokens, .logits = logits, .last_only = last_only};
-    run({&entry, 1}, /*single=*/true, residual.data());
+    const BatchEntry entry{.seq = &seq, .tokens = tokens, .logits = logits, .last_only = last_only, .residual = residual};
+    run({&entry, 1}, /*single=*/true);
 }
 
 std::span<HybridSequence* const> HybridModel::validate(std::span<const BatchEntry> batch, bool single) const {
@@ -64,11 +64,18 @@ std::span<HybridSequence* const> HybridModel::validate(std::span<const BatchEntr
                 fail("the logits buffer holds " + std::to_string(e.logits.size()) + " floats, needs " +
                      std::to_string(need));
         }
+        if (!e.residual.empty()) {
+            const int64_t width = draft_residual_width();
+            if (width == 0) fail("this model has no MTP draft layer (no trunk residual to hand out)");
+            if (std::ssize(e.residual) < T * width)
+                fail("the residual buffer holds " + std::to_string(e.residual.size()) + " floats, needs " +
+                     std::to_string(T * width));
+        }
     }
     return {seqs, batch.size()};
 }
 
-void HybridModel::run(std::span<const BatchEntry> batch, bool single, float* residual_out) const {
+void HybridModel::run(std::span<const BatchEntry> batch, bool single) const {
     std::lock_guard lock(mutex_);
     scratch_.reset();
     const std::span<HybridSequence* const> all = validate(batch, single);
@@ -86,6 +93,17 @@ void HybridModel::run(std::span<const BatchEntry> batch, bool single, float* res
         n_rows += T;
     }
     if (n_rows == 0) return;
+    // A window's sequence records its inputs (the trunk's blocks that can fill their window logs); any other pass
+    // leaves nothing to commit.
+    for (int64_t i = 0; i < n_entries; ++i) {
+        if (rows[i].count == 0) continue;
+        HybridSequence& seq = *all[static_cast<size_t>(i)];
+        const bool window = batch[static_cast<size_t>(i)].window;
+        seq.window_pos0 = seq.n_past();
+        seq.window_count = window ? rows[i].count : 0;
+        if (window)
+            for (LayerState& l : seq.layers) l.gdn_window.count = l.ple_window.count = 0;
+    }
     int32_t* tokens = scratch_.take<int32_t>(n_rows);
     SequenceRows* active = scratch_.take<SequenceRows>(n_seq);
     for (int64_t i = 0, k = 0; i < n_entries; ++i) {
@@ -95,6 +113,15 @@ void HybridModel::run(std::span<const BatchEntry> batch, bool single, float* res
         active[k++] = rows[i];
     }
 
+    // Residual rows for the entries that want them: the trunk writes every row's, each entry takes its own.
+    const int64_t width = draft_residual_width();
+    const bool single_residual = n_entries == 1 && !batch[0].residual.empty();
+    float* residual_out = nullptr;
+    if (single_residual) {
+        residual_out = batch[0].residual.data();
+    } else if (std::any_of(batch.begin(), batch.end(), [](const BatchEntry& e) { return !e.residual.empty(); })) {
+        residual_out = scratch_.take<float>(n_rows * width);
+    }
     float* hidden = scratch_.take<float>(n_rows * info_.n_embd);
     trunk({.sequences = {seqs, static_cast<size_t>(n_seq)},
            .rows = {active, static_cast<size_t>(n_seq)},
@@ -103,6 +130,10 @@ void HybridModel::run(std::span<const BatchEntry> batch, bool single, float* res
            .residual_out = residual_out},
           hidden);
     for (int64_t i = 0; i < n_seq; ++i) seqs[i]->n_past_ += active[i].count;
+    if (residual_out && !single_residual)
+        for (int64_t i = 0; i < n_entries; ++i)
+            if (const BatchEntry& e = batch[static_cast<size_t>(i)]; !e.residual.empty() && rows[i].count > 0)
+                std::copy_n(residual_out + rows[i].begin * width, rows[i].count * width, e.residual.data());
     head(batch, {rows, static_cast<size_t>(n_entries)}, hidden);
 }
 

@@ -97,6 +97,34 @@ void HybridModel::restore(SequenceState& state, const SequenceCheckpoint& checkp
         l.attention.n_pooled = c.n_pooled;
     }
     seq->n_past_ = cp->stamp.n_past;
+    seq->window_count = 0;
+}
+
+// Restores the recurrent part to `before` and replays the kept tokens' recorded inputs on it: the conv histories,
+// the delta rule and the n-gram history. KV cells and raw indexer keys of the kept tokens are the window's; the count
+// of pooled keys stays the checkpoint's, so the next pass pools the blocks completed since from those raw keys.
+bool HybridModel::commit(SequenceState& state, const SequenceCheckpoint& before, int64_t n_keep) const {
+    auto* seq = dynamic_cast<HybridSequence*>(&state);
+    if (!seq || seq->owner() != this) throw Error("commit: the sequence was not created by this model");
+    const auto* cp = dynamic_cast<const HybridCheckpoint*>(&before);
+    if (!cp || cp->owner != this) throw Error("commit: the checkpoint was taken by another model");
+    const int64_t pos0 = seq->window_pos0, count = seq->window_count;
+    if (count == 0 || cp->stamp.n_past != pos0 || seq->n_past() != pos0 + count)
+        throw Error("commit: the sequence's last pass was not a verification window right after this checkpoint");
+    if (n_keep < 0 || n_keep > count)
+        throw Error("commit: " + std::to_string(n_keep) + " tokens to keep of a window of " + std::to_string(count));
+    const auto has_ple = [](const LayerState& l) { return !l.ple.tokens.empty() || !l.ple.conv_history.empty(); };
+    // A block that did not record the window (a trunk without window logs): restore and re-feed instead.
+    for (const LayerState& l : seq->layers)
+        if ((!l.gdn.recurrent.empty() && l.gdn_window.count != count) || (has_ple(l) && l.ple_window.count != count))
+            return false;
+    restore(state, before);
+    for (LayerState& l : seq->layers) {
+        if (!l.gdn.recurrent.empty()) gdn_commit(l.gdn, l.gdn_window, n_keep);
+        if (has_ple(l)) ple_commit(l.ple, l.ple_window, n_keep);
+    }
+    seq->n_past_ = pos0 + n_keep;
+    return true;
 }
 
 }  // namespace strata

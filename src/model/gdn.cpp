@@ -1,6 +1,8 @@
 #include "model/gdn.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "backend/cpu/ops.h"
 #include "core/error.h"
@@ -118,6 +120,18 @@ void gdn_forward(const GdnForwardArgs& args) {
     STRATA_ASSERT(nv % nk == 0);
     STRATA_ASSERT(args.states.size() == args.sequences.size());
     const GdnInputs in = project(args);
+    auto window = [&](int64_t i) { return args.windows.empty() ? nullptr : args.windows[static_cast<size_t>(i)]; };
+    for (int64_t i = 0; i < n_seq; ++i)
+        if (GdnWindow* wl = window(i)) {
+            const SequenceRows& rows = args.sequences[static_cast<size_t>(i)];
+            const int64_t n = rows.count;
+            wl->shape = s;  // field by field: the vectors keep their memory from window to window
+            wl->count = n;
+            wl->raw.assign(in.qkv + rows.begin * CD, in.qkv + (rows.begin + n) * CD);
+            wl->conv.resize(static_cast<size_t>(n * CD));
+            wl->g.resize(static_cast<size_t>(n * nv));
+            wl->beta.resize(static_cast<size_t>(n * nv));
+        }
 
     // The conv: one sequence at a time through its conv history.
     float* conv = args.scratch.take<float>(T * CD);
@@ -152,6 +166,11 @@ void gdn_forward(const GdnForwardArgs& args) {
             for (int64_t j = 0; j < dk; ++j) q[h * dk + j] *= q_scale;
         }
     });
+    for (int64_t i = 0; i < n_seq; ++i)
+        if (GdnWindow* wl = window(i)) {
+            const SequenceRows& rows = args.sequences[static_cast<size_t>(i)];
+            std::copy_n(conv + rows.begin * CD, rows.count * CD, wl->conv.data());
+        }
 
     // The gated delta rule: each (sequence, value head) walks its rows in order on its own state.
     float* core = args.scratch.take<float>(T * VD);
@@ -161,10 +180,15 @@ void gdn_forward(const GdnForwardArgs& args) {
             const SequenceRows& rows = args.sequences[static_cast<size_t>(i)];
             float* state = args.states[static_cast<size_t>(i)]->recurrent.data() + h * dk * dv;
             const int64_t kh = s.tiled_value_heads ? h % nk : h / (nv / nk);
+            GdnWindow* wl = window(i);
             for (int64_t t = rows.begin; t < rows.begin + rows.count; ++t) {
                 const float* c = conv + t * CD;
                 const float beta = cpu::sigmoid(in.b[t * nv + h]);
                 const float g = w.a[h] * cpu::softplus(in.a[t * nv + h] + w.dt_bias[h]);
+                if (wl) {
+                    wl->g[static_cast<size_t>((t - rows.begin) * nv + h)] = g;
+                    wl->beta[static_cast<size_t>((t - rows.begin) * nv + h)] = beta;
+                }
                 float* o = core + t * VD + h * dv;
                 cpu::gated_delta_step({.state = state,
                                        .q = c + kh * dk,
@@ -190,6 +214,36 @@ void gdn_forward(const GdnForwardArgs& args) {
     else
         heads(0, n_seq * nv);
     cpu::matmul({.w = w.out, .x = core, .y = args.out, .n_tokens = T, .pool = args.pool});
+}
+
+void gdn_commit(GdnState& state, const GdnWindow& wl, int64_t n_keep) {
+    const GdnShape& s = wl.shape;
+    const int64_t nk = s.n_k_heads, nv = s.n_v_heads, dk = s.k_head_dim, dv = s.v_head_dim, CD = s.conv_dim();
+    STRATA_ASSERT(n_keep >= 0 && n_keep <= wl.count);
+    STRATA_ASSERT(std::ssize(state.recurrent) == nv * dk * dv);
+    // The conv history: its rows shift up by one per token and the token's input row goes last (causal_conv_step).
+    const int64_t hist_rows = std::ssize(state.conv_history) / CD;
+    float* hist = state.conv_history.data();
+    for (int64_t t = 0; t < n_keep && hist_rows > 0; ++t) {
+        std::copy(hist + CD, hist + hist_rows * CD, hist);
+        std::copy_n(wl.raw.data() + t * CD, CD, hist + (hist_rows - 1) * CD);
+    }
+    std::vector<float> out(static_cast<size_t>(dv));
+    for (int64_t h = 0; h < nv; ++h) {
+        const int64_t kh = s.tiled_value_heads ? h % nk : h / (nv / nk);
+        for (int64_t t = 0; t < n_keep; ++t) {
+            const float* c = wl.conv.data() + t * CD;
+            cpu::gated_delta_step({.state = state.recurrent.data() + h * dk * dv,
+                                   .q = c + kh * dk,
+                                   .k = c + s.key_dim() + kh * dk,
+                                   .v = c + 2 * s.key_dim() + h * dv,
+                                   .g = wl.g[static_cast<size_t>(t * nv + h)],
+                                   .beta = wl.beta[static_cast<size_t>(t * nv + h)],
+                                   .dk = dk,
+                                   .dv = dv,
+                                   .out = out.data()});
+        }
+    }
 }
 
 }  // namespace strata

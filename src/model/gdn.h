@@ -66,6 +66,20 @@ struct GdnState {
     size_t bytes() const { return (conv_history.size() + recurrent.size()) * sizeof(float); }
 };
 
+// A speculative verification window's per-token inputs to one GDN block's state, for one sequence: enough to
+// advance the state by a prefix of the window without running the block again (gdn_commit).
+struct GdnWindow {
+    GdnShape shape;
+    int64_t count = 0;           // tokens recorded (0: none)
+    std::vector<float> raw;      // count x CD: the conv's input rows
+    std::vector<float> conv;     // count x CD: q, k, v after the conv, SiLU and the L2 norms
+    std::vector<float> g, beta;  // count x nv: the delta rule's decay and write strength
+};
+// Brings `state` (as it was before the window) to after the window's first n_keep tokens: the conv history takes
+// their input rows and the delta rule runs on their recorded q, k, v, g and beta, the same steps on the same inputs as
+// the forward pass, so the state is bit for bit what a forward pass of those tokens leaves.
+void gdn_commit(GdnState& state, const GdnWindow& window, int64_t n_keep);
+
 // One pass over the rows of one or more sequences (batch_rows.h): the projections run over all rows at once; the
 // conv and the delta rule per sequence on its own state (sequences and value heads in parallel).
 struct GdnForwardArgs {
@@ -78,6 +92,7 @@ struct GdnForwardArgs {
     int64_t n_tokens = 1;                     // all rows
     Scratch& scratch;
     ThreadPool* pool = nullptr;
+    std::span<GdnWindow* const> windows = {};  // empty, or one per sequence: where to record its rows (null: not)
 };
 void gdn_forward(const GdnForwardArgs& args);
 

@@ -68,6 +68,7 @@ size_t HybridSequence::memory_bytes() const {
 void HybridSequence::reset() {
     init_(layers, capacity_);
     n_past_ = 0;
+    window_count = 0;
     rollback.reset();
 }
 

@@ -27,6 +27,9 @@ struct LayerState {
     GdnState gdn;
     AttentionCache attention;
     PleState ple;
+    // The last verification window's inputs to the recurrent state (BatchEntry::window; Model::commit).
+    GdnWindow gdn_window;
+    PleWindow ple_window;
     size_t bytes() const { return gdn.bytes() + attention.bytes() + ple.bytes(); }
 };
 
@@ -45,6 +48,9 @@ class HybridSequence : public SequenceState {
     std::vector<LayerState> layers;
     int64_t n_past_ = 0;
     RollbackLog rollback;  // when checkpoints (checkpoint.cpp) may be restored
+    // The last pass, when it was a verification window whose inputs the trunk recorded: its first position and
+    // tokens (window_count 0: none; any other pass clears it).
+    int64_t window_pos0 = 0, window_count = 0;
 
   private:
     const void* owner_;
@@ -69,6 +75,14 @@ struct TrunkBatch {
         return {out, sequences.size()};
     }
     int64_t n_rows() const { return static_cast<int64_t>(tokens.size()); }
+    // Where block `il` records each sequence's window inputs: null for sequences not in a window.
+    template <class T>
+    std::span<T* const> windows(size_t il, T LayerState::*part) const {
+        T** out = scratch.take<T*>(static_cast<int64_t>(sequences.size()));
+        for (size_t i = 0; i < sequences.size(); ++i)
+            out[i] = sequences[i]->window_count > 0 ? &(sequences[i]->layers[il].*part) : nullptr;
+        return {out, sequences.size()};
+    }
 };
 
 class HybridModel : public Model {
@@ -84,6 +98,7 @@ class HybridModel : public Model {
                                std::span<float> residual, bool last_only) const override;
     std::unique_ptr<SequenceCheckpoint> checkpoint(const SequenceState& seq) const override;
     void restore(SequenceState& seq, const SequenceCheckpoint& checkpoint) const override;
+    bool commit(SequenceState& seq, const SequenceCheckpoint& before, int64_t n_keep) const override;
 
   protected:
     HybridModel(std::unique_ptr<gguf::File> file, const LoadOptions& options);
@@ -121,7 +136,7 @@ class HybridModel : public Model {
     bool repack_ = false;
     // batch.cpp. Checks every entry before anything is touched (the sequences land in scratch_); `single` words the
     // messages as forward()'s.
-    void run(std::span<const BatchEntry> batch, bool single, float* residual_out = nullptr) const;
+    void run(std::span<const BatchEntry> batch, bool single) const;
     std::span<HybridSequence* const> validate(std::span<const BatchEntry> batch, bool single) const;
     void head(std::span<const BatchEntry> batch, std::span<const SequenceRows> rows, const float* hidden) const;
 

@@ -180,7 +180,10 @@ void Model::forward_batch(std::span<const BatchEntry> batch) const {
     }
     for (const BatchEntry& entry : batch) {
         if (entry.seq == nullptr) throw Error("forward_batch: an entry has no sequence");
-        forward(*entry.seq, entry.tokens, entry.logits, entry.last_only);
+        if (entry.residual.empty())
+            forward(*entry.seq, entry.tokens, entry.logits, entry.last_only);
+        else
+            forward_with_residual(*entry.seq, entry.tokens, entry.logits, entry.residual, entry.last_only);
     }
 }
 
@@ -190,6 +193,10 @@ std::unique_ptr<SequenceCheckpoint> Model::checkpoint(const SequenceState&) cons
 
 void Model::restore(SequenceState&, const SequenceCheckpoint&) const {
     throw Error("this model does not support sequence checkpoints");
+}
+
+bool Model::commit(SequenceState&, const SequenceCheckpoint&, int64_t) const {
+    return false;
 }
 
 // Models without an MTP draft layer (draft_residual_width() == 0).

@@ -90,6 +90,12 @@ struct BatchEntry {
     std::span<const int32_t> tokens;
     std::span<float> logits;  // as in Model::forward
     bool last_only = false;
+    // Empty, or room for the trunk's final residual after each token [tokens x draft_residual_width()], as
+    // forward_with_residual writes it (what the MTP draft layer of this sequence reads).
+    std::span<float> residual;
+    // A speculative verification window: where the backend can, the pass keeps its per-token inputs to the
+    // sequence's recurrent state, so that Model::commit keeps a prefix of it without a second pass.
+    bool window = false;
 };
 
 enum class Backend { Cpu, Cuda };
@@ -273,6 +279,12 @@ public:
     // sequence is in a forward on another thread.)
     virtual std::unique_ptr<SequenceCheckpoint> checkpoint(const SequenceState& seq) const;
     virtual void restore(SequenceState& seq, const SequenceCheckpoint& checkpoint) const;
+    // After a verification window (BatchEntry::window) fed right after checkpoint `before`: brings the sequence to
+    // `before` plus the window's first n_keep tokens without running them again (their KV cells stay; those past
+    // them are overwritten later), as restore() and a forward() of those tokens would, bit for bit. False when the
+    // backend cannot (nothing changed: restore and re-feed instead). Throws Error when the sequence's last pass was
+    // not a window after `before`, or n_keep is past the window.
+    virtual bool commit(SequenceState& seq, const SequenceCheckpoint& before, int64_t n_keep) const;
 };
 
 // Loads the model in a GGUF (weights stay mapped from the file; with the CUDA backend they are copied to the device).

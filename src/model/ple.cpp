@@ -74,6 +74,14 @@ void ple_forward(const PleForwardArgs& a) {
 
     float* emb = a.scratch.take<float>(T * width);
     int64_t* rows = a.scratch.take<int64_t>(s.n_heads());
+    auto window = [&](int64_t i) { return a.windows.empty() ? nullptr : a.windows[static_cast<size_t>(i)]; };
+    for (int64_t i = 0; i < n_seq; ++i)
+        if (PleWindow* wl = window(i)) {
+            const SequenceRows& seq = a.sequences[static_cast<size_t>(i)];
+            wl->count = seq.count;
+            wl->tokens.assign(a.tokens + seq.begin, a.tokens + seq.begin + seq.count);
+            wl->conv.resize(static_cast<size_t>(seq.count * HC));
+        }
     for (int64_t i = 0; i < n_seq; ++i) {
         const SequenceRows& seq = a.sequences[static_cast<size_t>(i)];
         std::vector<int32_t>& history = a.states[static_cast<size_t>(i)]->tokens;
@@ -114,6 +122,7 @@ void ple_forward(const PleForwardArgs& a) {
                     for (int64_t j = 0; j < H; ++j) gated[st * H + j] = gate * value[t * H + j];
                 }
                 cpu::rms_norm_grouped(gated, hc, H, w.norm_conv.data(), s.eps, normed);
+                if (PleWindow* wl = window(i)) std::copy_n(normed, HC, wl->conv.data() + (t - seq.begin) * HC);
                 cpu::causal_conv_step({.x = normed,
                                        .w = w.conv.data(),
                                        .history = state.conv_history.data(),
@@ -129,6 +138,24 @@ void ple_forward(const PleForwardArgs& a) {
         a.pool->parallel_for(n_seq, gate_and_conv);
     else
         gate_and_conv(0, n_seq);
+}
+
+void ple_commit(PleState& state, const PleWindow& wl, int64_t n_keep) {
+    STRATA_ASSERT(n_keep >= 0 && n_keep <= wl.count);
+    const int64_t HC = wl.count > 0 ? std::ssize(wl.conv) / wl.count : 0;
+    const int64_t hist_rows = HC > 0 ? std::ssize(state.conv_history) / HC : 0;
+    float* hist = state.conv_history.data();
+    for (int64_t t = 0; t < n_keep; ++t) {
+        if (!state.tokens.empty()) {
+            std::copy(state.tokens.begin() + 1, state.tokens.end(), state.tokens.begin());
+            state.tokens.back() = wl.tokens[static_cast<size_t>(t)];
+        }
+        // As causal_conv_step: the history shifts up one row and the input row goes last.
+        if (hist_rows > 0) {
+            std::copy(hist + HC, hist + hist_rows * HC, hist);
+            std::copy_n(wl.conv.data() + t * HC, HC, hist + (hist_rows - 1) * HC);
+        }
+    }
 }
 
 }  // namespace strata

@@ -77,6 +77,16 @@ class PleRowSource {
     virtual void fetch(std::span<const int64_t> rows, uint8_t* out) = 0;
 };
 
+// A speculative verification window's per-token inputs to one PLE block's state, for one sequence (ple_commit).
+struct PleWindow {
+    int64_t count = 0;            // tokens recorded (0: none)
+    std::vector<int32_t> tokens;  // count
+    std::vector<float> conv;      // count x HC: the conv's input rows
+};
+// Brings `state` (as it was before the window) to after the window's first n_keep tokens: the n-gram history takes
+// their tokens and the conv history their input rows, as the forward pass did.
+void ple_commit(PleState& state, const PleWindow& window, int64_t n_keep);
+
 // One pass over the rows of one or more sequences (batch_rows.h): table rows and the n-gram history and conv per
 // sequence, the projections over all rows at once.
 struct PleForwardArgs {
@@ -89,6 +99,7 @@ struct PleForwardArgs {
     int64_t n_tokens = 1;
     Scratch& scratch;
     ThreadPool* pool = nullptr;
+    std::span<PleWindow* const> windows = {};  // empty, or one per sequence: where to record its rows (null: not)
 };
 void ple_forward(const PleForwardArgs& args);
 

@@ -93,7 +93,8 @@ class Qwen4ExpModel final : public HybridModel {
                              .residual = residual,
                              .n_tokens = T,
                              .scratch = scratch,
-                             .pool = pool()});
+                             .pool = pool(),
+                             .windows = batch.windows(il, &LayerState::ple_window)});
 
             qwen4exp_block({.h = h_,
                             .hc_attn = b.hc_attn,
@@ -118,7 +119,8 @@ class Qwen4ExpModel final : public HybridModel {
                                                 .out = out,
                                                 .n_tokens = T,
                                                 .scratch = scratch,
-                                                .pool = pool()});
+                                                .pool = pool(),
+                                                .windows = batch.windows(il, &LayerState::gdn_window)});
                                else
                                    attention_forward({.shape = h_.attention,
                                                       .indexer = &b.indexer,

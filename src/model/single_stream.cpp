@@ -59,7 +59,8 @@ class SingleStreamModel final : public HybridModel {
                              .out = out,
                              .n_tokens = T,
                              .scratch = scratch,
-                             .pool = pool()});
+                             .pool = pool(),
+                             .windows = batch.windows(il, &LayerState::gdn_window)});
             } else {
                 attention_forward({.shape = h_.attention,
                                    .indexer = nullptr,

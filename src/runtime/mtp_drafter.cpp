@@ -33,6 +33,32 @@ void MtpDrafter::retire() {
     queued_tokens_ = {};
 }
 
+void MtpDrafter::reset() {
+    retire();
+    retired_ = false;
+    cells_ = observed_ = 0;
+    has_last_ = false;
+}
+
+std::optional<MtpDrafter::Mark> MtpDrafter::mark() {
+    if (retired_) return std::nullopt;
+    build();
+    Mark m{.observed = observed_};
+    if (has_last_) m.last_residual = last_residual_;
+    return m;
+}
+
+void MtpDrafter::rewind(const Mark& m) {
+    if (!m.last_residual.empty() && std::ssize(m.last_residual) != width_)
+        throw Error("MtpDrafter::rewind: the mark is another model's");
+    reset();
+    observed_ = m.observed;
+    has_last_ = !m.last_residual.empty();
+    // Cell i pairs the residual after token i with token i + 1: the cells of the first `observed` tokens.
+    cells_ = std::max<int64_t>(0, m.observed - 1);
+    if (has_last_) std::copy(m.last_residual.begin(), m.last_residual.end(), last_residual_.begin());
+}
+
 void MtpDrafter::observe(std::span<const int32_t> tokens, std::span<const float> residual, bool build_now) {
     if (retired_) return;
     const size_t W = static_cast<size_t>(width_);

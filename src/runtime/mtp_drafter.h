@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -37,8 +38,20 @@ class MtpDrafter {
     // observed token.
     MtpDraft draft(int32_t next, int max_draft, float min_p);
 
-    // Stops for good: observe() and draft() do nothing from now on (the policy found the layer cannot pay here).
+    // Stops: observe() and draft() do nothing until reset() or rewind() (the policy found the layer cannot pay here).
     void retire();
+    // Back to no tokens observed, drafting again (the sequence was reset).
+    void reset();
+    // Where the drafter stands after some tokens (a server keeps one beside each sequence checkpoint): rewind() brings
+    // it back there, drafting again, when the sequence is brought back to the checkpoint. Its cells below stay valid
+    // as long as the sequence's cells do (drafts write cells at or above the observed tokens only). mark() builds
+    // the waiting cells first; nullopt when retired.
+    struct Mark {
+        int64_t observed = 0;
+        std::vector<float> last_residual;  // empty: no token observed
+    };
+    std::optional<Mark> mark();
+    void rewind(const Mark& mark);
     bool retired() const { return retired_; }
     // Builds the cells waiting for a draft now (a long backlog, so that the draft's own pass is timed alone).
     void build();

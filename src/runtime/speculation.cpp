@@ -95,7 +95,7 @@ double SpeculationPolicy::rate(Drafter d, int k) const {
     const int refeed = refeed_window(expected);
     // MTP: k passes, and the cells kept in step for every token the round gives.
     const double drafting = d == Drafter::Mtp ? k * draft_pass_cost() + expected * cell_cost_ : 0.0;
-    return expected / (drafting + cost(k + 1) + (1.0 - chain) * cost(refeed));
+    return expected / (drafting + cost(k + 1) + (commits_ ? 0.0 : (1.0 - chain) * cost(refeed)));
 }
 
 DraftPlan SpeculationPolicy::plan(int lookup_available) {
@@ -127,8 +127,13 @@ void SpeculationPolicy::record_cost(int tokens, double seconds) {
     constexpr double kKeep = 0.98;  // a measurement's weight halves after ~35 more
     const double x = tokens - 1;
     // A pass slowed by something else on the machine (another process on a shared core) counts as at most 2.5x what
-    // the line says, once it has a few points: one stall must not price a window size out for dozens of rounds.
-    if (fit_.n >= 8) seconds = std::min(seconds, 2.5 * cost(tokens));
+    // the line says, once it has a few points: one stall must not price a window size out for dozens of rounds. A
+    // window slower than its tokens fed one at a time (with a margin for noise) is such a stall and is left out: as
+    // the only point off one token, even clamped it would set the slope and stop all drafting until probes correct it.
+    if (fit_.n >= 8) {
+        if (tokens > 1 && seconds > 1.2 * tokens * cost(1)) return;
+        seconds = std::min(seconds, 2.5 * cost(tokens));
+    }
     fit_ = {.n = kKeep * fit_.n + 1,
             .x = kKeep * fit_.x + x,
             .y = kKeep * fit_.y + seconds,

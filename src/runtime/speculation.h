@@ -4,7 +4,8 @@
 // second: E(k) = 1 + a_1 + a_1 a_2 + ... (a_i: the rate at which the i-th draft token was accepted when every draft
 // before it was) over the round's cost: drafting (k MTP passes; prompt lookup is free), cost(k + 1) (a line fitted to
 // the measured passes of every window size), plus the second
-// pass a rejection costs (1 - a_1 ... a_k times the cost of re-feeding about E(k) tokens). k = 0 (plain decoding)
+// pass a rejection costs (1 - a_1 ... a_k times the cost of re-feeding about E(k) tokens; nothing once the model has
+// committed a prefix instead). k = 0 (plain decoding)
 // whenever nothing beats it, so speculation never makes decoding slower than the measurements say plain decoding is.
 #pragma once
 
@@ -73,7 +74,13 @@ class SpeculationPolicy {
     // stops building its cells (which cost every token something).
     bool mtp_may_pay() const;
     void retire_mtp() { has_mtp_ = false; }
+    // The MTP layer may draft again (a server slot's next request), judged on what was measured so far.
+    void allow_mtp() { has_mtp_ = true; }
     bool has_mtp() const { return has_mtp_; }
+
+    // The model kept a prefix of a window without a second pass (Model::commit): from now on a rejection is priced
+    // at nothing more than the window.
+    void record_commit() { commits_ = true; }
 
     // A round offered `offered` draft tokens of `drafter` and the target accepted the first `accepted` of them.
     void record_round(Drafter drafter, int offered, int accepted);
@@ -99,6 +106,7 @@ class SpeculationPolicy {
     int mtp_rounds_ = 0;
     std::array<std::array<double, kMaxDraft>, kDrafters> accept_{};  // EMA of acceptance at each draft position
     int since_draft_ = 0;                                            // calls since the last that drafted
+    bool commits_ = false;                                           // rejections cost no re-feed
     int explored_ = 0;
 };
 

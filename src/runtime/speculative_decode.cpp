@@ -25,6 +25,7 @@ SpeculativeStats& SpeculativeStats::operator+=(const SpeculativeStats& o) {
     drafted += o.drafted;
     accepted += o.accepted;
     refeeds += o.refeeds;
+    commits += o.commits;
     emitted += o.emitted;
     mtp_passes += o.mtp_passes;
     mtp_retired = mtp_retired || o.mtp_retired;
@@ -58,6 +59,63 @@ void speculative_prefill(const Model& model, SequenceState& seq, MtpDrafter* mtp
             model.forward(seq, part, out, /*last_only=*/true);
         }
     }
+}
+
+RoundDrafts draft_round(SpeculationPolicy& policy, MtpDrafter* mtp, std::span<const int32_t> history, int room,
+                        const SpeculativeOptions& o) {
+    RoundDrafts r;
+    if (mtp && mtp->retired()) mtp = nullptr;
+    if (room <= 0 || history.empty()) return r;
+    PromptLookupOptions lookup = o.lookup;
+    lookup.max_draft = room;
+    if (o.prompt_lookup) r.lookup = prompt_lookup_draft(history, lookup);
+    if (o.adaptive)
+        r.plan = policy.plan(static_cast<int>(r.lookup.size()));
+    else
+        r.plan = {r.lookup.empty() && mtp ? Drafter::Mtp : Drafter::PromptLookup, room};
+    if (r.plan.k > 0 && r.plan.drafter == Drafter::PromptLookup) {
+        r.tokens.assign(r.lookup.begin(), r.lookup.begin() + std::min<size_t>(r.lookup.size(), size_t(r.plan.k)));
+    } else if (r.plan.k > 0 && r.plan.drafter == Drafter::Mtp && mtp) {
+        // A long backlog of cells (rounds that drafted by lookup) is built first, untimed: the policy prices a
+        // draft pass, and the backlog is work owed whether or not this round drafts.
+        if (const int64_t backlog = mtp->queued(); backlog > 8) {
+            const auto build_start = std::chrono::steady_clock::now();
+            mtp->build();
+            policy.record_cell_cost(backlog, seconds_since(build_start));
+        }
+        const int64_t passes = mtp->passes();
+        const auto start = std::chrono::steady_clock::now();
+        r.tokens = mtp->draft(history.back(), std::min(r.plan.k, room), o.mtp_min_p).tokens;
+        r.mtp_passes = mtp->passes() - passes;
+        policy.record_draft_cost(static_cast<int>(r.mtp_passes), seconds_since(start));
+    }
+    r.plan.k = static_cast<int>(r.tokens.size());
+    return r;
+}
+
+void judge_round(SpeculationPolicy& policy, const RoundDrafts& r, int accepted, std::optional<int32_t> following) {
+    const int k = static_cast<int>(r.tokens.size());
+    accepted = std::clamp(accepted, 0, k);
+    // Without the target's next token only the accepted positions are known.
+    if (k > 0 && r.plan.drafter == Drafter::Mtp) policy.record_round(Drafter::Mtp, following ? k : accepted, accepted);
+    // Prompt lookup's whole proposal is judged against what the round found out, whichever drafter ran: the
+    // accepted drafts and the target's next token. Free measurements of positions not drafted (also on plain
+    // rounds), so its acceptance at longer windows is known before the policy tries them.
+    if (r.lookup.empty()) return;
+    const int judged = std::min<int>(static_cast<int>(r.lookup.size()), accepted + (following ? 1 : 0));
+    int agree = 0;
+    while (agree < judged &&
+           r.lookup[static_cast<size_t>(agree)] == (agree < accepted ? r.tokens[static_cast<size_t>(agree)] : *following))
+        ++agree;
+    if (judged > 0) policy.record_round(Drafter::PromptLookup, judged, agree);
+}
+
+bool retire_mtp_if_unpaid(SpeculationPolicy& policy, MtpDrafter& mtp) {
+    if (mtp.retired() || policy.mtp_may_pay()) return false;
+    // Even drafts always accepted would not pay for the MTP passes and cells here: stop keeping it.
+    mtp.retire();
+    policy.retire_mtp();
+    return true;
 }
 
 SpeculativeStats greedy_speculative_decode(const Model& model, SequenceState& seq, std::span<float> logits,
@@ -97,33 +155,11 @@ SpeculativeStats speculative_decode(const Model& model, SequenceState& seq, std:
         if (!emit(next) || produced == n) break;
         history.push_back(next);
         const int room = static_cast<int>(std::min<int64_t>(max_draft, n - produced));
-        PromptLookupOptions lookup = o.lookup;
-        lookup.max_draft = room;
-        std::vector<int32_t> looked_up =
-            o.prompt_lookup && room > 0 ? prompt_lookup_draft(history, lookup) : std::vector<int32_t>{};
-        DraftPlan plan{};
-        if (room > 0 && o.adaptive)
-            plan = policy.plan(static_cast<int>(looked_up.size()));
-        else if (room > 0)
-            plan = {looked_up.empty() && mtp ? Drafter::Mtp : Drafter::PromptLookup, room};
-        if (stats.no_checkpoint) plan.k = 0;
-        std::vector<int32_t> draft;
-        if (plan.k > 0 && plan.drafter == Drafter::PromptLookup) {
-            draft.assign(looked_up.begin(), looked_up.begin() + std::min<size_t>(looked_up.size(), size_t(plan.k)));
-        } else if (plan.k > 0 && plan.drafter == Drafter::Mtp && mtp) {
-            // A long backlog of cells (rounds that drafted by lookup) is built first, untimed: the policy prices a
-            // draft pass, and the backlog is work owed whether or not this round drafts.
-            if (const int64_t backlog = mtp->queued(); backlog > 8) {
-                const auto build_start = std::chrono::steady_clock::now();
-                mtp->build();
-                policy.record_cell_cost(backlog, seconds_since(build_start));
-            }
-            const int64_t passes = mtp->passes();
-            const auto start = std::chrono::steady_clock::now();
-            draft = mtp->draft(next, std::min(plan.k, room), o.mtp_min_p).tokens;
-            policy.record_draft_cost(static_cast<int>(mtp->passes() - passes), seconds_since(start));
-            stats.mtp_passes += mtp->passes() - passes;
-        }
+        RoundDrafts round = draft_round(policy, stats.no_checkpoint ? nullptr : mtp, history,
+                                        stats.no_checkpoint ? 0 : room, o);
+        const DraftPlan plan = round.plan;
+        std::vector<int32_t>& draft = round.tokens;
+        stats.mtp_passes += round.mtp_passes;
         std::unique_ptr<SequenceCheckpoint> before;
         if (!draft.empty()) {
             try {
@@ -138,11 +174,12 @@ SpeculativeStats speculative_decode(const Model& model, SequenceState& seq, std:
         window.insert(window.end(), draft.begin(), draft.end());
         const int k = static_cast<int>(draft.size());
         const auto start = std::chrono::steady_clock::now();
-        const std::span<float> out(rows.data(), static_cast<size_t>((k + 1) * V));
-        if (mtp)
-            model.forward_with_residual(seq, window, out, residual);
-        else
-            model.forward(seq, window, out);
+        const BatchEntry entry{.seq = &seq,
+                               .tokens = window,
+                               .logits = std::span<float>(rows.data(), static_cast<size_t>((k + 1) * V)),
+                               .residual = mtp ? std::span<float>(residual) : std::span<float>(),
+                               .window = k > 0};
+        model.forward_batch({&entry, 1});
         policy.record_cost(k + 1, seconds_since(start));
         ++stats.rounds;
         // Accept drafts while each equals the target's pick after the tokens before it.
@@ -160,37 +197,31 @@ SpeculativeStats speculative_decode(const Model& model, SequenceState& seq, std:
             stats.drafted_by[d] += k;
             stats.accepted_by[d] += accepted;
         }
-        if (k > 0 && plan.drafter == Drafter::Mtp) policy.record_round(Drafter::Mtp, k, accepted);
-        // Prompt lookup's whole proposal is judged against what the round found out, whichever drafter ran: the
-        // accepted drafts and the target's next token. Free measurements of positions not drafted (also on plain
-        // rounds), so its acceptance at longer windows is known before the policy tries them.
-        if (!looked_up.empty()) {
-            const int judged = std::min<int>(static_cast<int>(looked_up.size()), accepted + 1);
-            int agree = 0;
-            while (agree < judged && looked_up[static_cast<size_t>(agree)] ==
-                                         (agree < accepted ? draft[static_cast<size_t>(agree)] : following))
-                ++agree;
-            policy.record_round(Drafter::PromptLookup, judged, agree);
-        }
+        // Clipped to what ran: a checkpoint that failed leaves an empty draft.
+        round.plan.k = k;
+        judge_round(policy, round, accepted, following);
         stats.drafted += k;
         stats.accepted += accepted;
         if (accepted < k) {
-            // The sequence holds rejected drafts: back to before the round, then the accepted prefix again (the same
-            // logits: batching does not change them).
-            model.restore(seq, *before);
-            const std::span<const int32_t> keep(window.data(), static_cast<size_t>(accepted + 1));
-            model.forward(seq, keep, std::span<float>(rows.data(), static_cast<size_t>((accepted + 1) * V)));
-            ++stats.rounds;
-            ++stats.refeeds;
+            // The sequence holds rejected drafts: keep the accepted prefix's state from the window's recorded inputs
+            // (a commit), or go back to before the round and feed the prefix again (the same logits: batching does not
+            // change them).
+            if (model.commit(seq, *before, accepted + 1)) {
+                ++stats.commits;
+                policy.record_commit();
+            } else {
+                model.restore(seq, *before);
+                const std::span<const int32_t> keep(window.data(), static_cast<size_t>(accepted + 1));
+                model.forward(seq, keep, std::span<float>(rows.data(), static_cast<size_t>((accepted + 1) * V)));
+                ++stats.rounds;
+                ++stats.refeeds;
+            }
         }
         // The trunk keeps `next` and the accepted drafts: the MTP layer's cells follow (their residual rows are the
         // window pass's, which the rejected rows after them did not touch).
         if (mtp) mtp->observe(std::span<const int32_t>(window.data(), static_cast<size_t>(accepted + 1)), residual);
-        if (mtp && o.adaptive && !policy.mtp_may_pay()) {
-            // Even drafts always accepted would not pay for the MTP passes and cells here: stop keeping it.
-            mtp->retire();
+        if (mtp && o.adaptive && retire_mtp_if_unpaid(policy, *mtp)) {
             mtp = nullptr;
-            policy.retire_mtp();
             stats.mtp_retired = true;
         }
         bool stop = false;

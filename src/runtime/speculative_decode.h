@@ -1,13 +1,15 @@
 // Decoding with speculation (issue 28), CPU side: each round a policy (runtime/speculation.h) picks the drafter
 // (prompt lookup, or the model's MTP layer: runtime/mtp_drafter.h) and the draft length from measured costs and
 // acceptance; the last token plus the drafts run as one batched forward pass; the longest prefix of drafts equal to
-// the model's own picks is accepted, plus the model's next token; the sequence comes back to the accepted prefix (a
-// checkpoint before the round, restored and re-fed when a draft was rejected). Lossless: the tokens equal those of
-// decoding one token a call, since a forward pass gives the same logits however its tokens are batched.
+// the model's own picks is accepted, plus the model's next token; after a rejection the sequence keeps the accepted
+// prefix: committed from the window's recorded inputs where the backend can (the CPU), else the checkpoint taken
+// before the round is restored and the prefix re-fed. Lossless: the tokens equal those of decoding one token a call,
+// since a forward pass gives the same logits however its tokens are batched.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -39,6 +41,7 @@ struct SpeculativeStats {
     int64_t drafted = 0;   // draft tokens offered
     int64_t accepted = 0;  // of them, accepted
     int64_t refeeds = 0;   // rounds that had to restore and re-feed the accepted prefix
+    int64_t commits = 0;   // rounds whose accepted prefix was kept by Model::commit (no second pass)
     int64_t emitted = 0;   // tokens emitted
     std::array<int64_t, kDrafters> drafted_by{}, accepted_by{}, rounds_by{};  // per drafter
     int64_t mtp_passes = 0;    // passes of the MTP layer (catch-up included)
@@ -57,6 +60,24 @@ struct SpeculativeStats {
     }
     SpeculativeStats& operator+=(const SpeculativeStats& o);
 };
+
+// One round's drafts, picked as speculative_decode picks them (the server's slots use the same): prompt lookup's
+// proposal over `history` (every token the sequence holds plus the target's next token, last), the policy's plan
+// (or, not adaptive, `room` tokens: lookup where it matches, else MTP), and the drafts. MTP passes are timed into the
+// policy. `room`: the most drafts the sequence and the request allow.
+struct RoundDrafts {
+    DraftPlan plan;
+    std::vector<int32_t> lookup;  // prompt lookup's whole proposal (judged after the round whoever drafted)
+    std::vector<int32_t> tokens;  // the drafts to feed after the target's token
+    int64_t mtp_passes = 0;
+};
+RoundDrafts draft_round(SpeculationPolicy& policy, MtpDrafter* mtp, std::span<const int32_t> history, int room,
+                        const SpeculativeOptions& options);
+// What verification found: the first `accepted` drafts kept, then the target's own token `following` (nullopt when
+// the round ended before one was picked: only the accepted positions are judged).
+void judge_round(SpeculationPolicy& policy, const RoundDrafts& round, int accepted, std::optional<int32_t> following);
+// After a round, adaptive: stops the MTP drafter where the policy finds it cannot pay (true when it did).
+bool retire_mtp_if_unpaid(SpeculationPolicy& policy, MtpDrafter& mtp);
 
 // Feeds `prompt` after what `seq` holds, `chunk` tokens a pass, and writes the last token's logits (n_vocab floats).
 // With an MTP drafter, also builds its cells for the prompt, chunk by chunk. An empty prompt is a no-op.

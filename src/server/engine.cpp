@@ -97,21 +97,34 @@ struct Engine::Active {
     int64_t cached = 0;
 };
 
+// A slot's sequence checkpoint and where its MTP drafter stood there (none: no drafter, or it was off).
+struct SlotCheckpoint {
+    std::unique_ptr<SequenceCheckpoint> seq;
+    std::optional<MtpDrafter::Mark> mtp;
+    int64_t n_past() const { return seq->n_past(); }
+};
+
 struct Engine::Slot {
     int id = 0;
     std::unique_ptr<SequenceState> seq;
-    std::vector<int32_t> history;  // the tokens the sequence holds, in order
-    std::vector<std::unique_ptr<SequenceCheckpoint>> checkpoints;  // by n_past, ascending
+    std::vector<int32_t> history;             // the tokens the sequence holds, in order
+    std::vector<SlotCheckpoint> checkpoints;  // by n_past, ascending
     std::unique_ptr<Active> active;
-    size_t prompt_pos = 0;                // next prompt token to feed
-    std::optional<int32_t> pending;       // sampled token to feed in the next step
-    HostFloats logits;                    // n_vocab x (1 + spec), in the model's own memory for them
-    uint64_t last_used = 0;               // for choosing among equally good idle slots
-    // Speculation: the window in flight (pending token + drafts), the state before it, and the slot's policy.
+    size_t prompt_pos = 0;           // next prompt token to feed
+    std::optional<int32_t> pending;  // sampled token to feed in the next step
+    HostFloats logits;               // n_vocab x (1 + spec), in the model's own memory for them
+    uint64_t last_used = 0;          // for choosing among equally good idle slots
+    // Speculation: the window in flight (pending token + drafts), this step's drafts and prompt lookup's proposal
+    // (judged on what follows), the state before the window, and the slot's policy.
     std::vector<int32_t> window;
-    std::vector<int32_t> proposal;  // prompt lookup's whole proposal this step (judged on what follows)
+    RoundDrafts round;
     std::unique_ptr<SequenceCheckpoint> before_window;
     std::optional<SpeculationPolicy> policy;
+    // The slot's MTP drafter (null: no MTP drafts), whether it is in step with the sequence for this request, and
+    // the step's residual rows it reads.
+    std::unique_ptr<MtpDrafter> mtp;
+    bool mtp_on = false;
+    std::vector<float> residual;
     bool checkpoint_after_window = false;  // finish() came inside a window: checkpoint once the sequence is back
 };
 
@@ -120,13 +133,18 @@ Engine::Engine(const Model& model, const Tokenizer& tokenizer, std::vector<int32
     : model_(model), tokenizer_(tokenizer), eog_(std::move(eog)), options_(options), metrics_(metrics) {
     n_vocab_ = model_.info().n_vocab;
     if (options_.n_slots < 1) throw Error("--parallel must be at least 1");
-    if (options_.spec < 0) options_.spec = model_.draft_residual_width() > 0 ? 4 : 0;
+    const bool has_mtp = model_.draft_residual_width() > 0;
+    if (!options_.spec_lookup && !has_mtp)
+        throw Error("--spec-drafter mtp: this model has no MTP layer this backend runs");
+    if (options_.spec < 0) options_.spec = has_mtp ? 4 : 0;
     options_.spec = std::min(options_.spec, SpeculationPolicy::kMaxDraft);
+    const bool mtp = options_.spec > 0 && options_.spec_mtp && has_mtp;
     for (int i = 0; i < options_.n_slots; ++i) {
         auto slot = std::make_unique<Slot>();
         slot->id = i;
         slot->seq = model_.new_sequence(options_.ctx_per_slot);
         slot->logits = model_.host_floats(static_cast<size_t>(n_vocab_ * (1 + options_.spec)));
+        if (mtp) slot->mtp = std::make_unique<MtpDrafter>(model_, options_.ctx_per_slot);
         slots_.push_back(std::move(slot));
     }
     status_.resize(slots_.size());
@@ -258,6 +276,7 @@ void Engine::loop() {
                 s->seq->reset();
                 s->history.clear();
                 s->checkpoints.clear();
+                s->mtp_on = false;
                 GenerationEvent done{.kind = GenerationEvent::Kind::kDone, .reason = FinishReason::kError};
                 done.error = std::string("internal error: ") + e.what();
                 s->active->channel->push(std::move(done));
@@ -315,6 +334,7 @@ void Engine::prepare_slot(Slot& slot) {
     const auto& prompt = a.request.prompt;
     slot.pending.reset();
     size_t keep = 0;
+    const SlotCheckpoint* restored = nullptr;
     if (options_.prefix_cache) {
         // At least the last prompt token must be fed: its logits give the first new token.
         const size_t n = std::min(slot.history.size(), prompt.size() - 1);
@@ -323,12 +343,13 @@ void Engine::prepare_slot(Slot& slot) {
         if (common == slot.history.size()) {
             keep = common;  // the prompt extends what the sequence holds: continue it
         } else {
-            while (!slot.checkpoints.empty() && static_cast<size_t>(slot.checkpoints.back()->n_past()) > common)
+            while (!slot.checkpoints.empty() && static_cast<size_t>(slot.checkpoints.back().n_past()) > common)
                 slot.checkpoints.pop_back();
             if (!slot.checkpoints.empty()) {
                 try {
-                    model_.restore(*slot.seq, *slot.checkpoints.back());
-                    keep = static_cast<size_t>(slot.checkpoints.back()->n_past());
+                    model_.restore(*slot.seq, *slot.checkpoints.back().seq);
+                    keep = static_cast<size_t>(slot.checkpoints.back().n_past());
+                    restored = &slot.checkpoints.back();
                 } catch (const std::exception&) {
                     slot.checkpoints.clear();
                     keep = 0;
@@ -339,6 +360,14 @@ void Engine::prepare_slot(Slot& slot) {
     if (keep == 0) {
         slot.seq->reset();
         slot.checkpoints.clear();
+        const MtpDrafter::Mark empty;
+        start_drafter(slot, &empty);
+    } else if (restored && restored->mtp) {
+        start_drafter(slot, &*restored->mtp);
+    } else {
+        // A checkpoint taken while the drafter was off leaves it behind the sequence: off for this request.
+        if (restored && slot.mtp) slot.mtp->retire();
+        start_drafter(slot, nullptr);
     }
     slot.history.resize(keep);
     slot.prompt_pos = keep;
@@ -356,9 +385,11 @@ std::vector<size_t> Engine::checkpoint_positions(const Active& a) const {
 
 void Engine::take_checkpoint(Slot& slot) {
     if (!options_.prefix_cache || !checkpoints_supported_) return;
-    if (!slot.checkpoints.empty() && slot.checkpoints.back()->n_past() == slot.seq->n_past()) return;
+    if (!slot.checkpoints.empty() && slot.checkpoints.back().n_past() == slot.seq->n_past()) return;
     try {
-        slot.checkpoints.push_back(model_.checkpoint(*slot.seq));
+        SlotCheckpoint cp{.seq = model_.checkpoint(*slot.seq)};
+        if (slot.mtp_on) cp.mtp = slot.mtp->mark();
+        slot.checkpoints.push_back(std::move(cp));
     } catch (const std::exception&) {
         // Models without checkpoints: prefix reuse then works only when a prompt extends what a slot holds.
         std::lock_guard lock(mutex_);
@@ -396,6 +427,10 @@ void Engine::step() {
                              .logits = std::span<float>(slot.logits.data(), static_cast<size_t>(n_vocab_)),
                              .last_only = true};
             speculate(slot, entry);
+            if (slot.mtp_on) {
+                slot.residual.resize(entry.tokens.size() * static_cast<size_t>(slot.mtp->width()));
+                entry.residual = slot.residual;
+            }
             batch.push_back(entry);
             work.push_back({&slot, 0, true, static_cast<int>(entry.tokens.size()) - 1});
             continue;
@@ -409,10 +444,12 @@ void Engine::step() {
             if (b > slot.prompt_pos && b < slot.prompt_pos + take) take = b - slot.prompt_pos;
         prompt_budget -= static_cast<int64_t>(take);
         const bool last = slot.prompt_pos + take == prompt.size();
+        if (slot.mtp_on) slot.residual.resize(take * static_cast<size_t>(slot.mtp->width()));
         batch.push_back({.seq = slot.seq.get(),
                          .tokens = std::span<const int32_t>(prompt).subspan(slot.prompt_pos, take),
                          .logits = last ? std::span<float>(slot.logits) : std::span<float>(),
-                         .last_only = true});
+                         .last_only = true,
+                         .residual = slot.mtp_on ? std::span<float>(slot.residual) : std::span<float>()});
         work.push_back({&slot, take, last, 0});
     }
     if (batch.empty()) return;
@@ -425,6 +462,7 @@ void Engine::step() {
             w.slot->seq->reset();
             w.slot->history.clear();
             w.slot->checkpoints.clear();
+            w.slot->mtp_on = false;
             finish(*w.slot, FinishReason::kError, std::string("the model failed: ") + e.what());
         }
         return;
@@ -438,6 +476,7 @@ void Engine::step() {
         }
         const auto fed = batch[i].tokens;
         slot.history.insert(slot.history.end(), fed.begin(), fed.end());
+        observe(slot, fed, /*build_now=*/work[i].n_prompt > 0);  // a prompt's cells at once, as run does
         if (work[i].n_prompt > 0) {
             slot.prompt_pos += work[i].n_prompt;
             const auto marks = checkpoint_positions(*slot.active);
@@ -453,53 +492,74 @@ void Engine::step() {
         }
         if (work[i].n_prompt == 0 && slot.policy && batch.size() == 1) slot.policy->record_cost(1, pass_seconds);
         if (work[i].wants_logits) sample(slot, std::span<float>(slot.logits.data(), static_cast<size_t>(n_vocab_)));
-        if (work[i].n_prompt == 0 && slot.active && slot.pending) judge_lookup(slot, {}, *slot.pending);
+        if (work[i].n_prompt == 0 && slot.policy && slot.active && slot.pending)
+            judge_round(*slot.policy, slot.round, 0, *slot.pending);
+        if (work[i].n_prompt == 0) {
+            slot.round = {};
+            // As run does after every round: a drafter the measurements say cannot pay stops costing its cells.
+            if (slot.mtp_on && options_.spec_adaptive && retire_mtp_if_unpaid(*slot.policy, *slot.mtp))
+                slot.mtp_on = false;
+        }
     }
 }
 
-// Prompt lookup's whole proposal against what the step found out (the drafts accepted, then the token sampled after
-// them), drafted or not: its acceptance at every position stays measured, so the policy knows when longer windows pay.
-void Engine::judge_lookup(Slot& slot, std::span<const int32_t> accepted, int32_t next) {
-    if (slot.proposal.empty() || !slot.policy) return;
-    const size_t judged = std::min(slot.proposal.size(), accepted.size() + 1);
-    int agree = 0;
-    while (static_cast<size_t>(agree) < judged &&
-           slot.proposal[static_cast<size_t>(agree)] ==
-               (static_cast<size_t>(agree) < accepted.size() ? accepted[static_cast<size_t>(agree)] : next))
-        ++agree;
-    slot.policy->record_round(Drafter::PromptLookup, static_cast<int>(judged), agree);
-    slot.proposal.clear();
+SpeculativeOptions Engine::spec_options() const {
+    return {.max_draft = options_.spec,
+            .lookup = {.max_ngram = 4, .min_ngram = 3},
+            .prompt_lookup = options_.spec_lookup,
+            .mtp_min_p = options_.spec_min_p,
+            .adaptive = options_.spec_adaptive};
 }
 
-// Drafts for a decoding slot (prompt lookup over what it holds and its pending token), as many as its policy says
-// pay; the entry then feeds the window and wants every row's logits.
+// A new request's drafter: brought to `mark` (the sequence was reset or restored to a checkpoint) or left as it stands
+// (the prompt continues what the slot holds). Off for the request when it is not in step with the sequence, or when
+// the slot's policy measured that it cannot pay.
+void Engine::start_drafter(Slot& slot, const MtpDrafter::Mark* mark) {
+    slot.mtp_on = false;
+    if (options_.spec <= 0) return;
+    if (!slot.policy) slot.policy.emplace(options_.spec, slot.mtp != nullptr);
+    if (slot.mtp && mark) slot.mtp->rewind(*mark);
+    if (slot.mtp && !slot.mtp->retired() && slot.mtp->observed() == slot.seq->n_past()) {
+        slot.policy->allow_mtp();
+        slot.mtp_on = !options_.spec_adaptive || !retire_mtp_if_unpaid(*slot.policy, *slot.mtp);
+    }
+    if (!slot.mtp_on) slot.policy->retire_mtp();
+}
+
+// The tokens the sequence now holds, with their residual rows from this step's pass, for the slot's drafter.
+void Engine::observe(Slot& slot, std::span<const int32_t> tokens, bool build_now) {
+    if (slot.mtp_on) slot.mtp->observe(tokens, slot.residual, build_now);
+}
+
+// Drafts for a decoding slot (the MTP layer's or prompt lookup's over what it holds and its pending token), as many
+// as its policy says pay; the entry then feeds the window and wants every row's logits.
 void Engine::speculate(Slot& slot, BatchEntry& entry) {
     slot.window.clear();
-    slot.proposal.clear();
-    if (options_.spec <= 0 || !checkpoints_supported_) return;
+    slot.round = {};
+    if (options_.spec <= 0 || !checkpoints_supported_ || !slot.policy) return;
     const Active& a = *slot.active;
     int64_t room = std::min<int64_t>(options_.spec, slot.seq->capacity() - slot.seq->n_past() - 1);
     if (a.request.max_tokens > 0) room = std::min<int64_t>(room, a.request.max_tokens - a.generated - 1);
     if (room <= 0) return;
-    if (!slot.policy) slot.policy.emplace(options_.spec);
-    std::vector<int32_t> history = slot.history;
-    history.push_back(*slot.pending);
-    slot.proposal = prompt_lookup_draft(history, {.max_draft = static_cast<int>(room), .max_ngram = 4, .min_ngram = 3});
-    const std::vector<int32_t>& proposal = slot.proposal;
-    const int k = slot.policy->plan(static_cast<int>(proposal.size())).k;
-    if (k <= 0) return;
+    slot.history.push_back(*slot.pending);
+    slot.round = draft_round(*slot.policy, slot.mtp_on ? slot.mtp.get() : nullptr, slot.history,
+                             static_cast<int>(room), spec_options());
+    slot.history.pop_back();
+    if (slot.round.tokens.empty()) return;
     try {
         slot.before_window = model_.checkpoint(*slot.seq);
     } catch (const std::exception&) {
         std::lock_guard lock(mutex_);
         checkpoints_supported_ = false;  // no way back from a rejected draft: no speculation
+        slot.round.tokens.clear();
         return;
     }
     slot.window.push_back(*slot.pending);
-    slot.window.insert(slot.window.end(), proposal.begin(), proposal.begin() + k);
+    slot.window.insert(slot.window.end(), slot.round.tokens.begin(), slot.round.tokens.end());
     entry.tokens = slot.window;
     entry.logits = std::span<float>(slot.logits.data(), slot.window.size() * static_cast<size_t>(n_vocab_));
     entry.last_only = false;
+    entry.window = true;
 }
 
 // Samples a window's rows in order, as one-token steps would, while each sampled token is the next draft; then brings
@@ -519,25 +579,37 @@ void Engine::verify(Slot& slot, int drafted, bool alone, double seconds) {
     const std::span<const int32_t> kept(window.data(), static_cast<size_t>(used));
     if (used < static_cast<int>(window.size())) {
         try {
-            model_.restore(*slot.seq, *slot.before_window);
-            model_.forward(*slot.seq, kept, {});
+            // Keep the used prefix from the window's recorded inputs, or restore and feed it again.
+            if (model_.commit(*slot.seq, *slot.before_window, used)) {
+                if (slot.policy) slot.policy->record_commit();
+            } else {
+                model_.restore(*slot.seq, *slot.before_window);
+                model_.forward(*slot.seq, kept, {});
+            }
         } catch (const std::exception& e) {
             // Not expected (the checkpoint is this sequence's, just taken); start the slot over.
             slot.seq->reset();
             slot.history.clear();
             slot.checkpoints.clear();
+            slot.mtp_on = false;
             if (slot.active) finish(slot, FinishReason::kError, std::string("the model failed: ") + e.what());
             return;
         }
     }
     slot.before_window.reset();
     slot.history.insert(slot.history.end(), kept.begin(), kept.end());
-    metrics_.add_speculation(drafted, accepted);
-    if (slot.policy && alone) slot.policy->record_cost(drafted + 1, seconds);  // a pass of this slot's window alone
-    if (slot.active && slot.pending)
-        judge_lookup(slot, std::span<const int32_t>(window).subspan(1, static_cast<size_t>(accepted)), *slot.pending);
-    else if (slot.policy)
-        slot.policy->record_round(Drafter::PromptLookup, drafted, accepted);
+    // The window pass's residual rows of the kept tokens (the rejected rows after them did not touch them).
+    observe(slot, kept, /*build_now=*/false);
+    metrics_.add_speculation(slot.round.plan.drafter, drafted, accepted);
+    if (slot.policy) {
+        if (alone) slot.policy->record_cost(drafted + 1, seconds);  // a pass of this slot's window alone
+        const std::optional<int32_t> following =
+            slot.active && slot.pending ? std::optional<int32_t>(*slot.pending) : std::nullopt;
+        judge_round(*slot.policy, slot.round, accepted, following);
+        if (slot.mtp_on && options_.spec_adaptive && retire_mtp_if_unpaid(*slot.policy, *slot.mtp))
+            slot.mtp_on = false;
+    }
+    slot.round = {};
     if (slot.checkpoint_after_window) {
         slot.checkpoint_after_window = false;
         take_checkpoint(slot);

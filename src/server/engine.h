@@ -11,11 +11,14 @@
 // extends what the slot holds it is simply continued, otherwise the best checkpoint at or below the common prefix is
 // restored (when the model cannot checkpoint, the slot starts over). Only the rest of the prompt is computed.
 //
-// Speculation (issue 28): a decoding slot whose text so far repeats itself (prompt lookup, 3-token matches) feeds its
-// token plus up to EngineOptions::spec drafts as one entry of the batch, a per-slot policy choosing how many. The rows
-// are then sampled in order exactly as one-token steps would sample them (same sampler calls, same constraint, same
-// random stream), so the output does not change; sampling stops at the first row whose token differs from the next
-// draft, and the slot's sequence is brought back to what it used (checkpoint, restore, re-feed).
+// Speculation (issue 28): a decoding slot feeds its token plus up to EngineOptions::spec drafts as one entry of the
+// batch: the model's MTP layer drafts (each slot has its own drafter, fed the slot's residual rows by forward_batch)
+// or prompt lookup does (3-token matches), a per-slot policy choosing the drafter and how many each round, as
+// runtime/speculative_decode.h does for one sequence. The rows are then sampled in order exactly as one-token steps
+// would sample them (same sampler calls, same constraint, same random stream), so the output does not change;
+// sampling stops at the first row whose token differs from the next draft, and the slot's sequence is brought back to
+// what it used (Model::commit from the window's recorded inputs; where the backend cannot, restore and re-feed). A
+// slot's drafter keeps a mark beside each sequence checkpoint, so a reused prefix drafts at once.
 //
 // Each request's tokens reach its HTTP thread through a RequestChannel (events: tokens with their visible text and
 // log-probabilities, then one final event). A client that goes away cancels its channel; the scheduler notices at the
@@ -36,7 +39,9 @@
 #include <vector>
 
 #include "model/model.h"
+#include "runtime/mtp_drafter.h"
 #include "runtime/sampler.h"
+#include "runtime/speculative_decode.h"
 #include "server/metrics.h"
 
 namespace strata {
@@ -128,9 +133,14 @@ struct EngineOptions {
     int64_t chunk_size = 256;
     bool prefix_cache = true;
     int max_checkpoints_per_slot = 4;  // the oldest (a shared system prompt) and the latest are kept
-    // Speculative decoding (--spec N): a decoding slot's window holds up to N prompt-lookup drafts after its token;
-    // 0: off; -1: 4 when the model has an MTP layer (on by default with the bundled model), else off.
+    // Speculative decoding (--spec N): a decoding slot's window holds up to N drafts after its token (the MTP layer's
+    // or prompt lookup's, a per-slot policy picking the drafter and the length each round, as `run` does); 0: off;
+    // -1: 4 when the model has an MTP layer (on by default with the bundled model), else off.
     int spec = -1;
+    bool spec_mtp = true;       // the MTP layer may draft, where the model has one (--spec-drafter)
+    bool spec_lookup = true;    // prompt lookup may draft
+    bool spec_adaptive = true;  // false (--spec-fixed): every round drafts N tokens, no policy (A/B runs)
+    float spec_min_p = 0.3f;    // an MTP draft ends at a token below this probability (--spec-min-p)
 };
 
 struct SlotStatus {
@@ -189,7 +199,9 @@ class Engine {
     void sample(Slot& slot, std::span<float> row);
     void speculate(Slot& slot, BatchEntry& entry);
     void verify(Slot& slot, int drafted, bool alone, double seconds);
-    void judge_lookup(Slot& slot, std::span<const int32_t> accepted, int32_t next);
+    void start_drafter(Slot& slot, const MtpDrafter::Mark* mark);
+    void observe(Slot& slot, std::span<const int32_t> tokens, bool build_now);
+    SpeculativeOptions spec_options() const;
     void finish(Slot& slot, FinishReason reason, const std::string& error = {});
     void take_checkpoint(Slot& slot);
     std::vector<size_t> checkpoint_positions(const Active& a) const;

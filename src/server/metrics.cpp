@@ -55,11 +55,15 @@ void Metrics::add_prompt_tokens(int64_t computed, int64_t cached) {
     cached_tokens_ += cached;
 }
 
-void Metrics::add_speculation(int64_t drafted, int64_t accepted) {
+void Metrics::add_speculation(Drafter drafter, int64_t drafted, int64_t accepted) {
     std::lock_guard lock(mutex_);
     ++spec_rounds_;
     spec_drafted_ += drafted;
     spec_accepted_ += accepted;
+    const auto d = static_cast<size_t>(drafter);
+    ++spec_rounds_by_[d];
+    spec_drafted_by_[d] += drafted;
+    spec_accepted_by_[d] += accepted;
 }
 
 void Metrics::add_generated_tokens(int64_t n) {
@@ -127,6 +131,22 @@ std::string Metrics::render(const LoadGauges& load, const ExpertOffloadStats* of
     out += "strata:spec_draft_tokens_total " + std::to_string(spec_drafted_) + "\n";
     header(out, "strata:spec_accepted_tokens_total", "counter", "Draft tokens accepted (acceptance = accepted / draft).");
     out += "strata:spec_accepted_tokens_total " + std::to_string(spec_accepted_) + "\n";
+    // The same counts by drafter (prompt lookup, the MTP layer).
+    struct ByDrafter {
+        const char* name;
+        const char* help;
+        const std::array<int64_t, kDrafters>* counts;
+    };
+    const ByDrafter by_drafter[] = {
+        {"strata:spec_drafter_rounds_total", "Speculative verification rounds by drafter (mtp, lookup).", &spec_rounds_by_},
+        {"strata:spec_drafter_draft_tokens_total", "Draft tokens verified by drafter.", &spec_drafted_by_},
+        {"strata:spec_drafter_accepted_tokens_total", "Draft tokens accepted by drafter.", &spec_accepted_by_}};
+    for (const auto& [name, help, counts] : by_drafter) {
+        header(out, name, "counter", help);
+        for (size_t d = 0; d < counts->size(); ++d)
+            out += std::string(name) + "{drafter=\"" + drafter_name(static_cast<Drafter>(d)) + "\"} " +
+                   std::to_string((*counts)[d]) + "\n";
+    }
     header(out, "strata:request_success_total", "counter", "Finished requests by finish reason.");
     for (const char* reason : {"stop", "length", "tool_calls"})
         if (!finished_.count(reason)) out += std::string("strata:request_success_total{finished_reason=\"") + reason + "\"} 0\n";

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "model/model.h"
+#include "runtime/speculation.h"
 
 namespace strata::server {
 
@@ -38,8 +39,8 @@ class Metrics {
     void observe_request(double e2e_seconds, double seconds_per_output_token);  // tpot < 0: not measured
     void add_prompt_tokens(int64_t computed, int64_t cached);
     void add_generated_tokens(int64_t n);
-    // A speculative round of one slot: `drafted` tokens verified, the first `accepted` of them kept.
-    void add_speculation(int64_t drafted, int64_t accepted);
+    // A speculative round of one slot: `drafted` tokens of `drafter` verified, the first `accepted` of them kept.
+    void add_speculation(Drafter drafter, int64_t drafted, int64_t accepted);
     void request_finished(const std::string& finished_reason);  // "stop", "length", "error", ...
     void request_cancelled();
     void http_response(int status);
@@ -55,6 +56,7 @@ class Metrics {
     Histogram ttft_, e2e_, tpot_;
     int64_t prompt_tokens_ = 0, cached_tokens_ = 0, generated_tokens_ = 0, cancelled_ = 0;
     int64_t spec_rounds_ = 0, spec_drafted_ = 0, spec_accepted_ = 0;
+    std::array<int64_t, kDrafters> spec_rounds_by_{}, spec_drafted_by_{}, spec_accepted_by_{};
     std::map<std::string, int64_t> finished_;
     std::map<int, int64_t> http_status_;
     mutable std::deque<std::pair<Clock::time_point, int64_t>> recent_;  // (when, tokens) for tokens/s

@@ -124,7 +124,7 @@ void dot_iq2_xs_decoded_pair(const DecodedPair& p);
 // at 2560 + 4r the int32 128 x sum over g of scale x the group's weight sum (the bias of the activations, taken back
 // out); at 2592 + 4r the f32 d. Rows past n_rows have scale and d zero (their weights are not meaningful). The
 // kernels read activations biased by 128 (kBiasedQ8KBlockBytes per 256: the Q8_K quants + 128, then d) and write
-// y[c * y_stride + r] for every c < n_cols (all of a unit's tokens, in passes inside the call), r < n_rows.
+// y[c * y_stride + r] for every c < n_cols (up to 64 tokens per call, the passes looped inside), r < n_rows.
 constexpr size_t kIq2XsRows8BlockBytes = 2624;
 constexpr size_t kBiasedQ8KBlockBytes = 256 + 4;
 void decode_iq2_xs_rows8(int64_t n, const void* row0, size_t row_stride, int n_rows, void* decoded);

@@ -527,6 +527,82 @@ TEST(PackedGemm, Iq2XsByGroupEqualsItsDefinitionForAnyThreadsAndGrouping) {
     }
 }
 
+// IQ2_XS with AVX2 (with or without AVX-VNNI): prompts go through 8 decoded rows against up to 64 tokens per call
+// (gemm_packed.h), one token through the row kernel; both are defined as: per super-block the exact integer
+// S = sum over groups of (2 ls + 1) x the dot of the signed grid magnitudes with the Q8_K quants, one FMA
+// acc = fma(float(S), d_w * d_a, acc), and 0.125 x acc at the end.
+float defined_dot_iq2_xs_avx2(const strata::BlockIQ2_XS* w, const strata::BlockQ8_K* a, int64_t n_blocks) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        int32_t s = 0;
+        for (int g = 0; g < 16; ++g) {
+            int32_t dot = 0;
+            for (int half = 0; half < 2; ++half) {
+                const uint16_t q = w[b].qs[2 * g + half];
+                const uint64_t grid = strata::quant::kIQ2XSGrid[q & 511];
+                const uint8_t signs = strata::quant::even_signs(q >> 9);
+                for (int j = 0; j < 8; ++j)
+                    dot += strata::quant::grid_byte(grid, j) * ((signs >> j) & 1 ? -1 : 1) *
+                           a[b].qs[16 * g + 8 * half + j];
+            }
+            s += (2 * ((w[b].scales[g / 2] >> (4 * (g % 2))) & 0xF) + 1) * dot;
+        }
+        acc = std::fma(static_cast<float>(s), strata::f16_to_f32(w[b].d) * a[b].d, acc);
+    }
+    return 0.125f * acc;
+}
+
+TEST(PackedGemm, Iq2XsRows8EqualsItsDefinitionForAnyTokenCountOnAvx2) {
+    std::mt19937 rng(8);
+    for (const cpu::Isa isa : {cpu::Isa::Avx2, cpu::Isa::Avx2Vnni}) {
+        if (!cpu::supports_isa(isa)) continue;
+        SCOPED_TRACE(cpu::isa_name(isa));
+        // Row counts: under one 8-row block, whole blocks, a ragged last block; 1 and 4 super-blocks.
+        for (const auto& [n, rows] : {std::pair<int64_t, int64_t>{256, 3}, {1024, 16}, {256, 67}}) {
+            SCOPED_TRACE("W {" + std::to_string(n) + ", " + std::to_string(rows) + "}");
+            std::vector<strata::BlockIQ2_XS> blocks(static_cast<size_t>(n / strata::kQK_K * rows));
+            for (auto& b : blocks) {  // every grid index, sign pattern and scale
+                for (auto& q : b.qs) q = static_cast<uint16_t>(rng());
+                for (auto& sc : b.scales) sc = static_cast<uint8_t>(rng());
+                b.d = strata::f32_to_f16(0.001f + 0.01f * static_cast<float>(rng() % 100) / 100.0f);
+            }
+            const int64_t ne[2] = {n, rows};
+            const Tensor w = strata::make_tensor("w", DType::IQ2_XS, 2, ne, blocks.data());
+            constexpr int64_t kTokens = 70;  // past the 64 tokens of one call
+            const std::vector<float> x = gaussian(n * kTokens, rng);
+            std::vector<float> want(static_cast<size_t>(rows * kTokens));
+            std::vector<strata::BlockQ8_K> q(static_cast<size_t>(n / strata::kQK_K));
+            for (int64_t t = 0; t < kTokens; ++t) {
+                strata::quantize_row(DType::Q8_K, x.data() + t * n, q.data(), n);
+                for (int64_t r = 0; r < rows; ++r)
+                    want[static_cast<size_t>(t * rows + r)] = defined_dot_iq2_xs_avx2(
+                        reinterpret_cast<const strata::BlockIQ2_XS*>(w.row(r)), q.data(), n / strata::kQK_K);
+            }
+            cpu::override_active_isa(isa);
+            // Every tail of the 8-token (plain) and 4-token (AVX-VNNI) passes, and 1 token (the row kernel).
+            for (const auto& [tokens, threads] : {std::pair{kTokens, 1},
+                                                  {kTokens, 3},
+                                                  {int64_t{1}, 2},
+                                                  {int64_t{5}, 1},
+                                                  {int64_t{6}, 2},
+                                                  {int64_t{7}, 1},
+                                                  {int64_t{13}, 2},
+                                                  {int64_t{35}, 1}}) {
+                std::vector<float> got;
+                for (int64_t t0 = 0; t0 < kTokens; t0 += tokens) {
+                    const int64_t count = std::min(tokens, kTokens - t0);
+                    std::vector<float> y(static_cast<size_t>(rows * count));
+                    cpu::matmul(
+                        {.w = w, .x = x.data() + t0 * n, .y = y.data(), .n_tokens = count, .pool = pool_of(threads)});
+                    got.insert(got.end(), y.begin(), y.end());
+                }
+                EXPECT_TRUE(same_bits(got, want)) << tokens << " tokens per call on " << threads << " threads";
+            }
+            cpu::override_active_isa(std::nullopt);
+        }
+    }
+}
+
 // The bundled model quantized (dense matrices Q8_0, experts Q4_K: both packed) and loaded with and without the packed
 // copies: the logits agree up to summation order (the same integer products; only the float accumulation differs),
 // and with the copies a prompt fed in chunks gives the same bits as fed at once.

@@ -4,6 +4,9 @@
 // quantized stack of 64 copied over, more than any L3) so that decode reads memory, not cache. GB/s counts the weight
 // bytes of each call once.
 //
+// Where an instruction set has a packed GEMM for the type, "<type>/<isa>/1tok/rows" also times the row kernel on the
+// unpacked weights (what one token ran before the packed GEMMs; the two need not give the same bits).
+//
 //   build/bench/bench_expert_kernels [--benchmark_filter=Q4_K]
 #include <benchmark/benchmark.h>
 
@@ -33,7 +36,7 @@ struct Experts {
     cpu::PackedWeights packer;
 };
 
-void run(benchmark::State& state, DType type, cpu::Isa isa, int64_t tokens) {
+void run(benchmark::State& state, DType type, cpu::Isa isa, int64_t tokens, bool pack) {
     if (!cpu::supports_isa(isa)) {
         state.SkipWithError("this CPU lacks the instruction set");
         return;
@@ -54,7 +57,7 @@ void run(benchmark::State& state, DType type, cpu::Isa isa, int64_t tokens) {
     for (size_t off = 0; off < e.bytes.size(); off += stack_bytes) {
         const int64_t ne[3] = {kIn, kOut, 64};
         e.stacks.push_back(strata::make_tensor("experts", type, 3, ne, e.bytes.data() + off));
-        e.packer.pack(e.stacks.back());
+        if (pack) e.packer.pack(e.stacks.back());
     }
     std::vector<float> x(static_cast<size_t>(kIn * tokens)), y(static_cast<size_t>(kOut * tokens));
     for (float& v : x) v = g(rng) * 50.0f;
@@ -79,9 +82,15 @@ const auto registered = [] {
             for (int64_t tokens : {1, 64}) {
                 const std::string name = std::string(strata::dtype_name(type)) + "/" + cpu::isa_name(isa) + "/" +
                                          std::to_string(tokens) + "tok";
-                benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& s) { run(s, type, isa, tokens); })
+                benchmark::RegisterBenchmark(name.c_str(),
+                                             [=](benchmark::State& s) { run(s, type, isa, tokens, true); })
                     ->UseRealTime()
                     ->MinTime(0.5);
+                if (tokens == 1 && cpu::has_packed_gemm(type, isa))
+                    benchmark::RegisterBenchmark((name + "/rows").c_str(),
+                                                 [=](benchmark::State& s) { run(s, type, isa, tokens, false); })
+                        ->UseRealTime()
+                        ->MinTime(0.5);
             }
     return true;
 }();

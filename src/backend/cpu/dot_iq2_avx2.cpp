@@ -11,8 +11,8 @@
 // lanes are summed (still exact) and one scalar FMA adds the float result:
 //   acc = fma(float(S_b), d_w * d_a, acc) over the super-blocks b in order, out = 0.125 * acc,
 // S_b the super-block's exact integer dot (8x the value dot). That definition is shared with the prompt kernel over
-// 8 rows at once (gemm_iq2_xs_rows8_kernels.inc, reading decode_iq2_xs_rows8 below), so a column's result never
-// depends on how many columns or rows share the work.
+// 8 rows at once (gemm_iq2_xs_rows8_kernels.inc over gemm_iq2_xs_rows8_decode_avx2.cpp's layout), so a column's
+// result never depends on how many columns or rows share the work.
 #include <immintrin.h>
 
 #include <cstddef>
@@ -239,58 +239,6 @@ void dot_kernel_any(int64_t n, const void* w, const void* a, size_t a_stride, fl
 }
 
 }  // namespace
-
-void decode_iq2_xs_rows8(int64_t n, const void* const* rows, int n_rows, void* decoded) {
-    const BiasedGrids& tables = grids();
-    const __m256i bias = _mm256_set1_epi8(kBiasXS);
-    for (int64_t i = 0; i < n / kQK_K; ++i) {
-        uint8_t* out = static_cast<uint8_t*>(decoded) + static_cast<size_t>(i) * kIq2XsRows8BlockBytes;
-        alignas(32) int8_t w[8][kQK_K] = {};  // each row's signed weights; missing rows zero
-        alignas(32) int32_t odd[16][8] = {}, correction[8] = {};
-        alignas(32) float d[8] = {};
-        for (int r = 0; r < n_rows; ++r) {
-            const BlockIQ2_XS& b = static_cast<const BlockIQ2_XS*>(rows[r])[i];
-            Decoded u;
-            decode(b, u, tables);
-            // The bias term 128 x sum over g of scale_g x (group g's signed weight sum), from the decoded registers:
-            // vpmaddubsw against ones sums pairs of biased weights, vpmaddwd with the pair scales weights them;
-            // bsum_scale's words (-64 scale_g) take the bias of 16 weights per group back out.
-            __m256i weighted = _mm256_slli_epi32(_mm256_madd_epi16(u.bsum_scale, _mm256_set1_epi16(1)), 4);
-            for (int j = 0; j < 8; ++j) {
-                _mm256_store_si256(reinterpret_cast<__m256i*>(w[r] + 32 * j), _mm256_sub_epi8(u.w[j], bias));
-                const __m256i pairs = _mm256_maddubs_epi16(u.w[j], _mm256_set1_epi8(1));
-                weighted = _mm256_add_epi32(weighted, _mm256_madd_epi16(pairs, u.scale[j]));
-            }
-            for (int g = 0; g < 16; ++g) odd[g][r] = 2 * ((b.scales[g / 2] >> (4 * (g % 2))) & 0xF) + 1;
-            correction[r] = 128 * sum_of(weighted);
-            d[r] = u.d;
-        }
-        // Weights 4s..4s+3 of row r at 32s + 4r: an 8x8 transpose of dwords per 32 weights.
-        for (int j = 0; j < 8; ++j) {
-            __m256i x[8];
-            for (int r = 0; r < 8; ++r) x[r] = _mm256_load_si256(reinterpret_cast<const __m256i*>(w[r] + 32 * j));
-            __m256i t[8], v[8];
-            for (int q = 0; q < 4; ++q) {
-                t[2 * q] = _mm256_unpacklo_epi32(x[2 * q], x[2 * q + 1]);
-                t[2 * q + 1] = _mm256_unpackhi_epi32(x[2 * q], x[2 * q + 1]);
-            }
-            for (int q = 0; q < 2; ++q) {
-                v[4 * q] = _mm256_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
-                v[4 * q + 1] = _mm256_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
-                v[4 * q + 2] = _mm256_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
-                v[4 * q + 3] = _mm256_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
-            }
-            auto* step = reinterpret_cast<__m256i*>(out + 32 * 8 * j);
-            for (int k = 0; k < 4; ++k) {
-                _mm256_store_si256(step + k, _mm256_permute2x128_si256(v[k], v[k + 4], 0x20));
-                _mm256_store_si256(step + k + 4, _mm256_permute2x128_si256(v[k], v[k + 4], 0x31));
-            }
-        }
-        std::memcpy(out + 2048, odd, sizeof odd);
-        std::memcpy(out + 2560, correction, sizeof correction);
-        std::memcpy(out + 2592, d, sizeof d);
-    }
-}
 
 void register_dots_iq2_avx2(DotTable& t) {
     t.set(DType::IQ2_XS, dot_kernel_any<BlockIQ2_XS>);

@@ -118,16 +118,16 @@ void dot_iq2_xs_decoded_pair(const DecodedPair& p);
 
 // IQ2_XS with AVX2, for prompts: out[c] is what the AVX2 row kernel (dot_iq2_avx2.cpp) gives for that row and column,
 // bit for bit, computed 8 rows at a time (gemm_iq2_xs_rows8_kernels.inc: vpmaddubsw sums with AVX2 alone, vpdpbusd
-// with AVX-VNNI). decode_iq2_xs_rows8 (dot_iq2_avx2.cpp) writes n_rows <= 8 rows (rows[r] each n / 256 blocks; rows
-// past n_rows are zero) as n / 256 blocks of kIq2XsRows8BlockBytes: at 32s + 4r the signed weights 4s..4s+3 of row r
-// (s < 64); at 2048 + 32g + 4r row r's odd scale 2 ls + 1 of group g as int32; at 2560 + 4r the int32 128 x sum over
-// g of scale x the group's weight sum (the bias of the activations, taken back out); at 2592 + 4r the f32 d. The
+// with AVX-VNNI). decode_iq2_xs_rows8 (gemm_iq2_xs_rows8_decode_avx2.cpp) writes n_rows <= 8 rows (row r at
+// row0 + r * row_stride, n / 256 blocks each) as n / 256 blocks of kIq2XsRows8BlockBytes: at 32s + 4r the signed
+// weights 4s..4s+3 of row r (s < 64); at 2048 + 32g + 4r row r's odd scale 2 ls + 1 of group g in both int16 halves;
+// at 2560 + 4r the int32 128 x sum over g of scale x the group's weight sum (the bias of the activations, taken back
+// out); at 2592 + 4r the f32 d. Rows past n_rows have scale and d zero (their weights are not meaningful). The
 // kernels read activations biased by 128 (kBiasedQ8KBlockBytes per 256: the Q8_K quants + 128, then d) and write
-// y[c * y_stride + r], r < n_rows.
+// y[c * y_stride + r] for every c < n_cols (up to 64 tokens per call, the passes looped inside), r < n_rows.
 constexpr size_t kIq2XsRows8BlockBytes = 2624;
 constexpr size_t kBiasedQ8KBlockBytes = 256 + 4;
-constexpr int kIq2XsRows8Cols = 4;
-void decode_iq2_xs_rows8(int64_t n, const void* const* rows, int n_rows, void* decoded);
+void decode_iq2_xs_rows8(int64_t n, const void* row0, size_t row_stride, int n_rows, void* decoded);
 void quantize_q8_k_biased_avx2(const float* x, uint8_t* dst, int64_t n);
 struct Rows8Gemm {
     int64_t n;

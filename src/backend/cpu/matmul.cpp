@@ -156,8 +156,8 @@ void run_decoded_unit(const MatmulRowsPlan& j, const uint8_t* act, float* y, int
     }
 }
 
-// IQ2_XS with AVX2: the unit's rows decoded once, 8 to a block of the 8-row layout, then every chunk of tokens
-// against each block of rows (gemm_iq2_xs_rows8_kernels.inc; the row kernel's bits).
+// IQ2_XS with AVX2: the unit's rows decoded once, 8 to a block of the 8-row layout, then each block of rows against
+// up to kTokenBlock tokens in one kernel call (gemm_iq2_xs_rows8_kernels.inc; the row kernel's bits).
 void run_rows8_unit(const MatmulRowsPlan& j, const uint8_t* act, float* y, int64_t row_begin, int64_t row_end,
                     uint8_t* decoded) {
     const Tensor& w = *j.w;
@@ -165,23 +165,20 @@ void run_rows8_unit(const MatmulRowsPlan& j, const uint8_t* act, float* y, int64
     const int64_t n_groups = (row_end - row_begin + 7) / 8;
     const size_t group_bytes = static_cast<size_t>(in / kQK_K) * kIq2XsRows8BlockBytes;
     for (int64_t g = 0; g < n_groups; ++g) {
-        const void* rows[8];
         const int64_t first = row_begin + 8 * g;
-        const int n_rows = static_cast<int>(std::min<int64_t>(8, row_end - first));
-        for (int r = 0; r < n_rows; ++r) rows[r] = w.row(first + r);
-        decode_iq2_xs_rows8(in, rows, n_rows, decoded + group_bytes * static_cast<size_t>(g));
+        decode_iq2_xs_rows8(in, w.row(first), w.nb[1], static_cast<int>(std::min<int64_t>(8, row_end - first)),
+                            decoded + group_bytes * static_cast<size_t>(g));
     }
     const auto rows8_gemm = j.isa == Isa::Avx2Vnni ? gemm_iq2_xs_rows8_avxvnni : gemm_iq2_xs_rows8_avx2;
-    for (int64_t t = 0; t < j.n_tokens; t += kIq2XsRows8Cols) {
-        const int cols = static_cast<int>(std::min<int64_t>(kIq2XsRows8Cols, j.n_tokens - t));
+    for (int64_t t0 = 0; t0 < j.n_tokens; t0 += kTokenBlock) {
         for (int64_t g = 0; g < n_groups; ++g) {
             const int64_t first = row_begin + 8 * g;
             rows8_gemm({.n = in,
                         .decoded = decoded + group_bytes * static_cast<size_t>(g),
-                        .act = act + static_cast<size_t>(t) * j.act_stride,
+                        .act = act + static_cast<size_t>(t0) * j.act_stride,
                         .act_stride = j.act_stride,
-                        .n_cols = cols,
-                        .y = y + t * out + first,
+                        .n_cols = static_cast<int>(std::min(kTokenBlock, j.n_tokens - t0)),
+                        .y = y + t0 * out + first,
                         .y_stride = static_cast<size_t>(out),
                         .n_rows = static_cast<int>(std::min<int64_t>(8, row_end - first))});
         }

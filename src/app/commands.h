@@ -84,6 +84,8 @@ ExpertPlacement host_expert_placement(const Args& args, const gguf::File& file, 
                                       const std::vector<int64_t>& slots, const std::optional<ExpertProfile>& profile,
                                       const ExpertPlacement& flags, std::shared_ptr<HostExpertCompute>& workers,
                                       const std::string& where);
+// What CUDA device `device` reports before loading; nullopt in a build without CUDA or where the device is missing.
+std::optional<DeviceMemory> cuda_device_memory(int device);
 // The plan's inputs every card or stage shares: --ram-budget, the context, sequences and checkpoints, and the load
 // options' KV cache, prompt window and stream ring (the caller sets the VRAM budget and the device).
 MemoryPlanInputs plan_inputs(const Args& args, const LoadOptions& options, int64_t n_ctx, int64_t n_sequences,

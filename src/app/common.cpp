@@ -40,19 +40,6 @@ std::optional<uint64_t> budget_flag(const Args& args, const std::string& flag) {
     return bytes;
 }
 
-// What the CUDA device reports before loading; nullopt in a build without CUDA or on a machine without a device.
-std::optional<DeviceMemory> cuda_device_memory([[maybe_unused]] int device) {
-#if STRATA_HAS_CUDA
-    if (cuda::device_count() == 0 || device < 0 || device >= cuda::device_count()) return std::nullopt;
-    const cuda::Context ctx({.device = device});
-    return DeviceMemory{.name = ctx.info().name,
-                        .free_bytes = ctx.info().free_bytes_at_start,
-                        .multiprocessors = ctx.info().multiprocessors};
-#else
-    return std::nullopt;
-#endif
-}
-
 }  // namespace
 
 std::vector<int32_t> parse_token_list(const std::string& text, const std::string& source, bool allow_empty) {
@@ -349,6 +336,18 @@ ExpertPlacement host_expert_placement(const Args& args, const gguf::File& file, 
     }
     p.cpu_workers = workers;
     return p;
+}
+
+std::optional<DeviceMemory> cuda_device_memory([[maybe_unused]] int device) {
+#if STRATA_HAS_CUDA
+    if (cuda::device_count() == 0 || device < 0 || device >= cuda::device_count()) return std::nullopt;
+    const cuda::Context ctx({.device = device});
+    return DeviceMemory{.name = ctx.info().name,
+                        .free_bytes = ctx.info().free_bytes_at_start,
+                        .multiprocessors = ctx.info().multiprocessors};
+#else
+    return std::nullopt;
+#endif
 }
 
 MemoryPlanInputs plan_inputs(const Args& args, const LoadOptions& options, int64_t n_ctx, int64_t n_sequences,

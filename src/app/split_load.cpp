@@ -24,19 +24,6 @@ namespace strata::app {
 
 namespace {
 
-// What a device reports before loading; nullopt in a build without CUDA or where the device is missing.
-std::optional<DeviceMemory> device_memory([[maybe_unused]] int device) {
-#if STRATA_HAS_CUDA
-    if (device < 0 || device >= cuda::device_count()) return std::nullopt;
-    const cuda::Context ctx({.device = device});
-    return DeviceMemory{.name = ctx.info().name,
-                        .free_bytes = ctx.info().free_bytes_at_start,
-                        .multiprocessors = ctx.info().multiprocessors};
-#else
-    return std::nullopt;
-#endif
-}
-
 int visible_devices() {
 #if STRATA_HAS_CUDA
     return cuda::device_count();
@@ -102,7 +89,7 @@ std::optional<std::vector<StagePlan>> plan_split_for_load(const Args& args, cons
     for (size_t k = 0; k < n; ++k) {
         MemoryPlanInputs in = plan_inputs(args, options, n_ctx, n_sequences, checkpoints_per_sequence);
         in.vram_budget = budgets.empty() ? 0 : budgets[k];
-        in.device = device_memory(devices[k]);
+        in.device = cuda_device_memory(devices[k]);
         // Stages on one device share its free memory.
         if (in.device) in.device->free_bytes /= static_cast<uint64_t>(stages_on[devices[k]]);
         if (in.vram_budget == 0 && !in.device)

@@ -4,13 +4,31 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <map>
 #include <random>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "convert/convert.h"
 #include "model/model.h"
+#include "test_util.h"
 
 namespace strata::testing {
+
+// A transformers golden (fixtures_root()/name/hf) converted at f32 into the process's temp folder, once per process.
+inline std::string converted_golden(const std::string& name) {
+    static std::map<std::string, std::string> cache;
+    if (auto it = cache.find(name); it != cache.end()) return it->second;
+    const std::filesystem::path dir = fixtures_root() / name;
+    const std::string out = (std::filesystem::path(process_temp_dir().path()) / (name + ".gguf")).string();
+    convert_hf_to_gguf({.hf_dir = (dir / "hf").string(),
+                        .out_path = out,
+                        .out_type = DType::F32,
+                        .vocab_placeholder = !std::filesystem::exists(dir / "hf" / "tokenizer.json")});
+    return cache[name] = out;
+}
 
 // n pseudo-random token ids below V (a fixed seed gives the same list).
 inline std::vector<int32_t> random_tokens(int64_t V, int n, unsigned seed) {

@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,7 @@ namespace fs = std::filesystem;
 namespace {
 
 using strata::testing::bit_mismatches;
+using strata::testing::converted_golden;
 using strata::testing::random_tokens;
 
 constexpr const char* kSkippedTests = "CUDA offload tests";  // cuda_skip.h
@@ -74,17 +76,6 @@ std::string synthesized(const std::string& preset, DType expert_type) {
     return cache[key] = out;
 }
 
-// A transformers golden converted at f32 (the single-stream trunk: qwen35moe, qwen3next).
-std::string converted(const std::string& name) {
-    const fs::path dir = strata::testing::fixtures_root() / name;
-    const std::string out = (fs::path(strata::testing::process_temp_dir().path()) / (name + ".gguf")).string();
-    convert_hf_to_gguf({.hf_dir = (dir / "hf").string(),
-                        .out_path = out,
-                        .out_type = DType::F32,
-                        .vocab_placeholder = !fs::exists(dir / "hf" / "tokenizer.json")});
-    return out;
-}
-
 std::string bundled_model() {
     return (fs::path(STRATA_SOURCE_DIR) / "assets" / "strata-code-19m.gguf").string();
 }
@@ -94,28 +85,39 @@ int64_t n_expert_of(const std::string& path) {
     return file->get_u32(file->get_str("general.architecture") + ".expert_count");
 }
 
+// The all-in-VRAM run of a file: 40 random tokens (from `seed`) fed per_calls[i] at a time, with the default prompt
+// window (fed[0]) and with 16-token windows (fed[1], the streamed cases'): the window sizes decide which kernels a
+// token goes through.
+struct Reference {
+    int64_t V = 0, L = 0;
+    std::vector<int32_t> tokens;
+    std::vector<std::vector<float>> fed[2];
+};
+
+Reference all_in_vram(const std::string& path, unsigned seed, std::span<const size_t> per_calls) {
+    Reference r;
+    for (int chunked = 0; chunked < 2; ++chunked) {
+        LoadOptions options{.backend = Backend::Cuda};
+        if (chunked) options.prompt_chunk = 16;
+        auto reference = load_model(path, options);
+        r.V = reference->info().n_vocab;
+        r.L = reference->info().n_layer;
+        r.tokens = random_tokens(r.V, 40, seed);
+        for (size_t per_call : per_calls)
+            r.fed[chunked].push_back(strata::testing::logits_fed(*reference, r.tokens, per_call));
+    }
+    return r;
+}
+
 // Every placement against the all-in-VRAM run of the same file: a prompt in one call (prompt windows), then the same
 // tokens fed 1 and 3 a call (decode windows, graphs), 40 tokens each. The streamed cases cut the prompt into
 // 16-token windows (the grouped path's least at these shapes) whose misses go through the ring; `grouped`: the
 // experts' type takes the grouped path, so those windows must have streamed.
 void expect_placement_free(const std::string& path, const char* what, bool grouped = false) {
     const int64_t n_expert = n_expert_of(path);
-    // The references: all in VRAM, with the default prompt window and with the streamed cases' 16 tokens (the window
-    // sizes decide which kernels a token goes through).
-    int64_t V = 0, L = 0;
-    std::vector<int32_t> tokens;
     const size_t per_calls[] = {40, 1, 3};
-    std::vector<std::vector<float>> want[2];
-    for (int chunked = 0; chunked < 2; ++chunked) {
-        LoadOptions options{.backend = Backend::Cuda};
-        if (chunked) options.prompt_chunk = 16;
-        auto reference = load_model(path, options);
-        V = reference->info().n_vocab;
-        L = reference->info().n_layer;
-        tokens = random_tokens(V, 40, 5);
-        for (size_t per_call : per_calls)
-            want[chunked].push_back(strata::testing::logits_fed(*reference, tokens, per_call));
-    }
+    const Reference want = all_in_vram(path, 5, per_calls);
+    const int64_t L = want.L;
 
     std::vector<int32_t> half, all;
     for (int32_t e = 0; e < n_expert; ++e) (e < n_expert / 2 ? half : all).push_back(e);
@@ -149,8 +151,8 @@ void expect_placement_free(const std::string& path, const char* what, bool group
         if (c.churn) options.experts.advisor = churn;
         auto m = load_model(path, options);
         for (size_t i = 0; i < std::size(per_calls); ++i) {
-            const std::vector<float> got = strata::testing::logits_fed(*m, tokens, per_calls[i]);
-            EXPECT_EQ(bit_mismatches(got, want[c.stream_ranges ? 1 : 0][i]), 0u)
+            const std::vector<float> got = strata::testing::logits_fed(*m, want.tokens, per_calls[i]);
+            EXPECT_EQ(bit_mismatches(got, want.fed[c.stream_ranges ? 1 : 0][i]), 0u)
                 << what << ", " << c.name << ", " << per_calls[i] << " a call";
         }
         if (c.churn) {
@@ -178,7 +180,7 @@ TEST(CudaOffload, PlacementDoesNotChangeQuantizedExperts) {
 
 TEST(CudaOffload, PlacementDoesNotChangeTheSingleStreamArchitectures) {
     SKIP_WITHOUT_CUDA_DEVICE();
-    for (const char* name : {"qwen35moe", "qwen3next"}) expect_placement_free(converted(name), name);
+    for (const char* name : {"qwen35moe", "qwen3next"}) expect_placement_free(converted_golden(name), name);
 }
 
 // How far an offload run's logits are from the reference's: the largest difference against the largest logit, and the
@@ -261,24 +263,12 @@ void expect_cpu_share_close(const std::string& path, const char* what) {
 // goes through the decode kernels, so its reference is fed 8 a call), within the CPU workers' rounding.
 void expect_file_experts_close(const std::string& path, const char* what, bool grouped) {
     const int64_t n_expert = n_expert_of(path);
-    int64_t V = 0, L = 0;
-    std::vector<int32_t> tokens;
-    std::vector<float> fed_1, fed_3, fed_8, streamed_prompt;
-    for (int chunked = 0; chunked < 2; ++chunked) {
-        LoadOptions options{.backend = Backend::Cuda};
-        if (chunked) options.prompt_chunk = 16;
-        auto reference = load_model(path, options);
-        V = reference->info().n_vocab;
-        L = reference->info().n_layer;
-        tokens = random_tokens(V, 40, 11);
-        if (chunked) {
-            streamed_prompt = strata::testing::logits_fed(*reference, tokens, tokens.size());
-            continue;
-        }
-        fed_1 = strata::testing::logits_fed(*reference, tokens, 1);
-        fed_3 = strata::testing::logits_fed(*reference, tokens, 3);
-        fed_8 = strata::testing::logits_fed(*reference, tokens, 8);
-    }
+    const size_t per_calls[] = {1, 3, 8, 40};
+    const Reference ref = all_in_vram(path, 11, per_calls);
+    const int64_t V = ref.V, L = ref.L;
+    const std::vector<int32_t>& tokens = ref.tokens;
+    const std::vector<float>&fed_1 = ref.fed[0][0], &fed_3 = ref.fed[0][1], &fed_8 = ref.fed[0][2];
+    const std::vector<float>& streamed_prompt = ref.fed[1][3];
     for (const bool ring : {false, true}) {
         LoadOptions options{.backend = Backend::Cuda};
         options.experts.in_host = true;
@@ -318,7 +308,7 @@ TEST(CudaOffload, CpuWorkersShareStaysWithinRounding) {
     SKIP_WITHOUT_CUDA_DEVICE();
     expect_cpu_share_close(bundled_model(), "bundled model");
     for (DType t : {DType::IQ2_XS, DType::Q4_K}) expect_cpu_share_close(synthesized("small-k", t), dtype_name(t));
-    expect_cpu_share_close(converted("qwen35moe"), "qwen35moe");
+    expect_cpu_share_close(converted_golden("qwen35moe"), "qwen35moe");
 }
 
 TEST(CudaOffload, ExpertsReadFromTheFileStayWithinRounding) {

@@ -33,22 +33,10 @@ namespace fs = std::filesystem;
 namespace {
 
 using strata::testing::bit_mismatches;
+using strata::testing::converted_golden;
 using strata::testing::random_tokens;
 
 constexpr const char* kSkippedTests = "CUDA split tests";  // cuda_skip.h
-
-// A transformers golden converted at f32, once per process.
-std::string converted(const std::string& name) {
-    static std::map<std::string, std::string> cache;
-    if (auto it = cache.find(name); it != cache.end()) return it->second;
-    const fs::path dir = strata::testing::fixtures_root() / name;
-    const std::string out = (fs::path(strata::testing::process_temp_dir().path()) / (name + ".gguf")).string();
-    convert_hf_to_gguf({.hf_dir = (dir / "hf").string(),
-                        .out_path = out,
-                        .out_type = DType::F32,
-                        .vocab_placeholder = !fs::exists(dir / "hf" / "tokenizer.json")});
-    return cache[name] = out;
-}
 
 int64_t n_layer_of(const std::string& path) {
     int64_t n = 0;
@@ -154,19 +142,20 @@ void expect_split_exact(const std::string& path, const char* what, int64_t chunk
 
 TEST(CudaSplit, Qwen4ExpTwoStagesOnOneDeviceAreBitExact) {
     SKIP_WITHOUT_CUDA_DEVICE();
-    for (const int64_t chunk : {int64_t{0}, int64_t{16}}) expect_split_exact(converted("qwen4exp"), "qwen4exp", chunk);
+    for (const int64_t chunk : {int64_t{0}, int64_t{16}})
+        expect_split_exact(converted_golden("qwen4exp"), "qwen4exp", chunk);
 }
 
 TEST(CudaSplit, Qwen35MoeTwoStagesOnOneDeviceAreBitExact) {
     SKIP_WITHOUT_CUDA_DEVICE();
     for (const int64_t chunk : {int64_t{0}, int64_t{16}})
-        expect_split_exact(converted("qwen35moe"), "qwen35moe", chunk);
+        expect_split_exact(converted_golden("qwen35moe"), "qwen35moe", chunk);
 }
 
 TEST(CudaSplit, Qwen3NextTwoStagesOnOneDeviceAreBitExact) {
     SKIP_WITHOUT_CUDA_DEVICE();
     for (const int64_t chunk : {int64_t{0}, int64_t{16}})
-        expect_split_exact(converted("qwen3next"), "qwen3next", chunk);
+        expect_split_exact(converted_golden("qwen3next"), "qwen3next", chunk);
 }
 
 // Experts in host RAM on both stages (each stage registers and caches its own blocks' experts; cache slots are by
@@ -174,7 +163,7 @@ TEST(CudaSplit, Qwen3NextTwoStagesOnOneDeviceAreBitExact) {
 TEST(CudaSplit, ExpertsInHostRamOnTheStagesAreBitExact) {
     SKIP_WITHOUT_CUDA_DEVICE();
     for (const char* name : {"qwen4exp", "qwen35moe"}) {
-        const std::string path = converted(name);
+        const std::string path = converted_golden(name);
         const int64_t L = n_layer_of(path);
         const auto file = gguf::File::open(path);
         const int64_t n_expert = file->get_u32(file->get_str("general.architecture") + ".expert_count");
@@ -210,7 +199,7 @@ TEST(CudaSplit, ExpertsInHostRamOnTheStagesAreBitExact) {
 
 TEST(CudaSplit, ClearErrors) {
     SKIP_WITHOUT_CUDA_DEVICE();
-    const std::string path = converted("qwen35moe");
+    const std::string path = converted_golden("qwen35moe");
     const int64_t L = n_layer_of(path);
     LoadOptions bad{.backend = Backend::Cuda};
     bad.split = {{.device = 0, .vram_budget = 0, .first_block = 0, .end_block = L + 1, .experts = {}},

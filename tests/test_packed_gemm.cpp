@@ -236,6 +236,21 @@ strata::ThreadPool* pool_of(int threads) {
     return threads <= 1 ? nullptr : threads == 2 ? &pool2 : &pool3;
 }
 
+// cpu::matmul of `total` tokens of x, `per_call` tokens a call (the last takes what is left) on `threads` threads: each
+// token's rows, token after token.
+std::vector<float> matmul_in_calls(const Tensor& w, const std::vector<float>& x, int64_t total, int64_t per_call,
+                                   int threads) {
+    const int64_t n = w.ne[0], rows = w.ne[1];
+    std::vector<float> got;
+    for (int64_t t0 = 0; t0 < total; t0 += per_call) {
+        const int64_t count = std::min(per_call, total - t0);
+        std::vector<float> y(static_cast<size_t>(rows * count));
+        cpu::matmul({.w = w, .x = x.data() + t0 * n, .y = y.data(), .n_tokens = count, .pool = pool_of(threads)});
+        got.insert(got.end(), y.begin(), y.end());
+    }
+    return got;
+}
+
 // The AVX-512 and AVX2 quantizers where the CPU has them, and the portable ones.
 template <typename Fn>
 std::vector<Fn> quantizers(Fn avx512, Fn avx2, Fn portable) {
@@ -328,13 +343,7 @@ TEST_P(PackedType, MatmulEqualsTheDefinitionForAnyThreadsAndGrouping) {
         const std::vector<float> want = defined_matmul(w, x.data(), kTokens);
         for (const auto& [tokens, threads] :
              {std::pair{kTokens, 1}, {kTokens, 2}, {kTokens, 3}, {int64_t{1}, 1}, {int64_t{3}, 2}}) {
-            std::vector<float> got;
-            for (int64_t t0 = 0; t0 < kTokens; t0 += tokens) {
-                std::vector<float> y(static_cast<size_t>(rows * tokens));
-                cpu::matmul(
-                    {.w = w, .x = x.data() + t0 * n, .y = y.data(), .n_tokens = tokens, .pool = pool_of(threads)});
-                got.insert(got.end(), y.begin(), y.end());
-            }
+            const std::vector<float> got = matmul_in_calls(w, x, kTokens, tokens, threads);
             EXPECT_TRUE(same_bits(got, want)) << tokens << " tokens per call on " << threads << " threads";
         }
     }
@@ -484,44 +493,51 @@ float defined_dot_iq2_xs(const strata::BlockIQ2_XS* w, const strata::BlockQ8_K* 
     return 0.125f * lane[0];
 }
 
+// Random IQ2_XS blocks of a {n, rows} matrix: every grid index, sign pattern and scale; d finite and small.
+std::vector<strata::BlockIQ2_XS> random_iq2_xs_blocks(int64_t n, int64_t rows, std::mt19937& rng) {
+    std::vector<strata::BlockIQ2_XS> blocks(static_cast<size_t>(n / strata::kQK_K * rows));
+    for (auto& b : blocks) {
+        for (auto& q : b.qs) q = static_cast<uint16_t>(rng());
+        for (auto& sc : b.scales) sc = static_cast<uint8_t>(rng());
+        b.d = strata::f32_to_f16(0.001f + 0.01f * static_cast<float>(rng() % 100) / 100.0f);
+    }
+    return blocks;
+}
+
+// Every row of an IQ2_XS matrix against every token of x quantized to Q8_K, by a written-out definition.
+using Iq2XsDefinition = float (*)(const strata::BlockIQ2_XS*, const strata::BlockQ8_K*, int64_t);
+std::vector<float> iq2_xs_by_definition(const Tensor& w, const std::vector<float>& x, int64_t tokens,
+                                        Iq2XsDefinition defined) {
+    const int64_t n = w.ne[0], rows = w.ne[1];
+    std::vector<float> want(static_cast<size_t>(rows * tokens));
+    std::vector<strata::BlockQ8_K> q(static_cast<size_t>(n / strata::kQK_K));
+    for (int64_t t = 0; t < tokens; ++t) {
+        strata::quantize_row(DType::Q8_K, x.data() + t * n, q.data(), n);
+        for (int64_t r = 0; r < rows; ++r)
+            want[static_cast<size_t>(t * rows + r)] =
+                defined(reinterpret_cast<const strata::BlockIQ2_XS*>(w.row(r)), q.data(), n / strata::kQK_K);
+    }
+    return want;
+}
+
 TEST(PackedGemm, Iq2XsByGroupEqualsItsDefinitionForAnyThreadsAndGrouping) {
     SKIP_WITHOUT_AVX512();
     std::mt19937 rng(6);
     for (const auto& [n, rows] : {std::pair<int64_t, int64_t>{256, 3}, {768, 17}, {1024, 40}}) {
         SCOPED_TRACE("W {" + std::to_string(n) + ", " + std::to_string(rows) + "}");
-        // Random blocks: every grid index, sign pattern and scale; d finite and small.
-        std::vector<strata::BlockIQ2_XS> blocks(static_cast<size_t>(n / strata::kQK_K * rows));
-        for (auto& b : blocks) {
-            for (auto& q : b.qs) q = static_cast<uint16_t>(rng());
-            for (auto& sc : b.scales) sc = static_cast<uint8_t>(rng());
-            b.d = strata::f32_to_f16(0.001f + 0.01f * static_cast<float>(rng() % 100) / 100.0f);
-        }
+        const std::vector<strata::BlockIQ2_XS> blocks = random_iq2_xs_blocks(n, rows, rng);
         const int64_t ne[2] = {n, rows};
         const Tensor w = strata::make_tensor("w", DType::IQ2_XS, 2, ne, blocks.data());
         constexpr int64_t kTokens = 45;
         const std::vector<float> x = gaussian(n * kTokens, rng);
-        std::vector<float> want(static_cast<size_t>(rows * kTokens));
-        std::vector<strata::BlockQ8_K> q(static_cast<size_t>(n / strata::kQK_K));
-        for (int64_t t = 0; t < kTokens; ++t) {
-            strata::quantize_row(DType::Q8_K, x.data() + t * n, q.data(), n);
-            for (int64_t r = 0; r < rows; ++r)
-                want[static_cast<size_t>(t * rows + r)] = defined_dot_iq2_xs(
-                    reinterpret_cast<const strata::BlockIQ2_XS*>(w.row(r)), q.data(), n / strata::kQK_K);
-        }
+        const std::vector<float> want = iq2_xs_by_definition(w, x, kTokens, defined_dot_iq2_xs);
         for (const auto& [tokens, threads] : {std::pair{kTokens, 1},
                                               {kTokens, 3},
                                               {int64_t{1}, 2},
                                               {int64_t{5}, 1},
                                               {int64_t{9}, 2},
                                               {int64_t{16}, 1}}) {
-            std::vector<float> got;
-            for (int64_t t0 = 0; t0 < kTokens; t0 += tokens) {
-                const int64_t count = std::min(tokens, kTokens - t0);
-                std::vector<float> y(static_cast<size_t>(rows * count));
-                cpu::matmul(
-                    {.w = w, .x = x.data() + t0 * n, .y = y.data(), .n_tokens = count, .pool = pool_of(threads)});
-                got.insert(got.end(), y.begin(), y.end());
-            }
+            const std::vector<float> got = matmul_in_calls(w, x, kTokens, tokens, threads);
             EXPECT_TRUE(same_bits(got, want)) << tokens << " tokens per call on " << threads << " threads";
         }
     }
@@ -560,24 +576,12 @@ TEST(PackedGemm, Iq2XsRows8EqualsItsDefinitionForAnyTokenCountOnAvx2) {
         // Row counts: under one 8-row block, whole blocks, a ragged last block; 1 and 4 super-blocks.
         for (const auto& [n, rows] : {std::pair<int64_t, int64_t>{256, 3}, {1024, 16}, {256, 67}}) {
             SCOPED_TRACE("W {" + std::to_string(n) + ", " + std::to_string(rows) + "}");
-            std::vector<strata::BlockIQ2_XS> blocks(static_cast<size_t>(n / strata::kQK_K * rows));
-            for (auto& b : blocks) {  // every grid index, sign pattern and scale
-                for (auto& q : b.qs) q = static_cast<uint16_t>(rng());
-                for (auto& sc : b.scales) sc = static_cast<uint8_t>(rng());
-                b.d = strata::f32_to_f16(0.001f + 0.01f * static_cast<float>(rng() % 100) / 100.0f);
-            }
+            const std::vector<strata::BlockIQ2_XS> blocks = random_iq2_xs_blocks(n, rows, rng);
             const int64_t ne[2] = {n, rows};
             const Tensor w = strata::make_tensor("w", DType::IQ2_XS, 2, ne, blocks.data());
             constexpr int64_t kTokens = 70;  // past the 64 tokens of one call
             const std::vector<float> x = gaussian(n * kTokens, rng);
-            std::vector<float> want(static_cast<size_t>(rows * kTokens));
-            std::vector<strata::BlockQ8_K> q(static_cast<size_t>(n / strata::kQK_K));
-            for (int64_t t = 0; t < kTokens; ++t) {
-                strata::quantize_row(DType::Q8_K, x.data() + t * n, q.data(), n);
-                for (int64_t r = 0; r < rows; ++r)
-                    want[static_cast<size_t>(t * rows + r)] = defined_dot_iq2_xs_avx2(
-                        reinterpret_cast<const strata::BlockIQ2_XS*>(w.row(r)), q.data(), n / strata::kQK_K);
-            }
+            const std::vector<float> want = iq2_xs_by_definition(w, x, kTokens, defined_dot_iq2_xs_avx2);
             cpu::override_active_isa(isa);
             // Every tail of the 8-token (plain) and 4-token (AVX-VNNI) passes, and 1 token (the row kernel).
             for (const auto& [tokens, threads] : {std::pair{kTokens, 1},
@@ -588,14 +592,7 @@ TEST(PackedGemm, Iq2XsRows8EqualsItsDefinitionForAnyTokenCountOnAvx2) {
                                                   {int64_t{7}, 1},
                                                   {int64_t{13}, 2},
                                                   {int64_t{35}, 1}}) {
-                std::vector<float> got;
-                for (int64_t t0 = 0; t0 < kTokens; t0 += tokens) {
-                    const int64_t count = std::min(tokens, kTokens - t0);
-                    std::vector<float> y(static_cast<size_t>(rows * count));
-                    cpu::matmul(
-                        {.w = w, .x = x.data() + t0 * n, .y = y.data(), .n_tokens = count, .pool = pool_of(threads)});
-                    got.insert(got.end(), y.begin(), y.end());
-                }
+                const std::vector<float> got = matmul_in_calls(w, x, kTokens, tokens, threads);
                 EXPECT_TRUE(same_bits(got, want)) << tokens << " tokens per call on " << threads << " threads";
             }
             cpu::override_active_isa(std::nullopt);

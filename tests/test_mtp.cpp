@@ -137,6 +137,23 @@ TEST(MtpDraftLayer, BatchedResidualRowsEqualRowsAlone) {
     EXPECT_EQ(sa->n_past(), 30);
 }
 
+// `seq` and `mtp` fed `more` give the logits, and then the drafts, of a fresh sequence and drafter fed `all` (what
+// they had seen, then `more`) at once, `chunk` tokens a prompt window.
+void expect_goes_on_like_fresh(const Model& m, SequenceState& seq, MtpDrafter& mtp, const V& more, const V& all,
+                               int64_t capacity, int64_t chunk) {
+    const int64_t vocab = m.info().n_vocab;
+    std::vector<float> a(static_cast<size_t>(vocab)), b(static_cast<size_t>(vocab));
+    speculative_prefill(m, seq, &mtp, more, a, chunk);
+    auto fresh = m.new_sequence(capacity);
+    MtpDrafter fresh_mtp(m, capacity);
+    speculative_prefill(m, *fresh, &fresh_mtp, all, b, chunk);
+    EXPECT_EQ(a, b);
+    const int32_t next = argmax(a.data(), vocab);
+    const MtpDraft da = mtp.draft(next, 3, 0), db = fresh_mtp.draft(next, 3, 0);
+    EXPECT_EQ(da.tokens, db.tokens);
+    EXPECT_EQ(da.probability, db.probability);
+}
+
 // A drafter brought back to a mark (a server slot's checkpoint, after other tokens and drafts moved it on) drafts as
 // a fresh drafter fed the same tokens does.
 TEST(MtpSpeculation, AMarkBringsTheDrafterBack) {
@@ -163,18 +180,9 @@ TEST(MtpSpeculation, AMarkBringsTheDrafterBack) {
     m->restore(*seq, *cp);
     mtp.rewind(*mark);
     EXPECT_EQ(mtp.observed(), seq->n_past());
-    std::vector<float> a(static_cast<size_t>(vocab)), b(static_cast<size_t>(vocab));
-    speculative_prefill(*m, *seq, &mtp, after, a, 32);
-    auto fresh = m->new_sequence(capacity);
-    MtpDrafter fresh_mtp(*m, capacity);
     V all = prompt;
     all.insert(all.end(), after.begin(), after.end());
-    speculative_prefill(*m, *fresh, &fresh_mtp, all, b, 32);
-    EXPECT_EQ(a, b);
-    const int32_t next = argmax(a.data(), vocab);
-    const MtpDraft da = mtp.draft(next, 3, 0), db = fresh_mtp.draft(next, 3, 0);
-    EXPECT_EQ(da.tokens, db.tokens);
-    EXPECT_EQ(da.probability, db.probability);
+    expect_goes_on_like_fresh(*m, *seq, mtp, after, all, capacity, 32);
     // A retired drafter has no mark; reset() starts it over.
     mtp.retire();
     EXPECT_FALSE(mtp.mark());
@@ -253,16 +261,7 @@ TEST(MtpSpeculation, RejectedDraftsLeaveNoTrace) {
     rest.push_back(7);
     all.push_back(7);
     // The speculative sequence and drafter go on with the tokens not yet fed; fresh ones take everything at once.
-    std::vector<float> a(static_cast<size_t>(vocab)), b(static_cast<size_t>(vocab));
-    speculative_prefill(*m, *seq, &mtp, rest, a, 64);
-    auto fresh = m->new_sequence(capacity);
-    MtpDrafter fresh_mtp(*m, capacity);
-    speculative_prefill(*m, *fresh, &fresh_mtp, all, b, 64);
-    EXPECT_EQ(a, b);
-    const int32_t next = argmax(a.data(), vocab);
-    const MtpDraft da = mtp.draft(next, 3, 0), db = fresh_mtp.draft(next, 3, 0);
-    EXPECT_EQ(da.tokens, db.tokens);
-    EXPECT_EQ(da.probability, db.probability);
+    expect_goes_on_like_fresh(*m, *seq, mtp, rest, all, capacity, 64);
 }
 
 }  // namespace

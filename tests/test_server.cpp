@@ -806,6 +806,21 @@ TEST(Server, PrefixReuseOnASecondTurnGivesTheSameOutput) {
     EXPECT_EQ(reuse.metric("strata:prompt_tokens_cached_total"), static_cast<double>(cached));
 }
 
+// A plain completion sent again keeps all of its prompt but the last token (whose logits give the first new one),
+// and says the same.
+TEST(Server, TheSameCompletionPromptAgainReusesAllButItsLastToken) {
+    Server s({"--parallel", "1"});
+    const Json req = {{"prompt", "def fibonacci(n):\n    if n < 2:\n        return n\n    return"},
+                      {"max_tokens", 12},
+                      {"temperature", 0}};
+    const Json first = s.post_json("/v1/completions", req);
+    const Json again = s.post_json("/v1/completions", req);
+    EXPECT_EQ(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    EXPECT_EQ(again["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(),
+              again["usage"]["prompt_tokens"].get<int64_t>() - 1);
+    EXPECT_EQ(again["choices"][0]["text"], first["choices"][0]["text"]);
+}
+
 TEST(Server, FullQueueAnswers503) {
     Server s({"--parallel", "1", "--queue", "0", "--ctx-size", "32768", "--threads", "1"});
     std::thread busy([&] {

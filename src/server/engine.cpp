@@ -375,10 +375,16 @@ void Engine::prepare_slot(Slot& slot) {
     a.sampler->accept(std::span<const int32_t>(prompt));  // the penalties see the prompt too, as in llama.cpp
 }
 
-// The message ends of a request that get a checkpoint: the first and the last.
+// The message ends of a request that get a checkpoint: the first and the last. A prompt without messages (a plain
+// completion) gets one before its last token, so the same prompt again restores all of it but the token whose logits
+// it needs (the checkpoint at the prompt's end lies past what such a prompt can keep).
 std::vector<size_t> Engine::checkpoint_positions(const Active& a) const {
     const auto& b = a.request.boundaries;
-    if (!options_.prefix_cache || !checkpoints_supported_ || b.empty()) return {};
+    if (!options_.prefix_cache || !checkpoints_supported_) return {};
+    if (b.empty()) {
+        const size_t n = a.request.prompt.size();
+        return n >= 2 ? std::vector<size_t>{n - 1} : std::vector<size_t>{};
+    }
     if (b.size() == 1) return {b.front()};
     return {b.front(), b.back()};
 }

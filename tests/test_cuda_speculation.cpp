@@ -1,6 +1,7 @@
 // Speculative decoding on the CUDA backend (issue 28), on the bundled model:
 //  - a CUDA checkpoint restored after a rejected window gives the logits of a sequence that never saw it (oracle:
 //    that sequence, fed the same tokens without the window), also when its device slot is reused;
+//  - the commit step keeps any prefix of a verification window like a sequence fed only that prefix (same oracle);
 //  - the trunk's final residual rows (forward_with_residual) and the MTP layer's draft logits (the layer on the host,
 //    the head on the device) against the CPU backend's (oracle: the CPU model, the same file);
 //  - lossless: greedy output with speculation equals greedy output without it, token for token, for windows of up to
@@ -24,6 +25,7 @@
 #include "model/model.h"
 #include "model_test_util.h"
 #include "runtime/mtp_drafter.h"
+#include "runtime/sampler.h"
 #include "runtime/speculative_decode.h"
 #include "test_util.h"
 
@@ -150,6 +152,58 @@ TEST(CudaSpeculation, RestoredCheckpointGivesTheLogitsOfASequenceThatNeverSawThe
     }
 }
 
+// The commit step: after a verification window (BatchEntry::window) of 2..8 tokens, keeping a prefix of it gives the
+// logits of a sequence fed only that prefix (oracle: a sequence that never saw the window), for every prefix length,
+// with graphs and without, and the routed experts in host RAM; the window's KV cells past the prefix are overwritten.
+TEST(CudaSpeculation, CommittedPrefixGivesTheLogitsOfASequenceFedOnlyThePrefix) {
+    SKIP_WITHOUT_CUDA_DEVICE();
+    auto probe = load_model(bundled(), cuda_options());
+    const std::vector<std::pair<const char*, LoadOptions>> variants = {
+        {"graphs", cuda_options()}, {"eager", cuda_options(false)}, {"experts in host RAM", offload_options(*probe)}};
+    probe.reset();
+    for (const auto& [name, options] : variants) {
+        auto m = load_model(bundled(), options);
+        const int64_t vocab = m->info().n_vocab;
+        const V prompt = prompts(vocab)[0];
+        auto seq = m->new_sequence(512), clean = m->new_sequence(512);
+        std::vector<float> logits(static_cast<size_t>(vocab)), want(logits.size());
+        std::vector<float> rows(static_cast<size_t>(8 * vocab));
+        m->forward(*seq, prompt, logits, true);
+        m->forward(*clean, prompt, want, true);
+        int round = 0;
+        for (const int64_t T : {2, 5, 8})
+            for (int64_t keep = 0; keep <= T; ++keep, ++round) {
+                V window;
+                for (int64_t t = 0; t < T; ++t)
+                    window.push_back(static_cast<int32_t>((11 + 7 * round + 13 * t) % vocab));
+                const auto before = m->checkpoint(*seq);
+                const BatchEntry entry{.seq = seq.get(),
+                                       .tokens = window,
+                                       .logits = std::span<float>(rows).first(static_cast<size_t>(T * vocab)),
+                                       .window = true};
+                m->forward_batch(std::span<const BatchEntry>(&entry, 1));
+                ASSERT_TRUE(m->commit(*seq, *before, keep)) << name << ": the CUDA trunk commits";
+                EXPECT_EQ(seq->n_past(), before->n_past() + keep);
+                if (keep > 0) m->forward(*clean, std::span<const int32_t>(window).first(static_cast<size_t>(keep)), {});
+                // The next token: from the committed state, and from the sequence fed only the prefix.
+                const int32_t next = static_cast<int32_t>((3 + round) % vocab);
+                m->forward(*seq, V{next}, logits, true);
+                m->forward(*clean, V{next}, want, true);
+                // Experts in host RAM: a miss the CPU workers compute in one pass and the GPU in the other.
+                EXPECT_LT(relative_diff(logits, want), options.experts.in_host ? 1e-3 : 1e-4)
+                    << name << ", window " << T << ", keep " << keep;
+                EXPECT_EQ(argmax_lowest(logits), argmax_lowest(want)) << name << ", window " << T << ", keep " << keep;
+            }
+        // A commit needs the window right after the checkpoint.
+        const auto early = m->checkpoint(*seq);
+        m->forward(*seq, V{5}, logits, true);
+        const V two = {6, 7};
+        const BatchEntry late{.seq = seq.get(), .tokens = two, .logits = rows, .window = true};
+        m->forward_batch(std::span<const BatchEntry>(&late, 1));
+        EXPECT_THROW(m->commit(*seq, *early, 1), Error) << name;
+    }
+}
+
 TEST(CudaSpeculation, ResidualRowsAndDraftLogitsMatchTheCpuBackend) {
     SKIP_WITHOUT_CUDA_DEVICE();
     auto gpu = load_model(bundled(), cuda_options());
@@ -212,6 +266,7 @@ TEST(CudaSpeculation, GreedyTokensEqualPlainGreedyDecoding) {
                 for (const bool mtp : {false, true}) {
                     const SpecRun r = speculate(*m, prompt, k, /*lookup=*/!mtp, mtp);
                     EXPECT_EQ(r.tokens, want) << v.name << ", spec " << k << (mtp ? ", MTP" : ", lookup");
+                    EXPECT_EQ(r.stats.refeeds, 0) << v.name << ": the CUDA trunk commits accepted prefixes";
                     const auto d = static_cast<size_t>(mtp ? Drafter::Mtp : Drafter::PromptLookup);
                     if (mtp) {
                         EXPECT_GT(r.stats.drafted_by[d], 0) << v.name << ", spec " << k;

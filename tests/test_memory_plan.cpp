@@ -235,6 +235,11 @@ TEST(MemoryPlan, KvCacheAndGdnStateFollowTheHyperparameters) {
     EXPECT_EQ(line(served, "sequence checkpoints (5 a sequence"), 2 * 5 * checkpoint);
     EXPECT_EQ(served.vram_total() - two.vram_total(), 2 * 4 * checkpoint);
     EXPECT_THROW(plan_device_memory(*f, {.vram_budget = 64 * kGiB, .checkpoints_per_sequence = 0}), Error);
+    // A sequence that verifies drafts keeps a decode window's (8 tokens') inputs to each GDN block (conv input and
+    // q/k/v rows of 2048 channels, decay and strength of 16 heads) and to the PLE block (4 streams of 1024).
+    const uint64_t records = n_recurrent * (2 * booked(8 * 2048 * 4) + 2 * booked(8 * 16 * 4)) + booked(8 * 4096 * 4);
+    EXPECT_EQ(line(one, "speculation window records"), records);
+    EXPECT_EQ(line(two, "speculation window records"), 2 * records);
 }
 
 // Without --prompt-chunk: the longest window (4096, 2048, 1024) with which every routed expert still fits in VRAM,

@@ -374,10 +374,11 @@ void report_window_costs(const BenchPlan& plan, const ModelSummary& model, int t
     }
     const WindowProjection best = best_window(proj), best_refeed = best_window(proj, /*refeed=*/true);
     const auto tokens = [](int w) { return std::to_string(w) + (w == 1 ? " token" : " tokens"); };
-    std::printf("best window at %.2f per draft: %s, %.2fx plain decoding with a commit step; %s, %.2fx restoring "
-                "and re-feeding after a rejection (what strata verifies with today); drafting not counted\n",
-                plan.acceptance, tokens(best.window).c_str(), best.speedup, tokens(best_refeed.window).c_str(),
-                best_refeed.speedup_refeed);
+    std::printf(
+        "best window at %.2f per draft: %s, %.2fx plain decoding with a commit step; %s, %.2fx restoring "
+        "and re-feeding after a rejection (where the backend cannot keep a prefix); drafting not counted\n",
+        plan.acceptance, tokens(best.window).c_str(), best.speedup, tokens(best_refeed.window).c_str(),
+        best_refeed.speedup_refeed);
     std::fflush(stdout);
 }
 

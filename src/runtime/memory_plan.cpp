@@ -243,7 +243,10 @@ int64_t qsa_max_cells(const IndexerShape& ix, int64_t ratio) {
 // One sequence's device state for `cap` tokens (hybrid_cuda.cpp allocate_sequence), by part.
 struct SequenceCost {
     uint64_t kv = 0, gdn = 0, indexer = 0, ple = 0, attention_workspace = 0, union_workspace = 0, checkpoint = 0;
-    uint64_t total() const { return kv + gdn + indexer + ple + attention_workspace + union_workspace + checkpoint; }
+    uint64_t window_records = 0;
+    uint64_t total() const {
+        return kv + gdn + indexer + ple + attention_workspace + union_workspace + checkpoint + window_records;
+    }
 };
 
 // backend/cuda/qsa_union.cu qsa_union_splits (for a decode window) and workspace_layout (for a prompt window).
@@ -277,6 +280,9 @@ SequenceCost sequence_cost(const Shapes& s, int64_t cap, KvCacheType kv, int mul
             c.gdn += booked(u(g.n_v_heads * g.k_head_dim * g.v_head_dim) * 4);
             checkpoint += round256(u((g.conv_kernel - 1) * g.conv_dim()) * 4) +
                           round256(u(g.n_v_heads * g.k_head_dim * g.v_head_dim) * 4);
+            // model/cuda/checkpoint_cuda.cpp allocate_records: a decode window's conv input, q/k/v, decay, strength.
+            c.window_records +=
+                2 * booked(u(kDecodeWindow * g.conv_dim()) * 4) + 2 * booked(u(kDecodeWindow * g.n_v_heads) * 4);
         } else {
             checkpoint += round256(4);  // the cache length
             // backend/cuda/kv_cache.cu: K and V values per page of kKvPageCells cells, int8 with fp16 scales per 64.
@@ -301,6 +307,7 @@ SequenceCost sequence_cost(const Shapes& s, int64_t cap, KvCacheType kv, int mul
             c.ple += booked(u(p.history_rows() * p.n_streams * p.n_embd) * 4);
             checkpoint += round256(u(std::max<int64_t>(p.ngram - 1, 1)) * 4) +
                           round256(u(p.history_rows() * p.n_streams * p.n_embd) * 4);
+            c.window_records += booked(u(kDecodeWindow * p.n_streams * p.n_embd) * 4);
         }
     }
     c.checkpoint = booked(checkpoint) * u(checkpoints);
@@ -765,6 +772,7 @@ MemoryPlan plan_for_window(const gguf::File& file, const MemoryPlanInputs& in) {
                                           : "sequence checkpoints (" + std::to_string(in.checkpoints_per_sequence) +
                                                 " a sequence: speculation, prefix cache)",
          seq.checkpoint * n);
+    vram("speculation window records (a commit keeps accepted drafts)", seq.window_records * n);
     vram("attention workspaces", seq.attention_workspace * n);
     vram("QSA union workspace (--qsa-union)", seq.union_workspace * n);
     vram("window buffers (" + std::to_string(s.prompt_window) + "-token window)", window_bytes(s, t.moe_prompt));

@@ -7,6 +7,7 @@
 // launch), and a slot a checkpoint gives back is kept for the next: a speculation round takes a checkpoint each time.
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -122,6 +123,121 @@ void CudaHybridModel::restore(SequenceState& state, const SequenceCheckpoint& ch
     ctx_->synchronize();
     s.ple_history = cp->ple_history;
     s.n_past_ = cp->stamp.n_past;
+}
+
+// Each GDN block: kWindow rows of the conv input and of q, k, v after it, and the decay and write strength per value
+// head; each PLE block: kWindow rows of its conv input (runtime/memory_plan.cpp books the same).
+bool CudaHybridModel::allocate_records(CudaSequence& s) const {
+    const GdnShape& g = gdn_;
+    const size_t rows = static_cast<size_t>(kWindow);
+    try {
+        size_t bytes = 0;
+        for (size_t il = 0; il < layout_.size(); ++il) {
+            LayerDeviceState& l = s.layers[il];
+            if (layout_[il].recurrent) {
+                l.window_raw = ctx_->allocate(rows * size_t(g.conv_dim()) * 4, "speculation window records");
+                l.window_conv = ctx_->allocate(rows * size_t(g.conv_dim()) * 4, "speculation window records");
+                l.window_alpha = ctx_->allocate(rows * size_t(g.n_v_heads) * 4, "speculation window records");
+                l.window_beta = ctx_->allocate(rows * size_t(g.n_v_heads) * 4, "speculation window records");
+            }
+            if (layout_[il].has_ple)
+                l.window_ple =
+                    ctx_->allocate(rows * size_t(ple_.n_streams * ple_.n_embd) * 4, "speculation window records");
+            for (const cuda::DeviceBuffer* b :
+                 {&l.window_raw, &l.window_conv, &l.window_alpha, &l.window_beta, &l.window_ple})
+                bytes += b->size();
+        }
+        s.bytes_ += bytes;
+    } catch (const Error& e) {
+        for (LayerDeviceState& l : s.layers)
+            for (cuda::DeviceBuffer* b :
+                 {&l.window_raw, &l.window_conv, &l.window_alpha, &l.window_beta, &l.window_ple})
+                *b = cuda::DeviceBuffer();
+        if (!records_refused_reported_)
+            std::fprintf(stderr,
+                         "strata: speculation re-feeds accepted drafts after a rejection (no device memory "
+                         "to keep a window's inputs: %s)\n",
+                         e.what());
+        records_refused_reported_ = true;
+        return false;
+    }
+    // The captured windows write to the shared buffers: capture them again with the records.
+    for (cuda::Graph& graph : s.graphs) graph.clear();
+    s.records = true;
+    return true;
+}
+
+void CudaHybridModel::forward_batch(std::span<const BatchEntry> batch) const {
+    for (const BatchEntry& entry : batch) {
+        if (!entry.window || entry.seq == nullptr) continue;
+        CudaSequence& s = own(*entry.seq, "forward_batch");
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!s.records && !records_refused_reported_) allocate_records(s);
+    }
+    Model::forward_batch(batch);
+}
+
+void CudaHybridModel::advance_history(float* history, int64_t rows, const float* in, int64_t n, int64_t width) const {
+    const size_t row = static_cast<size_t>(width) * sizeof(float);
+    if (n >= rows) {
+        ctx_->copy_on_device(history, in + (n - rows) * width, static_cast<size_t>(rows) * row);
+        return;
+    }
+    // The rows that stay move up by n, n rows a copy, oldest first (one copy of them all could overlap itself).
+    for (int64_t r = 0; r < rows - n; r += n)
+        ctx_->copy_on_device(history + r * width, history + (r + n) * width,
+                             static_cast<size_t>(std::min(n, rows - n - r)) * row);
+    ctx_->copy_on_device(history + (rows - n) * width, in, static_cast<size_t>(n) * row);
+}
+
+bool CudaHybridModel::commit(SequenceState& state, const SequenceCheckpoint& before, int64_t n_keep) const {
+    CudaSequence& s = own(state, "commit");
+    const auto* cp = dynamic_cast<const CudaCheckpoint*>(&before);
+    if (!cp || cp->owner != this) throw Error("commit: the checkpoint was taken by another model");
+    if (!s.records) return false;  // restore and re-feed
+    const int64_t pos0 = s.window_pos0, count = s.window_count;
+    if (count == 0 || cp->stamp.n_past != pos0 || s.n_past_ != pos0 + count)
+        throw Error("commit: the sequence's last pass was not a verification window right after this checkpoint");
+    if (n_keep < 0 || n_keep > count)
+        throw Error("commit: " + std::to_string(n_keep) + " tokens to keep of a window of " + std::to_string(count));
+    restore(state, before);
+    std::lock_guard<std::mutex> lock(mutex_);
+    s.window_count = 0;
+    if (n_keep == 0) return true;
+    const GdnShape& g = gdn_;
+    const int64_t CD = g.conv_dim(), KD = g.key_dim();
+    const int32_t length = static_cast<int32_t>(pos0 + n_keep);
+    for (LayerDeviceState& l : s.layers) {
+        if (l.window_raw.size()) {
+            // The conv history takes the recorded input rows, and the delta rule runs on their q, k, v, decay and
+            // strength with the window's kernel, token by token as in the window.
+            advance_history(l.conv_history.as<float>(), g.conv_kernel - 1, l.window_raw.as<float>(), n_keep, CD);
+            const float* conv = l.window_conv.as<float>();
+            cuda::gated_delta(*ctx_, {.state = l.recurrent.as<float>(),
+                                      .q = conv,
+                                      .k = conv + KD,
+                                      .v = conv + 2 * KD,
+                                      .q_stride = CD,
+                                      .k_stride = CD,
+                                      .v_stride = CD,
+                                      .g = l.window_alpha.as<float>(),
+                                      .beta = l.window_beta.as<float>(),
+                                      .out = w_.core,
+                                      .out_stride = g.value_dim(),
+                                      .n_tokens = n_keep,
+                                      .heads = g.n_v_heads,
+                                      .key_heads = g.n_k_heads,
+                                      .tiled_value_heads = g.tiled_value_heads,
+                                      .dk = g.k_head_dim,
+                                      .dv = g.v_head_dim,
+                                      .recurrence = gdn_recurrence_});
+        }
+        // The kept tokens' KV cells were written by the window; the cells past them are overwritten later.
+        if (l.kv_length.size()) ctx_->copy_to_device(l.kv_length.data(), &length, sizeof(length));
+    }
+    commit_ple(s, std::span<const int32_t>(s.window_tokens).first(static_cast<size_t>(n_keep)));
+    s.n_past_ = pos0 + n_keep;
+    return true;
 }
 
 }  // namespace strata::cuda_model

@@ -587,6 +587,7 @@ void CudaHybridModel::clear_sequence(CudaSequence& s) const {
     if (has_ple_) s.ple_history.assign(static_cast<size_t>(std::max<int64_t>(ple_.ngram - 1, 0)), ple_.eos);
     ctx_->synchronize();
     s.n_past_ = 0;
+    s.window_count = 0;
     s.rollback.reset();
 }
 
@@ -648,6 +649,10 @@ void CudaHybridModel::run_window(CudaSequence& s, std::span<const int32_t> token
         }
         experts_->finish(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), T);
     }
+    // What commit() may keep a prefix of: this window, when its kernels wrote their inputs to the records.
+    s.window_count = s.records && T >= 2 && T <= kWindow ? T : 0;
+    s.window_pos0 = s.n_past_;
+    if (s.window_count) s.window_tokens.assign(tokens.begin(), tokens.end());
     s.n_past_ += T;
     if (experts_) {
         ctx_->synchronize();  // the routing is on the host once the window has run
@@ -676,38 +681,43 @@ void CudaHybridModel::gdn_window(const GdnDevice& w, LayerDeviceState& l, const 
     cuda::Context& ctx = *ctx_;
     const GdnShape& g = gdn_;
     const int64_t CD = g.conv_dim(), VD = g.value_dim(), KD = g.key_dim();
+    // A sequence that verifies drafts keeps a decode window's inputs to its state where the kernels write them.
+    const bool keep = l.window_raw.size() && T >= 2 && T <= kWindow;
+    float* raw = keep ? l.window_raw.as<float>() : w_.qkv;
+    float* conv_rows = keep ? l.window_conv.as<float>() : w_.conv;
+    float* alpha = keep ? l.window_alpha.as<float>() : w_.alpha;
+    float* beta = keep ? l.window_beta.as<float>() : w_.beta;
     mark(kGdnProjections);
     if (w.ba) {
-        cuda::matmul_shared_input(ctx, x, T, {{w.qkv, w_.qkv}, {w.gate, w_.z}, {w.ba, w_.ba}}, x_q8_0);
+        cuda::matmul_shared_input(ctx, x, T, {{w.qkv, raw}, {w.gate, w_.z}, {w.ba, w_.ba}}, x_q8_0);
         cuda::split_beta_alpha(ctx, {.ba = w_.ba,
-                                     .beta = w_.beta,
-                                     .alpha = w_.alpha,
+                                     .beta = beta,
+                                     .alpha = alpha,
                                      .n_tokens = T,
                                      .key_heads = g.n_k_heads,
                                      .per_group = g.n_v_heads / g.n_k_heads});
     } else {
-        cuda::matmul_shared_input(ctx, x, T, {{w.qkv, w_.qkv}, {w.gate, w_.z}, {w.beta, w_.beta}, {w.alpha, w_.alpha}},
-                                  x_q8_0);
+        cuda::matmul_shared_input(ctx, x, T, {{w.qkv, raw}, {w.gate, w_.z}, {w.beta, beta}, {w.alpha, alpha}}, x_q8_0);
     }
     mark(kGdnRecurrence);
-    const cuda::ConvWindowArgs conv{.x = w_.qkv,
+    const cuda::ConvWindowArgs conv{.x = raw,
                                     .x_stride = CD,
                                     .w = w.conv,
                                     .history = l.conv_history.as<float>(),
-                                    .out = w_.conv,
+                                    .out = conv_rows,
                                     .out_stride = CD,
                                     .n_tokens = T,
                                     .channels = CD,
                                     .kernel = g.conv_kernel,
                                     .dilation = 1};
-    const cuda::GdnActivateArgs activate{.conv = w_.conv,
+    const cuda::GdnActivateArgs activate{.conv = conv_rows,
                                          .n_tokens = T,
                                          .conv_dim = CD,
                                          .key_dim = KD,
                                          .head_dim = g.k_head_dim,
                                          .q_scale = 1.0f / std::sqrt(static_cast<float>(g.k_head_dim))};
     const cuda::GdnGatesArgs gates{
-        .beta = w_.beta, .alpha = w_.alpha, .a = w.a, .dt_bias = w.dt_bias, .n_tokens = T, .n_heads = g.n_v_heads};
+        .beta = beta, .alpha = alpha, .a = w.a, .dt_bias = w.dt_bias, .n_tokens = T, .n_heads = g.n_v_heads};
     if (T <= cuda::kMaxMatvecTokens) {
         cuda::gdn_conv_activate(ctx, conv, activate, gates);  // one launch instead of three
     } else {
@@ -716,14 +726,14 @@ void CudaHybridModel::gdn_window(const GdnDevice& w, LayerDeviceState& l, const 
         cuda::gdn_gates(ctx, gates);
     }
     cuda::gated_delta(ctx, {.state = l.recurrent.as<float>(),
-                            .q = w_.conv,
-                            .k = w_.conv + KD,
-                            .v = w_.conv + 2 * KD,
+                            .q = conv_rows,
+                            .k = conv_rows + KD,
+                            .v = conv_rows + 2 * KD,
                             .q_stride = CD,
                             .k_stride = CD,
                             .v_stride = CD,
-                            .g = w_.alpha,
-                            .beta = w_.beta,
+                            .g = alpha,
+                            .beta = beta,
                             .out = w_.core,
                             .out_stride = VD,
                             .n_tokens = T,

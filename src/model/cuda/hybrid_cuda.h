@@ -96,6 +96,10 @@ struct LayerDeviceState {
     std::unique_ptr<cuda::KvCache> kv;           // attention
     cuda::DeviceBuffer page_table, kv_length, index_raw, index_pooled;
     cuda::DeviceBuffer ple_tokens, ple_conv_history;  // PLE
+    // A decode window's inputs to the state above, kept where the window's kernels write them when the sequence
+    // verifies drafts (CudaSequence::records): GDN's conv input rows, its q, k, v after the conv, its decay and write
+    // strength; PLE's conv input rows. kWindow rows each; CudaHybridModel::commit replays a prefix of them.
+    cuda::DeviceBuffer window_raw, window_conv, window_alpha, window_beta, window_ple;
 };
 
 struct CheckpointPool;  // checkpoint_cuda.cpp
@@ -128,6 +132,11 @@ class CudaSequence final : public SequenceState {
     // Device copies of the recurrent state that checkpoints took and gave back, for the next checkpoint to reuse
     // (checkpoint_cuda.cpp): a speculation round takes one each time.
     std::shared_ptr<CheckpointPool> checkpoint_pool;
+    // Speculation (BatchEntry::window): decode windows of 2..kWindow tokens keep their inputs to the recurrent state
+    // in the layers' window_* buffers, and the last such window is described here for commit().
+    bool records = false;
+    int64_t window_pos0 = 0, window_count = 0;  // count 0: the last pass kept nothing
+    std::vector<int32_t> window_tokens;
 };
 
 // Device buffers of one window, shared by every block and sequence (a forward runs one window at a time). A
@@ -174,6 +183,12 @@ class CudaHybridModel : public Model {
     // restored on the stream by one captured graph each: what a speculation round rolls back to after a rejection.
     std::unique_ptr<SequenceCheckpoint> checkpoint(const SequenceState& seq) const override;
     void restore(SequenceState& seq, const SequenceCheckpoint& checkpoint) const override;
+    // Windows flagged BatchEntry::window keep their inputs (allocated on the first, booked by the memory plan), so
+    // that commit() keeps a prefix of the last one without a second pass: the checkpoint restored, then each GDN
+    // block's conv history and delta rule, each PLE block's history and conv advanced over the kept rows by the same
+    // kernels, and the cache lengths set.
+    void forward_batch(std::span<const BatchEntry> batch) const override;
+    bool commit(SequenceState& seq, const SequenceCheckpoint& before, int64_t n_keep) const override;
     // Page-locked (heap memory when the system will not pin more).
     HostFloats host_floats(size_t n) const override;
     std::optional<ExpertOffloadStats> expert_offload_stats() const override;
@@ -217,6 +232,15 @@ class CudaHybridModel : public Model {
         (void)s;
         (void)tokens;
     }
+    // commit(): each PLE block's token history and conv advanced over the first kept.size() rows the last window
+    // recorded (LayerDeviceState::window_ple), queued on the stream; the caller holds the lock.
+    virtual void commit_ple(CudaSequence& s, std::span<const int32_t> kept) const {
+        (void)s;
+        (void)kept;
+    }
+    // A conv history of `rows` rows of `width` floats, oldest first, as after n more input rows `in`: what the
+    // causal conv leaves (commit; no rows when rows is 0).
+    void advance_history(float* history, int64_t rows, const float* in, int64_t n, int64_t width) const;
     // The work of one window: embedding to the head's input (w_.hidden), queued on the context's stream.
     virtual void enqueue_window(CudaSequence& s, int64_t T) const = 0;
     // The logits of the window's rows [row0, row0 + n) (n <= kHeadRows) into w_.logits.
@@ -270,6 +294,8 @@ class CudaHybridModel : public Model {
                       std::span<float> residual, const WindowRun& run = nullptr) const;
     CudaSequence& own(const SequenceState& seq, const char* call) const;
     void allocate_sequence(CudaSequence& s) const;
+    // The window_* buffers of a sequence that verifies drafts; false (said once) when the budget refuses them.
+    bool allocate_records(CudaSequence& s) const;
     void clear_sequence(CudaSequence& s) const;
     // head: queued after the window (inside a decode window's graph).
     void run_window(CudaSequence& s, std::span<const int32_t> tokens, const std::function<void()>& head) const;
@@ -284,6 +310,7 @@ class CudaHybridModel : public Model {
     bool qsa_union_ = false;
     std::string qsa_union_off_;
     mutable bool qsa_union_scratch_reported_ = false;
+    mutable bool records_refused_reported_ = false;
     int64_t ncu_replay_ = 0;  // LoadOptions::cuda_ncu_replay
     mutable int64_t replays_ = 0;
     GdnShape gdn_;

@@ -304,6 +304,44 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
         std::copy(ple_window_history_.end() - (N - 1), ple_window_history_.end(), s.ple_history.begin());
     }
 
+    void commit_ple(CudaSequence& s, std::span<const int32_t> kept) const override {
+        if (!has_ple_blocks_ || kept.empty()) return;
+        cuda::Context& ctx = *ctx_;
+        const PleShape& p = h_.ple;
+        const int64_t n = std::ssize(kept), HC = p.n_streams * p.n_embd, N = p.ngram;
+        if (ple_from_file_) {  // the host keeps the token history: the last N - 1 of it and the kept tokens
+            std::vector<int32_t> history = s.ple_history;
+            history.insert(history.end(), kept.begin(), kept.end());
+            std::copy(history.end() - (N - 1), history.end(), s.ple_history.begin());
+        } else {
+            ctx.copy_to_device(w_.tokens, kept.data(), kept.size() * sizeof(int32_t));
+        }
+        for (size_t il = 0; il < blocks_.size(); ++il) {
+            const BlockDevice& b = blocks_[il];
+            if (!b.has_ple) continue;
+            LayerDeviceState& l = s.layers[il];
+            // The device history advances as the window's gather advanced it (its rows are not needed again).
+            if (!ple_from_file_)
+                cuda::ple_gather(ctx, {.ngram = p.ngram,
+                                       .heads_per_ngram = p.heads_per_ngram,
+                                       .eos = p.eos,
+                                       .multipliers = b.ple.multipliers,
+                                       .offsets = b.ple.offsets,
+                                       .sizes = b.ple.sizes,
+                                       .table = b.ple.table->device(),
+                                       .table_type = b.ple.table_type,
+                                       .row_width = p.row_width,
+                                       .table_rows = b.ple.table_rows,
+                                       .tokens = w_.tokens,
+                                       .history = l.ple_tokens.as<int32_t>(),
+                                       .n_tokens = n,
+                                       .rows = w_.ple_rows,
+                                       .staging = w_.ple_staging,
+                                       .out = w_.ple_emb});
+            advance_history(l.ple_conv_history.as<float>(), p.history_rows(), l.window_ple.as<float>(), n, HC);
+        }
+    }
+
     void ple_window(const PleDevice& w, LayerDeviceState& l, int64_t T) const {
         cuda::Context& ctx = *ctx_;
         const PleShape& p = h_.ple;  // the parts every PLE block shares; w holds this block's hash arrays
@@ -353,8 +391,10 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
                              .n_tokens = T,
                              .n_streams = hc,
                              .n_embd = H});
-        norm(w_.ple_gated, w_.ple_normed, w.norm_conv);
-        cuda::causal_conv(ctx, {.x = w_.ple_normed,
+        // A sequence that verifies drafts keeps a decode window's conv input rows (commit_ple replays them).
+        float* normed = l.window_ple.size() && T >= 2 && T <= kWindow ? l.window_ple.as<float>() : w_.ple_normed;
+        norm(w_.ple_gated, normed, w.norm_conv);
+        cuda::causal_conv(ctx, {.x = normed,
                                 .x_stride = HC,
                                 .w = w.conv,
                                 .history = l.ple_conv_history.as<float>(),

@@ -205,32 +205,14 @@ bool CudaHybridModel::commit(SequenceState& state, const SequenceCheckpoint& bef
     s.window_count = 0;
     if (n_keep == 0) return true;
     const GdnShape& g = gdn_;
-    const int64_t CD = g.conv_dim(), KD = g.key_dim();
+    const int64_t CD = g.conv_dim();
     const int32_t length = static_cast<int32_t>(pos0 + n_keep);
     for (LayerDeviceState& l : s.layers) {
         if (l.window_raw.size()) {
             // The conv history takes the recorded input rows, and the delta rule runs on their q, k, v, decay and
             // strength with the window's kernel, token by token as in the window.
             advance_history(l.conv_history.as<float>(), g.conv_kernel - 1, l.window_raw.as<float>(), n_keep, CD);
-            const float* conv = l.window_conv.as<float>();
-            cuda::gated_delta(*ctx_, {.state = l.recurrent.as<float>(),
-                                      .q = conv,
-                                      .k = conv + KD,
-                                      .v = conv + 2 * KD,
-                                      .q_stride = CD,
-                                      .k_stride = CD,
-                                      .v_stride = CD,
-                                      .g = l.window_alpha.as<float>(),
-                                      .beta = l.window_beta.as<float>(),
-                                      .out = w_.core,
-                                      .out_stride = g.value_dim(),
-                                      .n_tokens = n_keep,
-                                      .heads = g.n_v_heads,
-                                      .key_heads = g.n_k_heads,
-                                      .tiled_value_heads = g.tiled_value_heads,
-                                      .dk = g.k_head_dim,
-                                      .dv = g.v_head_dim,
-                                      .recurrence = gdn_recurrence_});
+            delta_rule(l, l.window_conv.as<float>(), l.window_alpha.as<float>(), l.window_beta.as<float>(), n_keep);
         }
         // The kept tokens' KV cells were written by the window; the cells past them are overwritten later.
         if (l.kv_length.size()) ctx_->copy_to_device(l.kv_length.data(), &length, sizeof(length));

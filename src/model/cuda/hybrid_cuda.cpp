@@ -676,11 +676,35 @@ void CudaHybridModel::enqueue_head(int64_t row0, int64_t n) const {
 
 // Gated DeltaNet (model/gdn.cpp): projections, conv + SiLU, normalised q/k, gates, the recurrence on the sequence's
 // state, the gated norm, the output projection.
+void CudaHybridModel::delta_rule(LayerDeviceState& l, const float* conv, const float* alpha, const float* beta,
+                                 int64_t T) const {
+    const GdnShape& g = gdn_;
+    const int64_t CD = g.conv_dim(), KD = g.key_dim();
+    cuda::gated_delta(*ctx_, {.state = l.recurrent.as<float>(),
+                              .q = conv,
+                              .k = conv + KD,
+                              .v = conv + 2 * KD,
+                              .q_stride = CD,
+                              .k_stride = CD,
+                              .v_stride = CD,
+                              .g = alpha,
+                              .beta = beta,
+                              .out = w_.core,
+                              .out_stride = g.value_dim(),
+                              .n_tokens = T,
+                              .heads = g.n_v_heads,
+                              .key_heads = g.n_k_heads,
+                              .tiled_value_heads = g.tiled_value_heads,
+                              .dk = g.k_head_dim,
+                              .dv = g.v_head_dim,
+                              .recurrence = gdn_recurrence_});
+}
+
 void CudaHybridModel::gdn_window(const GdnDevice& w, LayerDeviceState& l, const float* x, float* out, int64_t T,
                                  const void* x_q8_0) const {
     cuda::Context& ctx = *ctx_;
     const GdnShape& g = gdn_;
-    const int64_t CD = g.conv_dim(), VD = g.value_dim(), KD = g.key_dim();
+    const int64_t CD = g.conv_dim(), KD = g.key_dim();
     // A sequence that verifies drafts keeps a decode window's inputs to its state where the kernels write them.
     const bool keep = l.window_raw.size() && T >= 2 && T <= kWindow;
     float* raw = keep ? l.window_raw.as<float>() : w_.qkv;
@@ -725,24 +749,7 @@ void CudaHybridModel::gdn_window(const GdnDevice& w, LayerDeviceState& l, const 
         cuda::gdn_activate(ctx, activate);
         cuda::gdn_gates(ctx, gates);
     }
-    cuda::gated_delta(ctx, {.state = l.recurrent.as<float>(),
-                            .q = conv_rows,
-                            .k = conv_rows + KD,
-                            .v = conv_rows + 2 * KD,
-                            .q_stride = CD,
-                            .k_stride = CD,
-                            .v_stride = CD,
-                            .g = alpha,
-                            .beta = beta,
-                            .out = w_.core,
-                            .out_stride = VD,
-                            .n_tokens = T,
-                            .heads = g.n_v_heads,
-                            .key_heads = g.n_k_heads,
-                            .tiled_value_heads = g.tiled_value_heads,
-                            .dk = g.k_head_dim,
-                            .dv = g.v_head_dim,
-                            .recurrence = gdn_recurrence_});
+    delta_rule(l, conv_rows, alpha, beta, T);
     mark(kGdnProjections);  // the norm quantizes the out-projection's activations: one launch with the product
     cuda::gated_norm_matmul(ctx,
                             {.x = w_.core,

@@ -252,6 +252,9 @@ class CudaHybridModel : public Model {
     // holds x already quantized for the input products (one token; matmul_shared_input's x_q8_0).
     void gdn_window(const GdnDevice& w, LayerDeviceState& l, const float* x, float* out, int64_t T,
                     const void* x_q8_0 = nullptr) const;
+    // The GDN block's delta rule over T tokens on its state: q, k, v rows conv_dim apart (after the conv), the decay
+    // and strength per token and value head; outputs to w_.core (the window's and commit()'s kernel).
+    void delta_rule(LayerDeviceState& l, const float* conv, const float* alpha, const float* beta, int64_t T) const;
     void attention_window(const AttentionDevice& w, CudaSequence& s, LayerDeviceState& l, const float* x, float* out,
                           int64_t T, const void* x_q8_0 = nullptr) const;
     // With `deferred` (a decode window: T <= kWindow) the combine is left out and described there (moe_layer).

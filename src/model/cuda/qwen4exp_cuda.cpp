@@ -304,6 +304,27 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
         std::copy(ple_window_history_.end() - (N - 1), ple_window_history_.end(), s.ple_history.begin());
     }
 
+    // The table rows of the window's first T tokens (w_.tokens) into w_.ple_emb, the device history advanced past them.
+    cuda::PleGatherArgs gather_args(const PleDevice& w, LayerDeviceState& l, int64_t T) const {
+        const PleShape& p = h_.ple;
+        return {.ngram = p.ngram,
+                .heads_per_ngram = p.heads_per_ngram,
+                .eos = p.eos,
+                .multipliers = w.multipliers,
+                .offsets = w.offsets,
+                .sizes = w.sizes,
+                .table = w.table->device(),
+                .table_type = w.table_type,
+                .row_width = p.row_width,
+                .table_rows = w.table_rows,
+                .tokens = w_.tokens,
+                .history = l.ple_tokens.as<int32_t>(),
+                .n_tokens = T,
+                .rows = w_.ple_rows,
+                .staging = w_.ple_staging,
+                .out = w_.ple_emb};
+    }
+
     void commit_ple(CudaSequence& s, std::span<const int32_t> kept) const override {
         if (!has_ple_blocks_ || kept.empty()) return;
         cuda::Context& ctx = *ctx_;
@@ -321,23 +342,7 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
             if (!b.has_ple) continue;
             LayerDeviceState& l = s.layers[il];
             // The device history advances as the window's gather advanced it (its rows are not needed again).
-            if (!ple_from_file_)
-                cuda::ple_gather(ctx, {.ngram = p.ngram,
-                                       .heads_per_ngram = p.heads_per_ngram,
-                                       .eos = p.eos,
-                                       .multipliers = b.ple.multipliers,
-                                       .offsets = b.ple.offsets,
-                                       .sizes = b.ple.sizes,
-                                       .table = b.ple.table->device(),
-                                       .table_type = b.ple.table_type,
-                                       .row_width = p.row_width,
-                                       .table_rows = b.ple.table_rows,
-                                       .tokens = w_.tokens,
-                                       .history = l.ple_tokens.as<int32_t>(),
-                                       .n_tokens = n,
-                                       .rows = w_.ple_rows,
-                                       .staging = w_.ple_staging,
-                                       .out = w_.ple_emb});
+            if (!ple_from_file_) cuda::ple_gather(ctx, gather_args(b.ple, l, n));
             advance_history(l.ple_conv_history.as<float>(), p.history_rows(), l.window_ple.as<float>(), n, HC);
         }
     }
@@ -355,22 +360,7 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
                                            .staging = w_.ple_staging,
                                            .out = w_.ple_emb});
         else
-            cuda::ple_gather(ctx, {.ngram = p.ngram,
-                                   .heads_per_ngram = p.heads_per_ngram,
-                                   .eos = p.eos,
-                                   .multipliers = w.multipliers,
-                                   .offsets = w.offsets,
-                                   .sizes = w.sizes,
-                                   .table = w.table->device(),
-                                   .table_type = w.table_type,
-                                   .row_width = p.row_width,
-                                   .table_rows = w.table_rows,
-                                   .tokens = w_.tokens,
-                                   .history = l.ple_tokens.as<int32_t>(),
-                                   .n_tokens = T,
-                                   .rows = w_.ple_rows,
-                                   .staging = w_.ple_staging,
-                                   .out = w_.ple_emb});
+            cuda::ple_gather(ctx, gather_args(w, l, T));
         cuda::matmul_shared_input(ctx, w_.ple_emb, T, {{w.key, w_.ple_key}, {w.value, w_.ple_value}});
         auto norm = [&](const float* x, float* out, const float* gamma) {
             cuda::rms_norm_grouped(ctx, {.x = x,

@@ -153,12 +153,11 @@ bool CudaHybridModel::allocate_records(CudaSequence& s) const {
             for (cuda::DeviceBuffer* b :
                  {&l.window_raw, &l.window_conv, &l.window_alpha, &l.window_beta, &l.window_ple})
                 *b = cuda::DeviceBuffer();
-        if (!records_refused_reported_)
-            std::fprintf(stderr,
-                         "strata: speculation re-feeds accepted drafts after a rejection (no device memory "
-                         "to keep a window's inputs: %s)\n",
-                         e.what());
-        records_refused_reported_ = true;
+        std::fprintf(stderr,
+                     "strata: speculation re-feeds accepted drafts after a rejection (no device memory "
+                     "to keep a window's inputs: %s)\n",
+                     e.what());
+        records_refused_ = true;
         return false;
     }
     // The captured windows write to the shared buffers: capture them again with the records.
@@ -172,7 +171,7 @@ void CudaHybridModel::forward_batch(std::span<const BatchEntry> batch) const {
         if (!entry.window || entry.seq == nullptr) continue;
         CudaSequence& s = own(*entry.seq, "forward_batch");
         std::lock_guard<std::mutex> lock(mutex_);
-        if (!s.records && !records_refused_reported_) allocate_records(s);
+        if (!s.records && !records_refused_) allocate_records(s);
     }
     Model::forward_batch(batch);
 }

@@ -313,7 +313,7 @@ class CudaHybridModel : public Model {
     bool qsa_union_ = false;
     std::string qsa_union_off_;
     mutable bool qsa_union_scratch_reported_ = false;
-    mutable bool records_refused_reported_ = false;
+    mutable bool records_refused_ = false;  // the budget refused a sequence its records: re-feed from then on
     int64_t ncu_replay_ = 0;  // LoadOptions::cuda_ncu_replay
     mutable int64_t replays_ = 0;
     GdnShape gdn_;

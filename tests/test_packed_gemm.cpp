@@ -310,6 +310,33 @@ TEST(PackedGemm, SignedActivationsAreTheReferenceQuants) {
     }
 }
 
+// What the Q8_0 GEMM with AVX2 alone reads for 8 tokens or more: the reference quants as int16, then the f16 scale as
+// f32.
+TEST(PackedGemm, I16ActivationsAreTheReferenceQuants) {
+    if (!cpu::supports_isa(cpu::Isa::Avx2)) GTEST_SKIP() << "this CPU has no AVX2";
+    std::mt19937 rng(9);
+    for (int64_t n : {32, 4096}) {
+        std::vector<float> x = gaussian(n, rng);
+        x[static_cast<size_t>(n / 2)] = -40.0f;  // an outlier block
+        std::vector<uint8_t> ref(strata::row_bytes(DType::Q8_0, n));
+        strata::quantize_row(DType::Q8_0, x.data(), ref.data(), n);
+        std::vector<uint8_t> got(static_cast<size_t>(n / 32) * cpu::kI16BlockBytes);
+        cpu::quantize_q8_0_i16_avx2(x.data(), got.data(), n);
+        const auto* blocks = reinterpret_cast<const strata::BlockQ8_0*>(ref.data());
+        for (int64_t b = 0; b < n / 32; ++b) {
+            const uint8_t* block = got.data() + static_cast<size_t>(b) * cpu::kI16BlockBytes;
+            for (int i = 0; i < 32; ++i) {
+                int16_t q;
+                std::memcpy(&q, block + 2 * i, 2);
+                ASSERT_EQ(q, blocks[b].qs[i]) << "n " << n << " block " << b << " quant " << i;
+            }
+            float d;
+            std::memcpy(&d, block + 64, 4);
+            ASSERT_EQ(d, strata::f16_to_f32(blocks[b].d)) << "n " << n << " block " << b;
+        }
+    }
+}
+
 class PackedType : public ::testing::TestWithParam<std::tuple<DType, cpu::Isa>> {
   protected:
     void SetUp() override {
@@ -338,11 +365,18 @@ TEST_P(PackedType, MatmulEqualsTheDefinitionForAnyThreadsAndGrouping) {
         const int64_t ne[2] = {n, rows};
         Tensor w = strata::make_tensor("w", type, 2, ne, bytes.data());
         ASSERT_TRUE(packer.pack(w));
-        constexpr int64_t kTokens = 45;  // five full 8-token tiles and a ragged one; also 1 and 3 per call
+        // Five full 8-token tiles and a ragged one; also 1, 3, 7 and 8 per call (plain AVX2's Q8_0 GEMM takes its
+        // int16 path from 8 tokens).
+        constexpr int64_t kTokens = 45;
         const std::vector<float> x = gaussian(n * kTokens, rng);
         const std::vector<float> want = defined_matmul(w, x.data(), kTokens);
-        for (const auto& [tokens, threads] :
-             {std::pair{kTokens, 1}, {kTokens, 2}, {kTokens, 3}, {int64_t{1}, 1}, {int64_t{3}, 2}}) {
+        for (const auto& [tokens, threads] : {std::pair{kTokens, 1},
+                                              {kTokens, 2},
+                                              {kTokens, 3},
+                                              {int64_t{1}, 1},
+                                              {int64_t{3}, 2},
+                                              {int64_t{7}, 1},
+                                              {int64_t{8}, 2}}) {
             const std::vector<float> got = matmul_in_calls(w, x, kTokens, tokens, threads);
             EXPECT_TRUE(same_bits(got, want)) << tokens << " tokens per call on " << threads << " threads";
         }

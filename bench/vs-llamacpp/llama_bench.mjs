@@ -1,12 +1,13 @@
 // llama.cpp's side of bench/vs-llamacpp: the prebuilt CPU llama.cpp of node-llama-cpp 3.21.1 (no GPU, no download,
 // no compile) timed the way `strata bench` times strata, printing the same JSON lines.
 //
-//   node bench/vs-llamacpp/llama_bench.mjs MODEL.gguf [--threads T] [-p P] [-n N] [-r R]
+//   node bench/vs-llamacpp/llama_bench.mjs MODEL.gguf [--threads T] [-p P] [-n N] [-d D] [-r R]
 //
 // ppP: P tokens in one evaluation on a fresh sequence, logits of the last one (llama.cpp skips the others, as strata
 // does with last_only). tgN: N single-token evaluations after a one-token prompt, each with its logits. One warm-up
-// run, then R timed runs. Token ids: pseudo-random within the vocabulary, fixed seed. The last line reports this
-// process's peak RSS (VmHWM).
+// run, then R timed runs. With -d D, each run first evaluates D tokens of context (untimed; the tests are then named
+// ppP@dD and tgN@dD, as `strata bench -d` names them). Token ids: pseudo-random within the vocabulary, fixed seed. The
+// last line reports this process's peak RSS (VmHWM).
 import fs from "node:fs";
 import {createRequire} from "node:module";
 import path from "node:path";
@@ -16,12 +17,12 @@ const here = path.dirname(fileURLToPath(import.meta.url));
 const require = createRequire(path.resolve(here, "../../tests/interop/package.json"));
 const {getLlama, LlamaLogLevel} = await import(pathToFileURL(require.resolve("node-llama-cpp")).href);
 
-const usage = "usage: node llama_bench.mjs MODEL.gguf [--threads T] [-p P] [-n N] [-r R]";
+const usage = "usage: node llama_bench.mjs MODEL.gguf [--threads T] [-p P] [-n N] [-d D] [-r R]";
 const argv = process.argv.slice(2);
-const opts = {threads: 1, p: 512, n: 128, r: 5};
+const opts = {threads: 1, p: 512, n: 128, d: 0, r: 5};
 let modelPath = null;
 for (let i = 0; i < argv.length; ++i) {
-    const flag = {"--threads": "threads", "-p": "p", "-n": "n", "-r": "r"}[argv[i]];
+    const flag = {"--threads": "threads", "-p": "p", "-n": "n", "-d": "d", "-r": "r"}[argv[i]];
     if (flag) {
         const v = Number(argv[++i]);
         if (!Number.isInteger(v) || v < 0) fail(`${argv[i - 1]} expects a non-negative integer\n${usage}`, 2);
@@ -71,10 +72,10 @@ const model = await llama.loadModel({modelPath, gpuLayers: 0, useMmap: true});
 const embd = model.fileInfo.tensorInfo?.find((t) => t.name === "token_embd.weight");
 const nVocab = Number(embd?.dimensions?.[1]);
 if (!Number.isInteger(nVocab) || nVocab <= 0) fail("cannot read the vocabulary size");
-const size = Math.max(opts.p, opts.n + 1);
+const size = opts.d + Math.max(opts.p, opts.n + 1);
 const context = await model.createContext({
     contextSize: Math.max(64, size + 8),
-    batchSize: Math.max(64, opts.p),
+    batchSize: Math.max(64, opts.p, Math.min(opts.d, 2048)),
     threads: {ideal: opts.threads, min: opts.threads},
     sequences: 1,
 });
@@ -82,19 +83,25 @@ const sequence = context.getSequence();
 const ids = pseudoRandomTokens(size, nVocab, 0x5eed5eed);
 const greedy = {generateNext: {token: true, options: {temperature: 0}}};
 
-async function timePrompt() {
+// The first D ids as context, untimed.
+async function context_() {
     await sequence.clearHistory();
-    const input = ids.slice(0, opts.p).map((t, i) => (i === opts.p - 1 ? [t, greedy] : t));
+    if (opts.d > 0) await sequence.controlledEvaluate(ids.slice(0, opts.d));
+}
+
+async function timePrompt() {
+    await context_();
+    const input = ids.slice(opts.d, opts.d + opts.p).map((t, i) => (i === opts.p - 1 ? [t, greedy] : t));
     const t0 = process.hrtime.bigint();
     await sequence.controlledEvaluate(input);
     return Number(process.hrtime.bigint() - t0) / 1e9;
 }
 
 async function timeDecode() {
-    await sequence.clearHistory();
-    await sequence.controlledEvaluate([[ids[0], greedy]]);
+    await context_();
+    await sequence.controlledEvaluate([[ids[opts.d], greedy]]);
     const t0 = process.hrtime.bigint();
-    for (let i = 1; i <= opts.n; ++i) await sequence.controlledEvaluate([[ids[i], greedy]]);
+    for (let i = 1; i <= opts.n; ++i) await sequence.controlledEvaluate([[ids[opts.d + i], greedy]]);
     return Number(process.hrtime.bigint() - t0) / 1e9;
 }
 
@@ -103,12 +110,13 @@ function report(test, nTokens, samples) {
     const sd = samples.length > 1
         ? Math.sqrt(samples.reduce((a, s) => a + (s - mean) ** 2, 0) / (samples.length - 1)) : 0;
     console.log(JSON.stringify({test, tokens_per_s: mean, sd, threads: opts.threads, model: modelPath,
-        n_prompt: test.startsWith("pp") ? nTokens : 0, n_gen: test.startsWith("tg") ? nTokens : 0, depth: 0,
+        n_prompt: test.startsWith("pp") ? nTokens : 0, n_gen: test.startsWith("tg") ? nTokens : 0, depth: opts.d,
         backend: "llama.cpp-cpu", repetitions: opts.r, samples}));
 }
 
 try {
-    for (const [test, nTokens, once] of [["pp" + opts.p, opts.p, timePrompt], ["tg" + opts.n, opts.n, timeDecode]]) {
+    const at = opts.d > 0 ? `@d${opts.d}` : "";
+    for (const [test, nTokens, once] of [["pp" + opts.p + at, opts.p, timePrompt], ["tg" + opts.n + at, opts.n, timeDecode]]) {
         if (nTokens === 0) continue;
         await once();  // warm-up
         const samples = [];

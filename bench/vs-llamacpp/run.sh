@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # strata against llama.cpp (node-llama-cpp 3.21.1, prebuilt CPU build) on the same GGUF, side by side (bench/NOTES.md).
 #
-#   bench/vs-llamacpp/run.sh [--preset NAME] [--type T] [-p P] [-n N] [-r ROUNDS] [--threads "1 2"]
+#   bench/vs-llamacpp/run.sh [--preset NAME] [--type T] [-p P] [-n N] [-d DEPTH] [-r ROUNDS] [--threads "1 2"]
 #                            [--isa "avx2 avx512"] [MODEL.gguf]
 #
 # Without MODEL.gguf it synthesizes one: `strata synth --preset NAME --type T` (default qwen4exp-mid q8_0: ~100 s and
@@ -12,23 +12,24 @@
 # node runtime, ~50 MB). Needs a build (BUILD, default build/) and tests/interop/node_modules
 # (cd tests/interop && npm ci --omit=optional --ignore-scripts). --isa runs strata once per listed STRATA_ISA value in
 # each round (engine strata-ISA; e.g. "avx2-novnni avx2 avx512" on an AVX-512 machine), each against the same llama.cpp
-# runs.
+# runs. -d DEPTH runs both tests after DEPTH tokens of untimed context in both engines (tests named ppP@dDEPTH).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
 WORK=${WORK:-/tmp/strata-bench-vs-llamacpp}
 STRATA="$BUILD/strata"
-preset=qwen4exp-mid type=q8_0 n_prompt=512 n_gen=128 rounds=5 threads="1 2" isas="" model=""
+preset=qwen4exp-mid type=q8_0 n_prompt=512 n_gen=128 depth=0 rounds=5 threads="1 2" isas="" model=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --preset) preset=$2; shift 2 ;;
         --type) type=$2; shift 2 ;;
         -p) n_prompt=$2; shift 2 ;;
         -n) n_gen=$2; shift 2 ;;
+        -d) depth=$2; shift 2 ;;
         -r) rounds=$2; shift 2 ;;
         --threads) threads=$2; shift 2 ;;
         --isa) isas=$2; shift 2 ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
         -*) echo "run.sh: unknown flag '$1' (see --help)" >&2; exit 2 ;;
         *) model=$1; shift ;;
     esac
@@ -58,8 +59,8 @@ measure() {
 }
 for round in $(seq 1 "$rounds"); do
     for t in $threads; do
-        strata_cmd=("$STRATA" bench --model "$model" -p "$n_prompt" -n "$n_gen" -r 1 --threads "$t" --json)
-        llama_cmd=(node bench/vs-llamacpp/llama_bench.mjs "$model" --threads "$t" -p "$n_prompt" -n "$n_gen" -r 1)
+        strata_cmd=("$STRATA" bench --model "$model" -p "$n_prompt" -n "$n_gen" -d "$depth" -r 1 --threads "$t" --json)
+        llama_cmd=(node bench/vs-llamacpp/llama_bench.mjs "$model" --threads "$t" -p "$n_prompt" -n "$n_gen" -d "$depth" -r 1)
         run_strata() {
             if [ -z "$isas" ]; then
                 measure strata "$round" "$t" "${strata_cmd[@]}"

@@ -49,11 +49,12 @@ void hyper_connection_read(const HyperConnectionReadArgs& a) {
         const float* x = xn + t * HC;
         float* m = a.mixed + t * H;
         cpu::sigmoid_inplace(g, HC);
-        for (int64_t j = 0; j < H; ++j) {
-            float sum = 0.0f;
-            for (int64_t s = 0; s < hc; ++s) sum += g[s * H + j] * x[s * H + j];
-            m[j] = sum / static_cast<float>(hc);
-        }
+        // Stream by stream over the whole row, so each loop vectorizes (with the streams innermost it ran scalar, ~2%
+        // of a prompt); per element the same sum from 0 in stream order, then the same division.
+        for (int64_t j = 0; j < H; ++j) m[j] = 0.0f;
+        for (int64_t s = 0; s < hc; ++s)
+            for (int64_t j = 0; j < H; ++j) m[j] += g[s * H + j] * x[s * H + j];
+        for (int64_t j = 0; j < H; ++j) m[j] /= static_cast<float>(hc);
     });
     if (a.inject)
         for (int64_t i = 0; i < T * hc; ++i) a.inject[i] = 2.0f * cpu::sigmoid(a.inject[i] / static_cast<float>(hc));

@@ -47,6 +47,26 @@ void gemm_q8_0_packed_avx2(const PackedGemm& g);
 void gemm_q4_k_packed_avx2(const PackedGemm& g);
 void gemm_q8_0_packed_avxvnni(const PackedGemm& g);
 void gemm_q4_k_packed_avxvnni(const PackedGemm& g);
+// Q8_0 prompts with AVX2 alone (gemm_q8_0_i16_avx2.cpp): the same outputs, bit for bit, from int16 products. A
+// unit's packed group is widened once (widen_q8_0_group_avx2) into 2 halves of n_blocks blocks of
+// kI16HalfBlockBytes: the 8 rows' f32 d, then for k < 16 quants 2k, 2k+1 of row r as int16 at 32 + 32k + 4r. The
+// activations are the reference quants as int16, then the f32 scale (kI16BlockBytes per 32). The GEMM writes
+// y[c * y_stride + r] for every c < n_cols (any count, the 8-token passes looped inside) and r < n_rows (<= 16).
+constexpr size_t kI16BlockBytes = 64 + 4;
+constexpr size_t kI16HalfBlockBytes = 32 + 16 * 32;
+void quantize_q8_0_i16_avx2(const float* x, uint8_t* dst, int64_t n);
+void widen_q8_0_group_avx2(const uint8_t* group, int64_t n_blocks, uint8_t* wide);
+struct I16Gemm {
+    const uint8_t* wide;
+    int64_t n_blocks;
+    const uint8_t* act;
+    size_t act_stride;
+    int n_cols;
+    float* y;
+    size_t y_stride;
+    int n_rows;
+};
+void gemm_q8_0_i16_avx2(const I16Gemm& g);
 // Q5_K, AVX2 only: the numerics of Q4_K (the values 5 bits), over the same activations.
 void gemm_q5_k_packed_avx2(const PackedGemm& g);     // n_cols <= 4
 void gemm_q5_k_packed_avxvnni(const PackedGemm& g);  // n_cols <= 4

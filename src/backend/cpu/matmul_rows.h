@@ -30,6 +30,7 @@ struct MatmulRowsPlan {
     bool decode_once = false;                   // IQ2_XS with AVX-512: a unit's rows decoded once for all its tokens
     bool by_group = false;                      // ... in the AVX-512 by-group layout
     bool rows8 = false;                         // IQ2_XS with AVX2: rows decoded 8 at a time
+    bool i16 = false;                           // Q8_0 prompts with AVX2 alone: a group widened to int16 at a time
 
     // Whether a plan's quantized activations serve this one too (an expert's gate and up share them).
     bool same_activations(const MatmulRowsPlan& o) const {

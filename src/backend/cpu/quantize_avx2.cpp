@@ -79,10 +79,11 @@ inline void quantize_q8_k_block(const float* x, Q8KBlock& out) {
 
 namespace {
 
-template <bool Biased>
+// Biased: the quants + 128 as bytes; Wide: as int16 (kI16BlockBytes a block); neither: as signed bytes.
+template <bool Biased, bool Wide = false>
 void quantize_q8_0_f32_scale(const float* x, uint8_t* dst, int64_t n) {
     const __m256 sign_mask = _mm256_set1_ps(-0.0f);
-    for (int64_t i = 0; i < n / 32; ++i, x += 32, dst += kBiasedBlockBytes) {
+    for (int64_t i = 0; i < n / 32; ++i, x += 32, dst += Wide ? kI16BlockBytes : kBiasedBlockBytes) {
         __m256 xs[4];
         __m256 amax_v = _mm256_setzero_ps();
         for (int k = 0; k < 4; ++k) {
@@ -106,9 +107,17 @@ void quantize_q8_0_f32_scale(const float* x, uint8_t* dst, int64_t n) {
             qk = _mm256_add_epi32(qk, _mm256_castps_si256(_mm256_cmp_ps(frac, _mm256_set1_ps(-0.5f), _CMP_LE_OQ)));
             q[k] = Biased ? _mm256_add_epi32(qk, _mm256_set1_epi32(128)) : qk;
         }
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), pack16<!Biased>(q[0], q[1]));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16), pack16<!Biased>(q[2], q[3]));
-        std::memcpy(dst + 32, &d16, 4);
+        if constexpr (Wide) {
+            // packs interleave the 128-bit lanes; the permute puts the 16 int16 back in order.
+            for (int k = 0; k < 2; ++k)
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32 * k),
+                                    _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2 * k], q[2 * k + 1]), 0xD8));
+            std::memcpy(dst + 64, &d16, 4);
+        } else {
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), pack16<!Biased>(q[0], q[1]));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16), pack16<!Biased>(q[2], q[3]));
+            std::memcpy(dst + 32, &d16, 4);
+        }
     }
 }
 
@@ -116,6 +125,10 @@ void quantize_q8_0_f32_scale(const float* x, uint8_t* dst, int64_t n) {
 
 void quantize_q8_0_biased_avx2(const float* x, uint8_t* dst, int64_t n) { quantize_q8_0_f32_scale<true>(x, dst, n); }
 void quantize_q8_0_signed_avx2(const float* x, uint8_t* dst, int64_t n) { quantize_q8_0_f32_scale<false>(x, dst, n); }
+
+void quantize_q8_0_i16_avx2(const float* x, uint8_t* dst, int64_t n) {
+    quantize_q8_0_f32_scale<false, true>(x, dst, n);
+}
 
 void quantize_q8_k_sums_avx2(const float* x, uint8_t* dst, int64_t n) {
     Q8KBlock b;

@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "backend/cpu/byte_loads.h"
 #include "backend/cpu/gemm_packed.h"
 #include "core/quant_blocks.h"
 

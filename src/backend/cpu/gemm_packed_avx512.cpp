@@ -13,6 +13,7 @@
 
 #include <cstring>
 
+#include "backend/cpu/byte_loads.h"
 #include "backend/cpu/gemm_packed.h"
 #include "backend/cpu/packed.h"
 #include "core/dtype.h"
@@ -21,18 +22,6 @@
 namespace strata::cpu {
 
 namespace {
-
-inline int32_t load4(const uint8_t* p) {
-    int32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
-
-inline float load_float(const uint8_t* p) {
-    float v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
 
 template <int C>
 void gemm_cols(const PackedGemm& g) {

@@ -7,24 +7,13 @@
 
 #include <cstring>
 
+#include "backend/cpu/byte_loads.h"
 #include "backend/cpu/gemm_packed.h"
 #include "backend/cpu/packed.h"
 
 namespace strata::cpu {
 
 namespace {
-
-inline int32_t load4(const uint8_t* p) {
-    int32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
-
-inline float load_float(const uint8_t* p) {
-    float v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
 
 inline void store_rows(float* y, __m256 v, int n) {
     if (n >= 8) {

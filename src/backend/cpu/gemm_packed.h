@@ -56,17 +56,8 @@ constexpr size_t kI16BlockBytes = 64 + 4;
 constexpr size_t kI16HalfBlockBytes = 32 + 16 * 32;
 void quantize_q8_0_i16_avx2(const float* x, uint8_t* dst, int64_t n);
 void widen_q8_0_group_avx2(const uint8_t* group, int64_t n_blocks, uint8_t* wide);
-struct I16Gemm {
-    const uint8_t* wide;
-    int64_t n_blocks;
-    const uint8_t* act;
-    size_t act_stride;
-    int n_cols;
-    float* y;
-    size_t y_stride;
-    int n_rows;
-};
-void gemm_q8_0_i16_avx2(const I16Gemm& g);
+// g.group: the widened group; n_cols any count.
+void gemm_q8_0_i16_avx2(const PackedGemm& g);
 // Q5_K, AVX2 only: the numerics of Q4_K (the values 5 bits), over the same activations.
 void gemm_q5_k_packed_avx2(const PackedGemm& g);     // n_cols <= 4
 void gemm_q5_k_packed_avxvnni(const PackedGemm& g);  // n_cols <= 4

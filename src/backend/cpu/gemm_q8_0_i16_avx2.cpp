@@ -28,13 +28,13 @@ inline void store_rows(float* y, __m256 v, int n) {
 // the C int32 sums keep registers; the empty asm keeps each sum a chain (GCC otherwise reassociates them into trees
 // and spills, as in q8_0_tokens).
 template <int C>
-void i16_pass(const I16Gemm& g, int h, int t0) {
+void i16_pass(const PackedGemm& g, int h, int t0) {
     // Zeroed by vector stores of an opaque zero: GCC turns a zeroing loop into rep stos, 4% of this kernel's samples.
     alignas(32) float acc[C][8];
     __m256 zero = _mm256_setzero_ps();
     asm("" : "+x"(zero));
     for (int c = 0; c < C; ++c) _mm256_store_ps(acc[c], zero);
-    const uint8_t* half = g.wide + static_cast<size_t>(h) * static_cast<size_t>(g.n_blocks) * kI16HalfBlockBytes;
+    const uint8_t* half = g.group + static_cast<size_t>(h) * static_cast<size_t>(g.n_blocks) * kI16HalfBlockBytes;
     const uint8_t* act = g.act + static_cast<size_t>(t0) * g.act_stride;
     for (int64_t b = 0; b < g.n_blocks; ++b) {
         const uint8_t* block = half + static_cast<size_t>(b) * kI16HalfBlockBytes;
@@ -62,7 +62,7 @@ void i16_pass(const I16Gemm& g, int h, int t0) {
 }
 
 template <int C>
-void i16_tokens(const I16Gemm& g, int t0) {
+void i16_tokens(const PackedGemm& g, int t0) {
     for (int h = 0; h < 2 && 8 * h < g.n_rows; ++h) i16_pass<C>(g, h, t0);
 }
 
@@ -92,7 +92,7 @@ void widen_q8_0_group_avx2(const uint8_t* group, int64_t n_blocks, uint8_t* wide
     }
 }
 
-void gemm_q8_0_i16_avx2(const I16Gemm& g) {
+void gemm_q8_0_i16_avx2(const PackedGemm& g) {
     int t = 0;
     for (; t + 8 <= g.n_cols; t += 8) i16_tokens<8>(g, t);
     switch (g.n_cols - t) {

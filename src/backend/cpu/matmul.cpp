@@ -194,7 +194,7 @@ void run_i16_unit(const MatmulRowsPlan& j, const uint8_t* act, float* y, int64_t
     for (int64_t r = row_begin; r < row_end; r += kPackRows) {
         widen_q8_0_group_avx2(static_cast<const uint8_t*>(w.packed) + group_bytes * static_cast<size_t>(r / kPackRows),
                               n_blocks, wide);
-        gemm_q8_0_i16_avx2({.wide = wide,
+        gemm_q8_0_i16_avx2({.group = wide,
                             .n_blocks = n_blocks,
                             .act = act,
                             .act_stride = j.act_stride,

@@ -221,13 +221,7 @@ void gdn_commit(GdnState& state, const GdnWindow& wl, int64_t n_keep) {
     const int64_t nk = s.n_k_heads, nv = s.n_v_heads, dk = s.k_head_dim, dv = s.v_head_dim, CD = s.conv_dim();
     STRATA_ASSERT(n_keep >= 0 && n_keep <= wl.count);
     STRATA_ASSERT(std::ssize(state.recurrent) == nv * dk * dv);
-    // The conv history: its rows shift up by one per token and the token's input row goes last (causal_conv_step).
-    const int64_t hist_rows = std::ssize(state.conv_history) / CD;
-    float* hist = state.conv_history.data();
-    for (int64_t t = 0; t < n_keep && hist_rows > 0; ++t) {
-        std::copy(hist + CD, hist + hist_rows * CD, hist);
-        std::copy_n(wl.raw.data() + t * CD, CD, hist + (hist_rows - 1) * CD);
-    }
+    cpu::conv_history_push(state.conv_history.data(), std::ssize(state.conv_history) / CD, CD, wl.raw.data(), n_keep);
     std::vector<float> out(static_cast<size_t>(dv));
     for (int64_t h = 0; h < nv; ++h) {
         const int64_t kh = s.tiled_value_heads ? h % nk : h / (nv / nk);

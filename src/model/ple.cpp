@@ -143,19 +143,15 @@ void ple_forward(const PleForwardArgs& a) {
 void ple_commit(PleState& state, const PleWindow& wl, int64_t n_keep) {
     STRATA_ASSERT(n_keep >= 0 && n_keep <= wl.count);
     const int64_t HC = wl.count > 0 ? std::ssize(wl.conv) / wl.count : 0;
-    const int64_t hist_rows = HC > 0 ? std::ssize(state.conv_history) / HC : 0;
-    float* hist = state.conv_history.data();
     for (int64_t t = 0; t < n_keep; ++t) {
         if (!state.tokens.empty()) {
             std::copy(state.tokens.begin() + 1, state.tokens.end(), state.tokens.begin());
             state.tokens.back() = wl.tokens[static_cast<size_t>(t)];
         }
-        // As causal_conv_step: the history shifts up one row and the input row goes last.
-        if (hist_rows > 0) {
-            std::copy(hist + HC, hist + hist_rows * HC, hist);
-            std::copy_n(wl.conv.data() + t * HC, HC, hist + (hist_rows - 1) * HC);
-        }
     }
+    if (HC > 0)
+        cpu::conv_history_push(state.conv_history.data(), std::ssize(state.conv_history) / HC, HC, wl.conv.data(),
+                               n_keep);
 }
 
 }  // namespace strata

@@ -141,12 +141,20 @@ __attribute__((always_inline)) static inline void causal_conv_step_body(const Co
         const float* row = a.history + (hist_rows - (K - 1 - j) * a.dilation) * a.channels;  // rows before the input
         for (int64_t c = 0; c < a.channels; ++c) a.out[c] += a.w[c * K + j] * row[c];
     }
-    if (hist_rows > 0) {
-        std::copy(a.history + a.channels, a.history + hist_rows * a.channels, a.history);
-        std::copy(a.x, a.x + a.channels, a.history + (hist_rows - 1) * a.channels);
-    }
+    conv_history_push(a.history, hist_rows, a.channels, a.x, 1);
 }
 }  // namespace
+
+void conv_history_push(float* history, int64_t rows, int64_t channels, const float* x, int64_t n) {
+    if (rows <= 0 || n <= 0) return;
+    if (n >= rows) {
+        std::copy_n(x + (n - rows) * channels, rows * channels, history);
+        return;
+    }
+    // The rows that stay move up by n (a copy to lower addresses, which std::copy allows), then x goes last.
+    std::copy(history + n * channels, history + rows * channels, history);
+    std::copy_n(x, n * channels, history + (rows - n) * channels);
+}
 
 STRATA_ISA_CLONES(void, causal_conv_step, (const ConvStepArgs& a), (a))
 

@@ -108,6 +108,9 @@ struct ConvStepArgs {
     int64_t dilation = 1;
 };
 void causal_conv_step(const ConvStepArgs& args);
+// A causal conv's history of `rows` rows of `channels` values, oldest first, brought past n more input rows x (oldest
+// first): what n causal_conv_step calls leave in it (a speculation commit replays kept rows with it).
+void conv_history_push(float* history, int64_t rows, int64_t channels, const float* x, int64_t n);
 
 // One token of the gated delta rule for one head. state is [dk][dv] (key index major). q is already L2-normalised
 // and scaled; k L2-normalised. S = S * exp(g); S += k (beta * (v - S^T k))^T; out = S^T q.

@@ -137,10 +137,8 @@ std::vector<std::vector<double>> routing_mass(const ExpertProfile& profile) {
     return mass;
 }
 
-}  // namespace
-
-double worst_held_routing(const std::vector<StagePlan>& stages, const ExpertProfile* profile) {
-    const std::vector<std::vector<double>> mass = profile ? routing_mass(*profile) : std::vector<std::vector<double>>{};
+// worst_held_routing over routing_mass's table (empty: uniform routing), so a search over cuts sorts the profile once.
+double worst_held(const std::vector<StagePlan>& stages, const std::vector<std::vector<double>>& mass) {
     double worst = 1.0;
     for (const StagePlan& s : stages) {
         const MemoryPlan& p = s.plan;
@@ -172,7 +170,11 @@ double worst_held_routing(const std::vector<StagePlan>& stages, const ExpertProf
     return worst;
 }
 
-namespace {}  // namespace
+}  // namespace
+
+double worst_held_routing(const std::vector<StagePlan>& stages, const ExpertProfile* profile) {
+    return worst_held(stages, profile ? routing_mass(*profile) : std::vector<std::vector<double>>{});
+}
 
 std::vector<StagePlan> plan_stages(const gguf::File& file, const StageSplit& split,
                                    const std::vector<MemoryPlanInputs>& cards, const ExpertProfile* profile) {
@@ -193,9 +195,11 @@ std::vector<StagePlan> plan_stages(const gguf::File& file, const StageSplit& spl
         counts = automatic_split(file, n_trunk, budgets);
         // Then blocks move across the cuts while that raises the routing share the worst-served layer keeps in VRAM
         // (each card keeps its own reserve, windows and workspaces, which a cut by weights alone does not see).
+        const std::vector<std::vector<double>> mass =
+            profile ? routing_mass(*profile) : std::vector<std::vector<double>>{};
         auto score = [&](const std::vector<int64_t>& c) {
             try {
-                return worst_held_routing(plan_counts(file, c, cards), profile);
+                return worst_held(plan_counts(file, c, cards), mass);
             } catch (const Error&) {
                 return -1.0;
             }

@@ -37,8 +37,8 @@ struct WindowProjection {
     double cost_ratio = 1;      // cost(w) / cost(1)
     double tokens = 1;          // expected tokens a round gives
     double speedup = 1;         // with a commit step (a rejection costs nothing more): tokens / cost_ratio
-    double speedup_refeed =
-        1;  // without a commit step: a rejection restores the checkpoint and re-feeds the kept tokens
+    // Without a commit step: a rejection restores the checkpoint and re-feeds the kept tokens.
+    double speedup_refeed = 1;
 };
 // costs[w - 1]: seconds of a window of w tokens (w = 1 .. costs.size(), at most SpeculationPolicy::kMaxDraft + 1).
 std::vector<WindowProjection> project_windows(std::span<const double> costs, double acceptance);

@@ -126,6 +126,14 @@ struct Engine::Slot {
     bool mtp_on = false;
     std::vector<float> residual;
     bool checkpoint_after_window = false;  // finish() came inside a window: checkpoint once the sequence is back
+
+    // After a failed pass the sequence's state is unknown: empty it, with everything kept about it.
+    void start_over() {
+        seq->reset();
+        history.clear();
+        checkpoints.clear();
+        mtp_on = false;
+    }
 };
 
 Engine::Engine(const Model& model, const Tokenizer& tokenizer, std::vector<int32_t> eog, EngineOptions options,
@@ -273,10 +281,7 @@ void Engine::loop() {
             // Never expected (requests are checked on arrival): fail what runs, start those slots over, keep serving.
             for (auto& s : slots_) {
                 if (!s->active) continue;
-                s->seq->reset();
-                s->history.clear();
-                s->checkpoints.clear();
-                s->mtp_on = false;
+                s->start_over();
                 GenerationEvent done{.kind = GenerationEvent::Kind::kDone, .reason = FinishReason::kError};
                 done.error = std::string("internal error: ") + e.what();
                 s->active->channel->push(std::move(done));
@@ -465,10 +470,7 @@ void Engine::step() {
     } catch (const std::exception& e) {
         // Not expected (tokens and room are checked before); the sequences are in an unknown state: start them over.
         for (auto& w : work) {
-            w.slot->seq->reset();
-            w.slot->history.clear();
-            w.slot->checkpoints.clear();
-            w.slot->mtp_on = false;
+            w.slot->start_over();
             finish(*w.slot, FinishReason::kError, std::string("the model failed: ") + e.what());
         }
         return;
@@ -594,10 +596,7 @@ void Engine::verify(Slot& slot, int drafted, bool alone, double seconds) {
             }
         } catch (const std::exception& e) {
             // Not expected (the checkpoint is this sequence's, just taken); start the slot over.
-            slot.seq->reset();
-            slot.history.clear();
-            slot.checkpoints.clear();
-            slot.mtp_on = false;
+            slot.start_over();
             if (slot.active) finish(slot, FinishReason::kError, std::string("the model failed: ") + e.what());
             return;
         }

@@ -1,6 +1,7 @@
 #include "server/metrics.h"
 
 #include <cstdio>
+#include <numeric>
 
 #include "core/doorbell_stats.h"
 
@@ -57,9 +58,6 @@ void Metrics::add_prompt_tokens(int64_t computed, int64_t cached) {
 
 void Metrics::add_speculation(Drafter drafter, int64_t drafted, int64_t accepted) {
     std::lock_guard lock(mutex_);
-    ++spec_rounds_;
-    spec_drafted_ += drafted;
-    spec_accepted_ += accepted;
     const auto d = static_cast<size_t>(drafter);
     ++spec_rounds_by_[d];
     spec_drafted_by_[d] += drafted;
@@ -123,14 +121,17 @@ std::string Metrics::render(const LoadGauges& load, const ExpertOffloadStats* of
     out += "strata:prompt_tokens_cached_total " + std::to_string(cached_tokens_) + "\n";
     header(out, "strata:generation_tokens_total", "counter", "Generated tokens.");
     out += "strata:generation_tokens_total " + std::to_string(generated_tokens_) + "\n";
+    const auto total = [](const std::array<int64_t, kDrafters>& by) {
+        return std::accumulate(by.begin(), by.end(), int64_t{0});
+    };
     header(out, "strata:spec_rounds_total", "counter",
            "Speculative verification rounds (a slot's window with drafts); tokens per round = (accepted + rounds) / "
            "rounds.");
-    out += "strata:spec_rounds_total " + std::to_string(spec_rounds_) + "\n";
+    out += "strata:spec_rounds_total " + std::to_string(total(spec_rounds_by_)) + "\n";
     header(out, "strata:spec_draft_tokens_total", "counter", "Draft tokens verified.");
-    out += "strata:spec_draft_tokens_total " + std::to_string(spec_drafted_) + "\n";
+    out += "strata:spec_draft_tokens_total " + std::to_string(total(spec_drafted_by_)) + "\n";
     header(out, "strata:spec_accepted_tokens_total", "counter", "Draft tokens accepted (acceptance = accepted / draft).");
-    out += "strata:spec_accepted_tokens_total " + std::to_string(spec_accepted_) + "\n";
+    out += "strata:spec_accepted_tokens_total " + std::to_string(total(spec_accepted_by_)) + "\n";
     // The same counts by drafter (prompt lookup, the MTP layer).
     struct ByDrafter {
         const char* name;

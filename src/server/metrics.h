@@ -55,8 +55,7 @@ class Metrics {
     mutable std::mutex mutex_;
     Histogram ttft_, e2e_, tpot_;
     int64_t prompt_tokens_ = 0, cached_tokens_ = 0, generated_tokens_ = 0, cancelled_ = 0;
-    int64_t spec_rounds_ = 0, spec_drafted_ = 0, spec_accepted_ = 0;
-    std::array<int64_t, kDrafters> spec_rounds_by_{}, spec_drafted_by_{}, spec_accepted_by_{};
+    std::array<int64_t, kDrafters> spec_rounds_by_{}, spec_drafted_by_{}, spec_accepted_by_{};  // totals: their sums
     std::map<std::string, int64_t> finished_;
     std::map<int, int64_t> http_status_;
     mutable std::deque<std::pair<Clock::time_point, int64_t>> recent_;  // (when, tokens) for tokens/s

@@ -650,7 +650,7 @@ void CudaHybridModel::run_window(CudaSequence& s, std::span<const int32_t> token
         experts_->finish(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), T);
     }
     // What commit() may keep a prefix of: this window, when its kernels wrote their inputs to the records.
-    s.window_count = s.records && T >= 2 && T <= kWindow ? T : 0;
+    s.window_count = s.records && keeps_window_inputs(T) ? T : 0;
     s.window_pos0 = s.n_past_;
     if (s.window_count) s.window_tokens.assign(tokens.begin(), tokens.end());
     s.n_past_ += T;
@@ -674,8 +674,6 @@ void CudaHybridModel::enqueue_head(int64_t row0, int64_t n) const {
     cuda::matmul(*ctx_, {.w = *output_, .x = w_.hidden + row0 * info_.n_embd, .y = w_.logits, .n_tokens = n});
 }
 
-// Gated DeltaNet (model/gdn.cpp): projections, conv + SiLU, normalised q/k, gates, the recurrence on the sequence's
-// state, the gated norm, the output projection.
 void CudaHybridModel::delta_rule(LayerDeviceState& l, const float* conv, const float* alpha, const float* beta,
                                  int64_t T) const {
     const GdnShape& g = gdn_;
@@ -700,13 +698,15 @@ void CudaHybridModel::delta_rule(LayerDeviceState& l, const float* conv, const f
                               .recurrence = gdn_recurrence_});
 }
 
+// Gated DeltaNet (model/gdn.cpp): projections, conv + SiLU, normalised q/k, gates, the recurrence on the sequence's
+// state, the gated norm, the output projection.
 void CudaHybridModel::gdn_window(const GdnDevice& w, LayerDeviceState& l, const float* x, float* out, int64_t T,
                                  const void* x_q8_0) const {
     cuda::Context& ctx = *ctx_;
     const GdnShape& g = gdn_;
     const int64_t CD = g.conv_dim(), KD = g.key_dim();
     // A sequence that verifies drafts keeps a decode window's inputs to its state where the kernels write them.
-    const bool keep = l.window_raw.size() && T >= 2 && T <= kWindow;
+    const bool keep = l.window_raw.size() && keeps_window_inputs(T);
     float* raw = keep ? l.window_raw.as<float>() : w_.qkv;
     float* conv_rows = keep ? l.window_conv.as<float>() : w_.conv;
     float* alpha = keep ? l.window_alpha.as<float>() : w_.alpha;

@@ -30,6 +30,12 @@
 namespace strata::cuda_model {
 
 constexpr int64_t kWindow = cuda::kMaxMatvecTokens;
+// The windows a sequence that verifies drafts keeps its inputs to the recurrent state for (CudaSequence::records): a
+// token and at least one draft, within a decode window.
+constexpr bool keeps_window_inputs(int64_t T) {
+    return T >= 2 && T <= kWindow;
+}
+
 // Prompts longer than a decode window go through in prompt windows (LoadOptions::prompt_chunk tokens, 512 by
 // default); a window longer than kWindow is launched one by one (no graph), every dense product through the matmul's
 // GEMM path (cuBLAS from kBlasMinTokens), attention for all its queries in one launch, and the MoE through the grouped

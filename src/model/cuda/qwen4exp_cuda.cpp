@@ -382,7 +382,7 @@ class Qwen4ExpCudaModel final : public CudaHybridModel {
                              .n_streams = hc,
                              .n_embd = H});
         // A sequence that verifies drafts keeps a decode window's conv input rows (commit_ple replays them).
-        float* normed = l.window_ple.size() && T >= 2 && T <= kWindow ? l.window_ple.as<float>() : w_.ple_normed;
+        float* normed = l.window_ple.size() && keeps_window_inputs(T) ? l.window_ple.as<float>() : w_.ple_normed;
         norm(w_.ple_gated, normed, w.norm_conv);
         cuda::causal_conv(ctx, {.x = normed,
                                 .x_stride = HC,

@@ -48,8 +48,8 @@ class HybridSequence : public SequenceState {
     std::vector<LayerState> layers;
     int64_t n_past_ = 0;
     RollbackLog rollback;  // when checkpoints (checkpoint.cpp) may be restored
-    // The last pass, when it was a verification window whose inputs the trunk recorded: its first position and
-    // tokens (window_count 0: none; any other pass clears it).
+    // The last pass, when it was a verification window whose inputs the trunk recorded: its first position and its
+    // token count (window_count 0: none; any other pass clears it).
     int64_t window_pos0 = 0, window_count = 0;
 
   private:
